@@ -1,0 +1,1 @@
+//! ivm-std: placeholder.

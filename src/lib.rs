@@ -1,0 +1,1 @@
+//! ivm facade (README becomes the crate doc).
