@@ -1,1 +1,2 @@
 //! ivm-std: placeholder.
+pub mod futex;

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what CI needs on a fresh machine. Never `rustup update` (it would change the
+# pinned toolchains). RUSTUP_AUTO_INSTALL=0 may be set, so everything is explicit here.
+set -euo pipefail
+
+rustup target add thumbv7em-none-eabihf
+rustup component add clippy rustfmt
+rustup component add miri rust-src --toolchain nightly
+cargo +nightly miri setup
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
+
+# Fail loudly if anything is still missing.
+rustup target list --installed | grep -qx thumbv7em-none-eabihf || { echo "thumbv7em target missing" >&2; exit 1; }
+cargo +nightly miri --version >/dev/null || { echo "miri missing" >&2; exit 1; }
+cargo fuzz --version >/dev/null || { echo "cargo-fuzz missing" >&2; exit 1; }
+cargo clippy --version >/dev/null || { echo "clippy missing" >&2; exit 1; }

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Every loom model in the workspace, at a bounded number of preemptions. A bounded run is
+# evidence, not proof: LOOM_MAX_PREEMPTIONS=2 is the bound CI checks.
+set -euo pipefail
+export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+RUSTFLAGS="--cfg loom" cargo test --release --target-dir target/loom -p ivm-core --test 'loom_*'
+RUSTFLAGS="--cfg loom" cargo test --release --target-dir target/loom -p ivm-core-loom-downstream
