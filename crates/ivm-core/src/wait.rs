@@ -115,10 +115,8 @@ impl<C: Clock> Wait for SpinWait<C> {
             if atom.load(Ordering::Relaxed) != expected {
                 return WaitResult::Woken;
             }
-            if let Some(deadline) = deadline {
-                if C::now() >= deadline {
-                    return WaitResult::TimedOut;
-                }
+            if deadline.is_some_and(|deadline| C::now() >= deadline) {
+                return WaitResult::TimedOut;
             }
             crate::sync::spin_loop();
         }
