@@ -1,1 +1,1615 @@
-//! (being written)
+//! An intrusive, allocation-free doubly-linked list whose nodes can sit in several lists at
+//! once, one hook per list.
+//!
+//! A node embeds one [`Links`] hook per list it can belong to. A zero-sized *tag* type names
+//! each hook, and the node type implements [`Linked<Tag>`] once per tag: `links` finds that
+//! tag's hook, `into_ptr` / `from_ptr` say how the list holds the node. A [`List<T, Tag>`]
+//! links its nodes through the `Tag` hook only, so an instruction can be at once in a ready
+//! list, a stream's running list and a worker's pending list.
+//!
+//! # Ownership
+//!
+//! A list owns one handle per linked node: [`List::push_back`] turns the handle into a
+//! pointer with [`Linked::into_ptr`], and popping or erasing turns it back with
+//! [`Linked::from_ptr`]. With `&'static T` handles (bare metal: nodes in `static`s or in a
+//! pool) this costs nothing; with `Arc<T>` handles every list a node is in holds one strong
+//! count. Dropping a list drops the handles of the nodes still in it.
+//!
+//! # Hook states
+//!
+//! Besides its two pointers, a hook has an explicit state word: unlinked, or linked (in
+//! debug builds, the word holds the id of the list the hook is linked into). Linking claims
+//! the word with one compare-and-swap, so linking a node that is already linked through
+//! that hook panics (`double link`) in every build, even when two threads race to link it.
+//! Debug builds also panic, naming the mistake, when [`List::erase`] is handed a node that
+//! is linked into another list (`erase from wrong list`).
+//!
+//! # Soundness notes
+//!
+//! * The pointers live in an [`UnsafeCell`] next to a [`PhantomPinned`]. The list reaches a
+//!   hook through the raw pointer [`Linked::links`] projects (`&raw mut (*node).hook`) and
+//!   then borrows only the hook's cell and state fields, shared: it never makes a `&mut` to
+//!   a node or a hook, so `&T` references handed out by [`List::front`] or [`List::iter`],
+//!   or held by other lists' owners, stay valid while the list relinks the node
+//!   (tokio-rs/tokio#3101, hawkw/mycelium#139).
+//! * The state word is an atomic, so [`Links::is_linked`] may be asked from any thread; the
+//!   pointers are only touched by the owner of the list the node is linked into.
+//! * Erasing goes through the pointer the list stored, not the caller's: a pointer made from
+//!   a `&T` may lack the provenance `Arc::from_raw` needs to reach the reference count.
+//!
+//! # Examples
+//!
+//! One `static` node in two lists at once (no allocation anywhere):
+//!
+//! ```
+//! use core::ptr::NonNull;
+//! use ivm_core::list::{Linked, Links, List};
+//!
+//! /// A task that can wait in a run queue and, at the same time, in a timer list.
+//! struct Task {
+//!     id: u32,
+//!     run: Links<Task>,
+//!     timer: Links<Task>,
+//! }
+//!
+//! /// One zero-sized tag per hook.
+//! enum RunQueue {}
+//! enum Timers {}
+//!
+//! // SAFETY: a `&'static Task` never moves and is never freed; `links` projects the `run`
+//! // hook without making a reference, and no other tag uses that hook.
+//! unsafe impl Linked<RunQueue> for Task {
+//!     type Handle = &'static Task;
+//!     fn into_ptr(task: &'static Task) -> NonNull<Task> {
+//!         NonNull::from(task)
+//!     }
+//!     unsafe fn from_ptr(ptr: NonNull<Task>) -> &'static Task {
+//!         // SAFETY: `ptr` came from `into_ptr`, so it is a `&'static Task`.
+//!         unsafe { ptr.as_ref() }
+//!     }
+//!     unsafe fn links(ptr: NonNull<Task>) -> NonNull<Links<Task>> {
+//!         // SAFETY: `ptr` points to a live `Task`, so the field's address is not null.
+//!         unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).run) }
+//!     }
+//! }
+//!
+//! // SAFETY: as above, for the `timer` hook.
+//! unsafe impl Linked<Timers> for Task {
+//!     type Handle = &'static Task;
+//!     fn into_ptr(task: &'static Task) -> NonNull<Task> {
+//!         NonNull::from(task)
+//!     }
+//!     unsafe fn from_ptr(ptr: NonNull<Task>) -> &'static Task {
+//!         // SAFETY: `ptr` came from `into_ptr`, so it is a `&'static Task`.
+//!         unsafe { ptr.as_ref() }
+//!     }
+//!     unsafe fn links(ptr: NonNull<Task>) -> NonNull<Links<Task>> {
+//!         // SAFETY: `ptr` points to a live `Task`, so the field's address is not null.
+//!         unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).timer) }
+//!     }
+//! }
+//!
+//! static A: Task = Task { id: 1, run: Links::new(), timer: Links::new() };
+//! static B: Task = Task { id: 2, run: Links::new(), timer: Links::new() };
+//!
+//! let mut run = List::<Task, RunQueue>::new();
+//! let mut timers = List::<Task, Timers>::new();
+//! run.push_back(&A);
+//! run.push_back(&B);
+//! timers.push_back(&B); // B is in both lists now
+//! assert!(List::<Task, Timers>::is_linked(&B));
+//! assert_eq!(run.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 2]);
+//!
+//! // B's timer fires: take it off the timer list, it stays runnable.
+//! let fired = timers.erase_checked(&B).expect("B was in the timer list");
+//! assert_eq!(fired.id, 2);
+//! assert!(!B.timer.is_linked() && B.run.is_linked());
+//! assert_eq!(run.pop_front().map(|t| t.id), Some(1));
+//! ```
+
+use core::fmt;
+use core::iter::FusedIterator;
+use core::marker::{PhantomData, PhantomPinned};
+use core::ptr::{self, NonNull};
+
+use crate::sync::{AtomicUsize, Ordering, UnsafeCell, loom_const_fn};
+
+/// How a node is held by the lists of one hook.
+///
+/// A node type implements `Linked<Tag>` once per hook it embeds; `Tag` is a zero-sized
+/// type (an empty `enum` does nicely) that names the hook.
+///
+/// # Safety
+///
+/// Implementing this trait promises, for every node:
+///
+/// * `into_ptr` gives up ownership of the node without dropping or moving it, and returns a
+///   pointer valid for reads of the whole node (it is what [`List::front`] and
+///   [`List::iter`] hand out as `&Self`); `from_ptr`, given that pointer back, returns
+///   exactly that ownership. Each pointer from `into_ptr` is passed to `from_ptr` at most
+///   once.
+/// * While a list holds the pointer (between `into_ptr` and `from_ptr`), the node stays
+///   alive and does not move (it is pinned).
+/// * `links` returns a pointer, derived from `ptr`, to a [`Links<Self>`] field inside the
+///   node, without reading or writing the node and without making a reference to it
+///   (project with `&raw mut (*ptr.as_ptr()).hook`). It always returns the same field for
+///   this `Tag`, and no other `Tag`'s implementation returns that field.
+pub unsafe trait Linked<Tag> {
+    /// The owning pointer a list holds per linked node: `&'static Self`, `Arc<Self>`, ...
+    type Handle;
+
+    /// Turns a handle into a raw pointer to its node, without dropping the node.
+    fn into_ptr(handle: Self::Handle) -> NonNull<Self>;
+
+    /// Turns a pointer made by [`Linked::into_ptr`] back into the handle it came from.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must come from [`Linked::into_ptr`], and this must be the only call of
+    /// `from_ptr` for that `into_ptr` call.
+    unsafe fn from_ptr(ptr: NonNull<Self>) -> Self::Handle;
+
+    /// Returns a pointer to this tag's hook inside the node `ptr` points to.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must point to a live node.
+    unsafe fn links(ptr: NonNull<Self>) -> NonNull<Links<Self>>;
+}
+
+type Link<T> = Option<NonNull<T>>;
+
+/// The hook's state word when it is not linked into any list.
+const UNLINKED: usize = 0;
+
+/// The hook's state word when it is linked, in release builds (debug builds store the id of
+/// the list instead, which is never [`UNLINKED`]).
+#[cfg(not(debug_assertions))]
+const LINKED: usize = 1;
+
+/// A hook: the links that put a node into one list.
+///
+/// Embed one per list a node can be in, and return it from that list's
+/// [`Linked::links`]. A fresh hook is unlinked.
+pub struct Links<T: ?Sized> {
+    /// The neighbours. Only the owner of the list the node is linked into reads or writes
+    /// them (the list that claimed the state word).
+    pointers: UnsafeCell<Pointers<T>>,
+    /// [`UNLINKED`], or the value the list that links this hook writes ([`LINKED`] in
+    /// release builds, the list's id in debug builds). Atomic so that anyone may ask
+    /// [`Links::is_linked`]; also the hand-off of the pointers from one list to the next
+    /// (Release when unlinking, Acquire when claiming).
+    state: AtomicUsize,
+    /// Keeps the hook (and so the node) `!Unpin`: no `noalias` on references to it
+    /// (rust-lang/rust#63818).
+    _pin: PhantomPinned,
+}
+
+/// The two pointers of a hook.
+struct Pointers<T: ?Sized> {
+    prev: Link<T>,
+    next: Link<T>,
+}
+
+impl<T: ?Sized> Links<T> {
+    loom_const_fn! {
+        /// A hook that is not linked into any list.
+        #[must_use]
+        pub fn new() -> Self {
+            Self {
+                pointers: UnsafeCell::new(Pointers { prev: None, next: None }),
+                state: AtomicUsize::new(UNLINKED),
+                _pin: PhantomPinned,
+            }
+        }
+    }
+
+    /// Whether the node is linked into a list through this hook.
+    ///
+    /// From a thread that does not own that list the answer is only a snapshot: the owner
+    /// may link or unlink the node at any time.
+    #[inline]
+    pub fn is_linked(&self) -> bool {
+        // Relaxed: a snapshot; the caller synchronizes with the list's owner if it acts on it.
+        self.state.load(Ordering::Relaxed) != UNLINKED
+    }
+
+    /// The hook's state word.
+    ///
+    /// # Safety
+    ///
+    /// `this` must point to a live hook, for as long as the reference is used.
+    #[inline]
+    unsafe fn state<'a>(this: NonNull<Self>) -> &'a AtomicUsize {
+        // SAFETY: the caller guarantees the hook is live. This references the field only,
+        // never the hook or the node, and a shared reference to an atomic is always allowed.
+        unsafe { &(*this.as_ptr()).state }
+    }
+
+    /// The cell holding the hook's pointers.
+    ///
+    /// # Safety
+    ///
+    /// `this` must point to a live hook, for as long as the reference is used.
+    #[inline]
+    unsafe fn pointers<'a>(this: NonNull<Self>) -> &'a UnsafeCell<Pointers<T>> {
+        // SAFETY: the caller guarantees the hook is live. This references the field only,
+        // never the hook or the node, and a shared reference to an `UnsafeCell` permits
+        // writes through the pointer it hands out.
+        unsafe { &(*this.as_ptr()).pointers }
+    }
+
+    /// The previous node.
+    ///
+    /// # Safety
+    ///
+    /// `this` must point to a live hook whose pointers the caller may read: it borrows the
+    /// list the hook is linked into, or it has claimed the hook's state word.
+    #[inline]
+    unsafe fn prev(this: NonNull<Self>) -> Link<T> {
+        // SAFETY: the hook is live (caller's contract).
+        let cell = unsafe { Self::pointers(this) };
+        // SAFETY: the caller's right to read the pointers makes this read race-free.
+        cell.with(|p| unsafe { (*p).prev })
+    }
+
+    /// The next node.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Links::prev`].
+    #[inline]
+    unsafe fn next(this: NonNull<Self>) -> Link<T> {
+        // SAFETY: the hook is live (caller's contract).
+        let cell = unsafe { Self::pointers(this) };
+        // SAFETY: the caller's right to read the pointers makes this read race-free.
+        cell.with(|p| unsafe { (*p).next })
+    }
+
+    /// Sets the previous node.
+    ///
+    /// # Safety
+    ///
+    /// `this` must point to a live hook whose pointers the caller may write: it borrows
+    /// the list the hook is linked into exclusively, or it has claimed the state word.
+    #[inline]
+    unsafe fn set_prev(this: NonNull<Self>, prev: Link<T>) {
+        // SAFETY: the hook is live (caller's contract).
+        let cell = unsafe { Self::pointers(this) };
+        // SAFETY: the caller's exclusive right to the pointers makes this write race-free.
+        cell.with_mut(|p| unsafe { (*p).prev = prev });
+    }
+
+    /// Sets the next node.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Links::set_prev`].
+    #[inline]
+    unsafe fn set_next(this: NonNull<Self>, next: Link<T>) {
+        // SAFETY: the hook is live (caller's contract).
+        let cell = unsafe { Self::pointers(this) };
+        // SAFETY: the caller's exclusive right to the pointers makes this write race-free.
+        cell.with_mut(|p| unsafe { (*p).next = next });
+    }
+}
+
+impl<T: ?Sized> Default for Links<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: ?Sized> fmt::Debug for Links<T> {
+    /// Shows only whether the hook is linked: its pointers belong to the list's owner.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Links")
+            .field("linked", &self.is_linked())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: nothing reachable through `&Links` reads the pointers (`is_linked` reads the
+// atomic state word only). The pointers are read and written only by the owner of the list
+// the hook is linked into, and pass from one list's owner to the next through the state
+// word (Release when unlinking, Acquire when claiming). The pointers are never dereferenced
+// through the hook itself, so what `T` is does not matter.
+unsafe impl<T: ?Sized> Send for Links<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: ?Sized> Sync for Links<T> {}
+
+/// A fresh list id for debug membership checks, never [`UNLINKED`].
+#[cfg(debug_assertions)]
+fn next_list_id() -> usize {
+    // This counter only hands out distinct numbers for diagnostics and publishes nothing,
+    // so loom has nothing to check in it; loom's atomics cannot live in a `static` either.
+    #[cfg(not(loom))]
+    use crate::sync::AtomicUsize as IdCounter;
+    #[cfg(loom)]
+    use core::sync::atomic::AtomicUsize as IdCounter;
+
+    static NEXT_ID: IdCounter = IdCounter::new(UNLINKED + 1);
+    loop {
+        // Relaxed: the ids only need to be distinct.
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        if id != UNLINKED {
+            return id;
+        }
+    }
+}
+
+/// The panic for linking a hook whose state word shows `state` into the list whose word is
+/// `mine`.
+#[cold]
+#[track_caller]
+fn double_link(state: usize, mine: usize) -> ! {
+    #[cfg(debug_assertions)]
+    if state == mine {
+        panic!(
+            "double link: the node is already linked into this list (list #{mine}) through \
+             this hook; erase or pop it before linking it again"
+        );
+    } else {
+        panic!(
+            "double link: the node is already linked into another list (list #{state}) \
+             through this hook, so it cannot also go into list #{mine}; erase it there first"
+        );
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = (state, mine);
+        panic!(
+            "double link: the node is already linked into a list through this hook; erase \
+             or pop it before linking it again"
+        );
+    }
+}
+
+/// The panic for erasing, from the list whose word is `mine`, a node whose hook shows
+/// `state`.
+#[cfg(debug_assertions)]
+#[cold]
+#[track_caller]
+fn wrong_list(state: usize, mine: usize) -> ! {
+    if mine == UNLINKED {
+        panic!(
+            "erase from wrong list: the node is linked into list #{state}, not into this list \
+             (which has never linked a node); erasing it here is undefined behavior in release \
+             builds"
+        );
+    }
+    panic!(
+        "erase from wrong list: the node is linked into list #{state}, not into this list \
+         (list #{mine}); erasing it here is undefined behavior in release builds"
+    );
+}
+
+/// Whether two links point to the same node (by address, ignoring metadata).
+#[inline]
+fn same<T: ?Sized>(a: Link<T>, b: Link<T>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => ptr::addr_eq(a.as_ptr(), b.as_ptr()),
+        _ => false,
+    }
+}
+
+/// An intrusive doubly-linked list of `T`s, linked through `T`'s `Tag` hook.
+///
+/// All operations are O(1) except [`List::contains`], [`List::erase_checked`] (O(n) walks),
+/// iteration and [`List::assert_valid`]. Allocation-free. See the [module docs](self) for
+/// the ownership rules and an example.
+pub struct List<T: Linked<Tag> + ?Sized, Tag> {
+    head: Link<T>,
+    tail: Link<T>,
+    len: usize,
+    /// This list's id for membership checks, assigned when it first links a node
+    /// ([`UNLINKED`] until then).
+    #[cfg(debug_assertions)]
+    id: usize,
+    /// The list owns one handle per node (for drop check).
+    _handles: PhantomData<T::Handle>,
+    /// `Tag` only selects the hook.
+    _tag: PhantomData<fn() -> Tag>,
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> List<T, Tag> {
+    /// An empty list.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            head: None,
+            tail: None,
+            len: 0,
+            #[cfg(debug_assertions)]
+            id: UNLINKED,
+            _handles: PhantomData,
+            _tag: PhantomData,
+        }
+    }
+
+    /// The number of nodes in the list.
+    #[inline]
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the list has no nodes.
+    #[inline]
+    pub const fn is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+
+    /// Whether `node` is linked into some list through the `Tag` hook (this one or another).
+    ///
+    /// Same as `Links::is_linked` on the node's `Tag` hook; a snapshot when another thread
+    /// owns that list.
+    #[inline]
+    pub fn is_linked(node: &T) -> bool {
+        // SAFETY: `node` is a live reference, so the node is live.
+        let hook = unsafe { T::links(NonNull::from(node)) };
+        // SAFETY: the hook is inside the live node.
+        unsafe { Links::state(hook) }.load(Ordering::Relaxed) != UNLINKED
+    }
+
+    /// Whether `node` is linked into this list. O(n): walks the list from both ends.
+    pub fn contains(&self, node: &T) -> bool {
+        self.find(node).is_some()
+    }
+
+    /// The first node, if any.
+    #[inline]
+    pub fn front(&self) -> Option<&T> {
+        // SAFETY: the head is linked into this list, which holds its handle and so keeps it
+        // alive while `self` is borrowed; `into_ptr` pointers are valid for reads (Linked).
+        self.head.map(|node| unsafe { node.as_ref() })
+    }
+
+    /// The last node, if any.
+    #[inline]
+    pub fn back(&self) -> Option<&T> {
+        // SAFETY: as in `front`, for the tail.
+        self.tail.map(|node| unsafe { node.as_ref() })
+    }
+
+    /// Links the node `handle` owns at the front of the list; the list keeps the handle.
+    ///
+    /// # Panics
+    ///
+    /// If the node is already linked into a list through the `Tag` hook (`double link`);
+    /// the handle is dropped.
+    #[track_caller]
+    pub fn push_front(&mut self, handle: T::Handle) {
+        let node = T::into_ptr(handle);
+        let hook = self.claim(node);
+        // SAFETY: this list has claimed `node`'s hook; the head is linked into this list,
+        // which `self` borrows exclusively.
+        unsafe {
+            Links::set_prev(hook, None);
+            Links::set_next(hook, self.head);
+            match self.head {
+                Some(head) => Links::set_prev(T::links(head), Some(node)),
+                None => self.tail = Some(node),
+            }
+        }
+        self.head = Some(node);
+        self.len += 1;
+    }
+
+    /// Links the node `handle` owns at the back of the list; the list keeps the handle.
+    ///
+    /// # Panics
+    ///
+    /// If the node is already linked into a list through the `Tag` hook (`double link`);
+    /// the handle is dropped.
+    #[track_caller]
+    pub fn push_back(&mut self, handle: T::Handle) {
+        let node = T::into_ptr(handle);
+        let hook = self.claim(node);
+        // SAFETY: this list has claimed `node`'s hook; the tail is linked into this list,
+        // which `self` borrows exclusively.
+        unsafe {
+            Links::set_next(hook, None);
+            Links::set_prev(hook, self.tail);
+            match self.tail {
+                Some(tail) => Links::set_next(T::links(tail), Some(node)),
+                None => self.head = Some(node),
+            }
+        }
+        self.tail = Some(node);
+        self.len += 1;
+    }
+
+    /// Unlinks the first node and returns its handle.
+    pub fn pop_front(&mut self) -> Option<T::Handle> {
+        let head = self.head?;
+        // SAFETY: the head is linked into this list.
+        Some(unsafe { self.unlink(head) })
+    }
+
+    /// Unlinks the last node and returns its handle.
+    pub fn pop_back(&mut self) -> Option<T::Handle> {
+        let tail = self.tail?;
+        // SAFETY: the tail is linked into this list.
+        Some(unsafe { self.unlink(tail) })
+    }
+
+    /// Unlinks `node` from this list and returns its handle, or returns `None` if `node` is
+    /// not linked through the `Tag` hook. O(1).
+    ///
+    /// # Safety
+    ///
+    /// `node` must point to a live node (any pointer valid for reads will do: the handle is
+    /// rebuilt from the pointer the list stored), and the caller must ensure that exactly
+    /// one of the following is true:
+    ///
+    /// * `node` is linked into this list through the `Tag` hook;
+    /// * `node` is not linked into any list through the `Tag` hook, and no other thread
+    ///   links it while this call runs.
+    ///
+    /// Erasing a node that is linked into *another* list is undefined behavior; debug
+    /// builds catch it and panic with `erase from wrong list`. Use
+    /// [`List::erase_checked`] when the caller cannot tell which list the node is in.
+    #[track_caller]
+    pub unsafe fn erase(&mut self, node: NonNull<T>) -> Option<T::Handle> {
+        // SAFETY: the caller guarantees that `node` points to a live node.
+        let hook = unsafe { T::links(node) };
+        // SAFETY: the hook is inside the live node. Relaxed: if it is linked it is linked
+        // into this list (caller's contract), which wrote the word itself.
+        let state = unsafe { Links::state(hook) }.load(Ordering::Relaxed);
+        if state == UNLINKED {
+            return None;
+        }
+        #[cfg(debug_assertions)]
+        if state != self.id {
+            wrong_list(state, self.id);
+        }
+        // SAFETY: `node` is linked, so it is linked into this list (caller's contract), and
+        // this list owns its pointers: the neighbour that points at it stores the pointer
+        // the list got from `into_ptr`.
+        let stored = unsafe {
+            match Links::prev(hook) {
+                Some(prev) => Links::next(T::links(prev)),
+                None => self.head,
+            }
+        };
+        let Some(stored) = stored else {
+            unreachable!("list invariant: a linked node's neighbour does not point back at it")
+        };
+        debug_assert!(
+            ptr::addr_eq(stored.as_ptr(), node.as_ptr()),
+            "list invariant: a linked node's neighbour does not point back at it"
+        );
+        // SAFETY: `stored` is `node` as this list stored it, and it is linked into this list.
+        Some(unsafe { self.unlink(stored) })
+    }
+
+    /// Unlinks `node` if it is linked into this list and returns its handle; returns `None`
+    /// if it is not linked, or linked into another list (which is left untouched).
+    ///
+    /// O(1) when `node` is not linked through the `Tag` hook; otherwise O(n): it walks the
+    /// list from both ends looking for `node`, reading only this list's nodes.
+    pub fn erase_checked(&mut self, node: &T) -> Option<T::Handle> {
+        let found = self.find(node)?;
+        // SAFETY: `found` was reached from this list's ends, so it is linked into it.
+        Some(unsafe { self.unlink(found) })
+    }
+
+    /// Moves every node of `other` to the back of this list, in order; `other` ends empty.
+    ///
+    /// O(1). (Debug builds also re-tag every moved hook with this list's id: O(len of
+    /// `other`).)
+    pub fn splice_back(&mut self, other: &mut Self) {
+        let (Some(other_head), Some(other_tail)) = (other.head.take(), other.tail.take()) else {
+            debug_assert_eq!(
+                other.len, 0,
+                "list invariant: an empty list has a non-zero len"
+            );
+            return;
+        };
+        let moved = core::mem::replace(&mut other.len, 0);
+        #[cfg(debug_assertions)]
+        {
+            let mine = self.owner_word();
+            let mut node = Some(other_head);
+            while let Some(n) = node {
+                // SAFETY: `n` was linked into `other`, which is borrowed exclusively; its
+                // nodes now belong to this list, also borrowed exclusively.
+                unsafe {
+                    let hook = T::links(n);
+                    debug_assert_eq!(
+                        Links::state(hook).load(Ordering::Relaxed),
+                        other.id,
+                        "list invariant: a node of the spliced list does not carry its id"
+                    );
+                    // Relaxed: the hook stays with an owner that holds `&mut`; the Release
+                    // of a later unlink publishes this store along with the pointers.
+                    Links::state(hook).store(mine, Ordering::Relaxed);
+                    node = Links::next(hook);
+                }
+            }
+        }
+        // SAFETY: the tail is linked into this list and `other_head` was linked into
+        // `other`; both lists are borrowed exclusively.
+        unsafe {
+            match self.tail {
+                Some(tail) => {
+                    Links::set_next(T::links(tail), Some(other_head));
+                    Links::set_prev(T::links(other_head), Some(tail));
+                }
+                None => self.head = Some(other_head),
+            }
+        }
+        self.tail = Some(other_tail);
+        self.len += moved;
+    }
+
+    /// An iterator over the nodes, front to back (also double-ended).
+    pub fn iter(&self) -> Iter<'_, T, Tag> {
+        Iter {
+            front: self.head,
+            back: self.tail,
+            len: self.len,
+            _list: PhantomData,
+        }
+    }
+
+    /// A cursor on the first node (or on the "ghost" past the end, if the list is empty)
+    /// that can unlink the node it is on while walking the list.
+    pub fn cursor_mut(&mut self) -> CursorMut<'_, T, Tag> {
+        CursorMut {
+            current: self.head,
+            list: self,
+        }
+    }
+
+    /// Checks the list's invariants and panics, naming the broken one, if any fails: head
+    /// and tail both set or both unset, every node's `prev` points back at its predecessor,
+    /// the walk from the head ends at the tail after exactly `len` nodes, and every hook is
+    /// marked as linked (in debug builds: into this list). O(n).
+    #[track_caller]
+    pub fn assert_valid(&self) {
+        let (head, tail) = match (self.head, self.tail) {
+            (None, None) => {
+                assert_eq!(
+                    self.len, 0,
+                    "list invariant: a list without head and tail must have len 0"
+                );
+                return;
+            }
+            (Some(head), Some(tail)) => (head, tail),
+            (head, tail) => panic!(
+                "list invariant: head ({head:?}) and tail ({tail:?}) must be both set or both \
+                 unset"
+            ),
+        };
+        let mine = self.owner_word_if_any();
+        let mut prev: Link<T> = None;
+        let mut node = head;
+        let mut count = 0_usize;
+        loop {
+            count += 1;
+            assert!(
+                count <= self.len,
+                "list invariant: more than len ({}) nodes are reachable from the head (a cycle, \
+                 or a wrong len)",
+                self.len
+            );
+            // SAFETY: `node` is reachable from this list's head, so it is linked into this
+            // list (whose invariants this checks; the walk is bounded by `len`).
+            let hook = unsafe { T::links(node) };
+            // SAFETY: the hook is inside a live node linked into this list.
+            let state = unsafe { Links::state(hook) }.load(Ordering::Relaxed);
+            assert_eq!(
+                state, mine,
+                "list invariant: node {count} ({node:p}) has hook state {state}, but this list \
+                 marks its hooks with {mine} (0 = unlinked; in debug builds, a list id)"
+            );
+            // SAFETY: the node is linked into this list, which `self` borrows.
+            let (node_prev, node_next) = unsafe { (Links::prev(hook), Links::next(hook)) };
+            assert!(
+                same(node_prev, prev),
+                "list invariant: node {count} ({node:p}) has prev {node_prev:?}, but its \
+                 predecessor is {prev:?}"
+            );
+            match node_next {
+                Some(next) => {
+                    prev = Some(node);
+                    node = next;
+                }
+                None => {
+                    assert!(
+                        ptr::addr_eq(node.as_ptr(), tail.as_ptr()),
+                        "list invariant: the walk from the head ends at {node:p}, but the tail \
+                         is {tail:p}"
+                    );
+                    break;
+                }
+            }
+        }
+        assert_eq!(
+            count, self.len,
+            "list invariant: {count} nodes are reachable from the head, but len is {}",
+            self.len
+        );
+    }
+
+    /// The state word this list writes into the hooks it links (assigning its id in debug
+    /// builds if it has none yet).
+    #[inline]
+    fn owner_word(&mut self) -> usize {
+        #[cfg(debug_assertions)]
+        {
+            if self.id == UNLINKED {
+                self.id = next_list_id();
+            }
+            self.id
+        }
+        #[cfg(not(debug_assertions))]
+        LINKED
+    }
+
+    /// The state word the hooks linked into this list hold (in debug builds, [`UNLINKED`]
+    /// if this list never linked a node: then no hook holds its id).
+    #[inline]
+    fn owner_word_if_any(&self) -> usize {
+        #[cfg(debug_assertions)]
+        return self.id;
+        #[cfg(not(debug_assertions))]
+        LINKED
+    }
+
+    /// Claims `node`'s hook for this list, or panics (`double link`) if it is linked.
+    ///
+    /// `node` must have just come from `into_ptr`: on panic it is turned back into its
+    /// handle and dropped.
+    #[track_caller]
+    fn claim(&mut self, node: NonNull<T>) -> NonNull<Links<T>> {
+        let mine = self.owner_word();
+        // SAFETY: `node` came from `into_ptr`, so it points to a live node.
+        let hook = unsafe { T::links(node) };
+        // SAFETY: the hook is inside the live node.
+        let state = unsafe { Links::state(hook) };
+        // Acquire: pairs with the Release store of the list that unlinked this hook last,
+        // so its writes to the hook's pointers happen before ours. One CAS (not a load and
+        // a store) so that of two threads racing to link the node, one fails.
+        if let Err(found) =
+            state.compare_exchange(UNLINKED, mine, Ordering::Acquire, Ordering::Relaxed)
+        {
+            // SAFETY: `node` came from `into_ptr` in the caller and the list did not keep
+            // it: give the ownership back, to be dropped while the panic unwinds.
+            let _handle = unsafe { T::from_ptr(node) };
+            double_link(found, mine);
+        }
+        hook
+    }
+
+    /// Walks the list from both ends looking for `node`; returns the list's own pointer to
+    /// it. Reads only this list's nodes (and `node`'s state word).
+    fn find(&self, node: &T) -> Link<T> {
+        let target = NonNull::from(node);
+        if !Self::is_linked(node) {
+            return None;
+        }
+        let (mut front, mut back) = (self.head, self.tail);
+        let mut left = self.len;
+        let mut found = None;
+        while left > 0 {
+            let (Some(f), Some(b)) = (front, back) else {
+                break;
+            };
+            if ptr::addr_eq(f.as_ptr(), target.as_ptr()) {
+                found = Some(f);
+                break;
+            }
+            if ptr::addr_eq(b.as_ptr(), target.as_ptr()) {
+                found = Some(b);
+                break;
+            }
+            // SAFETY: `f` and `b` are linked into this list, which `self` borrows.
+            unsafe {
+                front = Links::next(T::links(f));
+                back = Links::prev(T::links(b));
+            }
+            left = left.saturating_sub(2);
+        }
+        #[cfg(debug_assertions)]
+        {
+            // SAFETY: `target` comes from a live reference. Relaxed: only this list writes
+            // its own id, and it is borrowed.
+            let state = unsafe { Links::state(T::links(target)) }.load(Ordering::Relaxed);
+            debug_assert_eq!(
+                found.is_some(),
+                self.id != UNLINKED && state == self.id,
+                "list invariant: a node's hook id disagrees with the list walk"
+            );
+        }
+        found
+    }
+
+    /// Unlinks `node` and returns its handle.
+    ///
+    /// # Safety
+    ///
+    /// `node` must be linked into this list, and be the pointer this list stored for it.
+    unsafe fn unlink(&mut self, node: NonNull<T>) -> T::Handle {
+        // SAFETY: `node` is linked into this list, which `self` borrows exclusively, and so
+        // are its neighbours.
+        unsafe {
+            let hook = T::links(node);
+            debug_assert_eq!(
+                Links::state(hook).load(Ordering::Relaxed),
+                self.owner_word_if_any(),
+                "list invariant: unlinking a node whose hook is not marked as in this list"
+            );
+            let prev = Links::prev(hook);
+            let next = Links::next(hook);
+            match prev {
+                Some(prev) => Links::set_next(T::links(prev), next),
+                None => {
+                    debug_assert!(
+                        same(self.head, Some(node)),
+                        "list invariant: no prev, not head"
+                    );
+                    self.head = next;
+                }
+            }
+            match next {
+                Some(next) => Links::set_prev(T::links(next), prev),
+                None => {
+                    debug_assert!(
+                        same(self.tail, Some(node)),
+                        "list invariant: no next, not tail"
+                    );
+                    self.tail = prev;
+                }
+            }
+            Links::set_prev(hook, None);
+            Links::set_next(hook, None);
+            self.len -= 1;
+            // Release: publishes this list's writes to the hook's pointers to whichever list
+            // claims the hook next (its claim is an Acquire CAS).
+            Links::state(hook).store(UNLINKED, Ordering::Release);
+            // SAFETY: `node` is the pointer this list got from `into_ptr` and it no longer
+            // holds it.
+            T::from_ptr(node)
+        }
+    }
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> Drop for List<T, Tag> {
+    /// Unlinks every node and drops its handle.
+    fn drop(&mut self) {
+        while let Some(handle) = self.pop_front() {
+            drop(handle);
+        }
+    }
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> Default for List<T, Tag> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> fmt::Debug for List<T, Tag> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("List");
+        s.field("len", &self.len)
+            .field("head", &self.head)
+            .field("tail", &self.tail);
+        #[cfg(debug_assertions)]
+        s.field("id", &self.id);
+        s.finish()
+    }
+}
+
+// SAFETY: sending the list sends the handles it owns (hence `T::Handle: Send`); the hooks'
+// pointers go with it, as only the list's owner touches them.
+unsafe impl<T: Linked<Tag> + ?Sized, Tag> Send for List<T, Tag> where T::Handle: Send {}
+// SAFETY: `&List` hands out `&T` (hence `T: Sync`) and reads the hooks' pointers, which
+// nobody writes while the list is shared (writes need `&mut List`).
+unsafe impl<T: Linked<Tag> + ?Sized, Tag> Sync for List<T, Tag> where T: Sync {}
+
+impl<'a, T: Linked<Tag> + ?Sized, Tag> IntoIterator for &'a List<T, Tag> {
+    type Item = &'a T;
+    type IntoIter = Iter<'a, T, Tag>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// An iterator over the nodes of a [`List`], by reference. Made by [`List::iter`].
+pub struct Iter<'a, T: Linked<Tag> + ?Sized, Tag> {
+    front: Link<T>,
+    back: Link<T>,
+    /// Nodes not yet yielded from either end.
+    len: usize,
+    _list: PhantomData<&'a List<T, Tag>>,
+}
+
+impl<'a, T: Linked<Tag> + ?Sized, Tag> Iterator for Iter<'a, T, Tag> {
+    type Item = &'a T;
+
+    fn next(&mut self) -> Option<&'a T> {
+        if self.len == 0 {
+            return None;
+        }
+        let node = self.front?;
+        self.len -= 1;
+        // SAFETY: `node` is linked into the list borrowed for 'a, which keeps it alive and
+        // its pointers unchanged; `into_ptr` pointers are valid for reads (Linked).
+        unsafe {
+            self.front = Links::next(T::links(node));
+            Some(node.as_ref())
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len, Some(self.len))
+    }
+}
+
+impl<'a, T: Linked<Tag> + ?Sized, Tag> DoubleEndedIterator for Iter<'a, T, Tag> {
+    fn next_back(&mut self) -> Option<&'a T> {
+        if self.len == 0 {
+            return None;
+        }
+        let node = self.back?;
+        self.len -= 1;
+        // SAFETY: as in `next`.
+        unsafe {
+            self.back = Links::prev(T::links(node));
+            Some(node.as_ref())
+        }
+    }
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> ExactSizeIterator for Iter<'_, T, Tag> {}
+
+impl<T: Linked<Tag> + ?Sized, Tag> FusedIterator for Iter<'_, T, Tag> {}
+
+impl<T: Linked<Tag> + ?Sized, Tag> Clone for Iter<'_, T, Tag> {
+    fn clone(&self) -> Self {
+        Self {
+            front: self.front,
+            back: self.back,
+            len: self.len,
+            _list: PhantomData,
+        }
+    }
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> fmt::Debug for Iter<'_, T, Tag> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Iter")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A cursor over a [`List`] that can unlink the node it is on. Made by
+/// [`List::cursor_mut`].
+///
+/// The cursor is on a node, or on the "ghost" position past the back (and before the
+/// front) of the list.
+///
+/// ```
+/// # use core::ptr::NonNull;
+/// # use ivm_core::list::{Linked, Links, List};
+/// # struct Task { id: u32, run: Links<Task> }
+/// # enum RunQueue {}
+/// # // SAFETY: `&'static` handles; `links` projects the only hook.
+/// # unsafe impl Linked<RunQueue> for Task {
+/// #     type Handle = &'static Task;
+/// #     fn into_ptr(task: &'static Task) -> NonNull<Task> { NonNull::from(task) }
+/// #     // SAFETY: `ptr` came from `into_ptr`.
+/// #     unsafe fn from_ptr(ptr: NonNull<Task>) -> &'static Task { unsafe { ptr.as_ref() } }
+/// #     unsafe fn links(ptr: NonNull<Task>) -> NonNull<Links<Task>> {
+/// #         // SAFETY: `ptr` points to a live `Task`.
+/// #         unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).run) }
+/// #     }
+/// # }
+/// static TASKS: [Task; 4] = [
+///     Task { id: 1, run: Links::new() },
+///     Task { id: 2, run: Links::new() },
+///     Task { id: 3, run: Links::new() },
+///     Task { id: 4, run: Links::new() },
+/// ];
+/// let mut list = List::<Task, RunQueue>::new();
+/// for task in &TASKS {
+///     list.push_back(task);
+/// }
+/// // Unlink the even tasks while walking the list.
+/// let mut cursor = list.cursor_mut();
+/// while let Some(task) = cursor.current() {
+///     if task.id % 2 == 0 {
+///         cursor.remove_current(); // moves to the next node
+///     } else {
+///         cursor.move_next();
+///     }
+/// }
+/// assert_eq!(list.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 3]);
+/// ```
+pub struct CursorMut<'a, T: Linked<Tag> + ?Sized, Tag> {
+    list: &'a mut List<T, Tag>,
+    /// The node the cursor is on; `None` is the ghost position.
+    current: Link<T>,
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> CursorMut<'_, T, Tag> {
+    /// The node the cursor is on, or `None` on the ghost position.
+    pub fn current(&self) -> Option<&T> {
+        // SAFETY: the current node is linked into the list, which the cursor borrows
+        // exclusively and which keeps the node alive while `self` is borrowed.
+        self.current.map(|node| unsafe { node.as_ref() })
+    }
+
+    /// Moves to the next node; from the last node to the ghost position, and from the ghost
+    /// position to the first node.
+    pub fn move_next(&mut self) {
+        self.current = match self.current {
+            // SAFETY: the current node is linked into the borrowed list.
+            Some(node) => unsafe { Links::next(T::links(node)) },
+            None => self.list.head,
+        };
+    }
+
+    /// Moves to the previous node; from the first node to the ghost position, and from the
+    /// ghost position to the last node.
+    pub fn move_prev(&mut self) {
+        self.current = match self.current {
+            // SAFETY: the current node is linked into the borrowed list.
+            Some(node) => unsafe { Links::prev(T::links(node)) },
+            None => self.list.tail,
+        };
+    }
+
+    /// Unlinks the current node and returns its handle, moving the cursor to the next node
+    /// (or to the ghost position). Returns `None` on the ghost position.
+    pub fn remove_current(&mut self) -> Option<T::Handle> {
+        let node = self.current?;
+        // SAFETY: `node` is linked into the borrowed list, as the pointer the list stored.
+        unsafe {
+            self.current = Links::next(T::links(node));
+            Some(self.list.unlink(node))
+        }
+    }
+
+    /// The list the cursor walks.
+    pub fn list(&self) -> &List<T, Tag> {
+        self.list
+    }
+}
+
+impl<T: Linked<Tag> + ?Sized, Tag> fmt::Debug for CursorMut<'_, T, Tag> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CursorMut")
+            .field("current", &self.current)
+            .field("list", &self.list)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    use std::boxed::Box;
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+    use std::vec::Vec;
+
+    /// Tag of the first hook.
+    enum A {}
+    /// Tag of the second hook.
+    enum B {}
+
+    trait Value {
+        fn value(&self) -> u32;
+    }
+
+    /// A reference-counted node that can be in an `A` list and a `B` list at once.
+    struct Node {
+        value: u32,
+        a: Links<Node>,
+        b: Links<Node>,
+    }
+
+    impl Node {
+        fn new(value: u32) -> Arc<Self> {
+            Arc::new(Self {
+                value,
+                a: Links::new(),
+                b: Links::new(),
+            })
+        }
+    }
+
+    /// A node held through `&'static` handles, with the same two hooks.
+    struct StaticNode {
+        value: u32,
+        a: Links<StaticNode>,
+        b: Links<StaticNode>,
+    }
+
+    impl Value for Node {
+        fn value(&self) -> u32 {
+            self.value
+        }
+    }
+
+    impl Value for StaticNode {
+        fn value(&self) -> u32 {
+            self.value
+        }
+    }
+
+    macro_rules! arc_linked {
+        ($tag:ty, $hook:ident) => {
+            // SAFETY: `Arc::into_raw`/`from_raw` move one strong count out and back, and the
+            // allocation never moves; `links` projects this tag's own hook.
+            unsafe impl Linked<$tag> for Node {
+                type Handle = Arc<Node>;
+
+                fn into_ptr(node: Arc<Node>) -> NonNull<Node> {
+                    // SAFETY: `Arc::into_raw` never returns null.
+                    unsafe { NonNull::new_unchecked(Arc::into_raw(node).cast_mut()) }
+                }
+
+                unsafe fn from_ptr(ptr: NonNull<Node>) -> Arc<Node> {
+                    // SAFETY: `ptr` came from `into_ptr`, i.e. from `Arc::into_raw`.
+                    unsafe { Arc::from_raw(ptr.as_ptr()) }
+                }
+
+                unsafe fn links(ptr: NonNull<Node>) -> NonNull<Links<Node>> {
+                    // SAFETY: `ptr` points to a live node, so the field's address is not null.
+                    unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).$hook) }
+                }
+            }
+        };
+    }
+    arc_linked!(A, a);
+    arc_linked!(B, b);
+
+    macro_rules! static_linked {
+        ($tag:ty, $hook:ident) => {
+            // SAFETY: a `&'static` node never moves and is never freed while linked (the
+            // pool frees nodes only after every list is gone); `links` projects this tag's
+            // own hook.
+            unsafe impl Linked<$tag> for StaticNode {
+                type Handle = &'static StaticNode;
+
+                fn into_ptr(node: &'static StaticNode) -> NonNull<StaticNode> {
+                    NonNull::from(node)
+                }
+
+                unsafe fn from_ptr(ptr: NonNull<StaticNode>) -> &'static StaticNode {
+                    // SAFETY: `ptr` came from `into_ptr`, i.e. from a `&'static StaticNode`.
+                    unsafe { ptr.as_ref() }
+                }
+
+                unsafe fn links(ptr: NonNull<StaticNode>) -> NonNull<Links<StaticNode>> {
+                    // SAFETY: `ptr` points to a live node, so the field's address is not null.
+                    unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).$hook) }
+                }
+            }
+        };
+    }
+    static_linked!(A, a);
+    static_linked!(B, b);
+
+    /// `&'static` nodes made with `Box::leak`, freed again when the pool drops so that Miri
+    /// sees no leak. Declare the pool before the lists that use it: it drops after them.
+    struct Pool(Vec<NonNull<StaticNode>>);
+
+    impl Pool {
+        fn new() -> Self {
+            Self(Vec::new())
+        }
+
+        fn node(&mut self, value: u32) -> &'static StaticNode {
+            let node = Box::leak(Box::new(StaticNode {
+                value,
+                a: Links::new(),
+                b: Links::new(),
+            }));
+            let ptr = NonNull::from(node);
+            self.0.push(ptr);
+            // SAFETY: the node lives until the pool drops, after every list using it.
+            unsafe { ptr.as_ref() }
+        }
+    }
+
+    impl Drop for Pool {
+        fn drop(&mut self) {
+            for ptr in self.0.drain(..) {
+                // SAFETY: every list is gone (declared after the pool), so nothing uses the
+                // node any more; `ptr` came from `Box::leak`.
+                let node = unsafe { Box::from_raw(ptr.as_ptr()) };
+                assert!(
+                    !node.a.is_linked() && !node.b.is_linked(),
+                    "pool node still linked"
+                );
+            }
+        }
+    }
+
+    /// Checks `list` against `model` through every read-only accessor.
+    #[track_caller]
+    fn check<T, Tag>(list: &List<T, Tag>, model: &VecDeque<u32>)
+    where
+        T: Linked<Tag> + Value + ?Sized,
+    {
+        list.assert_valid();
+        let forward: Vec<u32> = list.iter().map(Value::value).collect();
+        let expected: Vec<u32> = model.iter().copied().collect();
+        assert_eq!(forward, expected);
+        let mut backward: Vec<u32> = list.iter().rev().map(Value::value).collect();
+        backward.reverse();
+        assert_eq!(backward, expected);
+        assert_eq!(list.len(), model.len());
+        assert_eq!(list.iter().len(), model.len());
+        assert_eq!(list.is_empty(), model.is_empty());
+        assert_eq!(list.front().map(Value::value), model.front().copied());
+        assert_eq!(list.back().map(Value::value), model.back().copied());
+    }
+
+    fn assert_send_sync<X: Send + Sync>() {}
+
+    #[test]
+    fn const_constructors() {
+        static LIST: List<StaticNode, A> = List::new();
+        static HOOK: Links<StaticNode> = Links::new();
+        assert!(LIST.is_empty());
+        assert!(!HOOK.is_linked());
+        LIST.assert_valid();
+        assert_send_sync::<List<Node, A>>();
+        assert_send_sync::<List<StaticNode, B>>();
+    }
+
+    #[test]
+    fn static_nodes_behave_like_a_deque() {
+        let mut pool = Pool::new();
+        let nodes: Vec<&'static StaticNode> = (0..6).map(|v| pool.node(v)).collect();
+        let mut list = List::<StaticNode, A>::new();
+        let mut model = VecDeque::new();
+        check(&list, &model);
+        assert!(list.pop_front().is_none() && list.pop_back().is_none());
+
+        for (i, node) in nodes.iter().enumerate() {
+            if i % 2 == 0 {
+                list.push_back(node);
+                model.push_back(node.value);
+            } else {
+                list.push_front(node);
+                model.push_front(node.value);
+            }
+            check(&list, &model);
+        }
+        for i in 0..6 {
+            let (got, want) = if i % 3 == 0 {
+                (list.pop_back(), model.pop_back())
+            } else {
+                (list.pop_front(), model.pop_front())
+            };
+            assert_eq!(got.map(Value::value), want);
+            check(&list, &model);
+        }
+        assert!(nodes.iter().all(|n| !n.a.is_linked()));
+        // Relink after unlinking.
+        list.push_back(nodes[3]);
+        model.push_back(3);
+        check(&list, &model);
+    }
+
+    #[test]
+    fn static_node_in_two_lists() {
+        let mut pool = Pool::new();
+        let nodes: Vec<&'static StaticNode> = (0..4).map(|v| pool.node(v)).collect();
+        let mut a = List::<StaticNode, A>::new();
+        let mut b = List::<StaticNode, B>::new();
+        let (mut ma, mut mb) = (VecDeque::new(), VecDeque::new());
+        for node in &nodes {
+            a.push_back(node);
+            ma.push_back(node.value);
+            b.push_front(node);
+            mb.push_front(node.value);
+            check(&a, &ma);
+            check(&b, &mb);
+        }
+        assert!(List::<StaticNode, A>::is_linked(nodes[2]));
+        assert!(List::<StaticNode, B>::is_linked(nodes[2]));
+        // Unlinking through one hook leaves the other list alone.
+        // SAFETY: nodes[2] is linked into `a`.
+        let two = unsafe { a.erase(NonNull::from(nodes[2])) };
+        assert_eq!(two.map(Value::value), Some(2));
+        ma.retain(|&v| v != 2);
+        check(&a, &ma);
+        check(&b, &mb);
+        assert!(!nodes[2].a.is_linked() && nodes[2].b.is_linked());
+        assert_eq!(b.pop_back().map(Value::value), mb.pop_back());
+        check(&a, &ma);
+        check(&b, &mb);
+    }
+
+    #[test]
+    fn arc_nodes_in_two_lists_hold_one_count_per_list() {
+        let nodes: Vec<Arc<Node>> = (0..4).map(Node::new).collect();
+        let mut a = List::<Node, A>::new();
+        let mut b = List::<Node, B>::new();
+        let (mut ma, mut mb) = (VecDeque::new(), VecDeque::new());
+        for node in &nodes {
+            a.push_back(node.clone());
+            ma.push_back(node.value);
+            check(&a, &ma);
+        }
+        for node in nodes.iter().rev().step_by(2) {
+            b.push_back(node.clone());
+            mb.push_back(node.value);
+            check(&b, &mb);
+        }
+        let counts: Vec<usize> = nodes.iter().map(Arc::strong_count).collect();
+        assert_eq!(counts, [2, 3, 2, 3]);
+
+        let popped = a.pop_front().unwrap();
+        ma.pop_front();
+        check(&a, &ma);
+        assert!(Arc::ptr_eq(&popped, &nodes[0]));
+        drop(popped);
+        assert_eq!(Arc::strong_count(&nodes[0]), 1);
+
+        // Dropping a list releases the handles it holds, and only those.
+        drop(b);
+        let counts: Vec<usize> = nodes.iter().map(Arc::strong_count).collect();
+        assert_eq!(counts, [1, 2, 2, 2]);
+        assert!(nodes.iter().all(|n| !n.b.is_linked()));
+        drop(a);
+        assert!(
+            nodes
+                .iter()
+                .all(|n| Arc::strong_count(n) == 1 && !n.a.is_linked())
+        );
+    }
+
+    #[test]
+    fn erase_head_middle_tail_and_unlinked() {
+        let nodes: Vec<Arc<Node>> = (0..5).map(Node::new).collect();
+        let mut list = List::<Node, A>::new();
+        let mut model = VecDeque::new();
+        for node in &nodes {
+            list.push_back(node.clone());
+            model.push_back(node.value);
+        }
+        check(&list, &model);
+        for &i in &[2_usize, 0, 4, 1, 3] {
+            // A pointer made from a reference: `erase` rebuilds the handle from the list's
+            // own pointer, which has the provenance `Arc::from_raw` needs.
+            let ptr = NonNull::from(&*nodes[i]);
+            // SAFETY: nodes[i] is linked into `list`.
+            let handle = unsafe { list.erase(ptr) }.expect("node was linked");
+            assert!(Arc::ptr_eq(&handle, &nodes[i]));
+            model.retain(|&v| v as usize != i);
+            check(&list, &model);
+            // SAFETY: nodes[i] is not linked into any list now.
+            assert!(unsafe { list.erase(ptr) }.is_none());
+            check(&list, &model);
+        }
+        assert!(list.is_empty());
+        assert!(nodes.iter().all(|n| Arc::strong_count(n) == 1));
+    }
+
+    #[test]
+    fn erase_checked_leaves_other_lists_alone() {
+        let nodes: Vec<Arc<Node>> = (0..4).map(Node::new).collect();
+        let mut mine = List::<Node, A>::new();
+        let mut other = List::<Node, A>::new();
+        let (mut mm, mut mo) = (VecDeque::new(), VecDeque::new());
+        for node in &nodes[..3] {
+            mine.push_back(node.clone());
+            mm.push_back(node.value);
+        }
+        other.push_back(nodes[3].clone());
+        mo.push_back(3);
+        // Not linked through this hook at all (only through `b`).
+        let lone = Node::new(9);
+        let mut b = List::<Node, B>::new();
+        b.push_back(lone.clone());
+
+        assert!(mine.erase_checked(&nodes[3]).is_none());
+        assert!(mine.erase_checked(&lone).is_none());
+        assert!(!mine.contains(&nodes[3]) && other.contains(&nodes[3]));
+        check(&mine, &mm);
+        check(&other, &mo);
+
+        for &i in &[1_usize, 2, 0] {
+            assert!(mine.contains(&nodes[i]));
+            let handle = mine.erase_checked(&nodes[i]).expect("node is in `mine`");
+            assert!(Arc::ptr_eq(&handle, &nodes[i]));
+            mm.retain(|&v| v as usize != i);
+            check(&mine, &mm);
+            assert!(mine.erase_checked(&nodes[i]).is_none());
+        }
+        assert!(other.erase_checked(&nodes[3]).is_some());
+        mo.clear();
+        check(&other, &mo);
+    }
+
+    #[test]
+    fn cursor_removes_while_iterating() {
+        let nodes: Vec<Arc<Node>> = (0..7).map(Node::new).collect();
+        let mut list = List::<Node, A>::new();
+        let mut model = VecDeque::new();
+        for node in &nodes {
+            list.push_back(node.clone());
+            model.push_back(node.value);
+        }
+        let mut removed = Vec::new();
+        let mut cursor = list.cursor_mut();
+        while let Some(node) = cursor.current() {
+            if node.value % 3 != 1 {
+                let handle = cursor.remove_current().unwrap();
+                removed.push(handle.value);
+                cursor.list().assert_valid();
+            } else {
+                cursor.move_next();
+            }
+        }
+        assert!(cursor.remove_current().is_none());
+        // From the ghost position, `move_prev` goes to the back and `move_next` to the front.
+        cursor.move_prev();
+        assert_eq!(cursor.current().map(Value::value), Some(4));
+        cursor.move_next();
+        assert!(cursor.current().is_none());
+        cursor.move_next();
+        assert_eq!(cursor.current().map(Value::value), Some(1));
+        cursor.move_prev();
+        assert!(cursor.current().is_none());
+        // Removing the last node moves to the ghost position.
+        cursor.move_prev();
+        assert_eq!(cursor.remove_current().map(|h| h.value), Some(4));
+        assert!(cursor.current().is_none());
+        model.retain(|v| v % 3 == 1 && *v != 4);
+        check(&list, &model);
+        assert_eq!(removed, [0, 2, 3, 5, 6]);
+        assert_eq!(Arc::strong_count(&nodes[1]), 2);
+        assert_eq!(Arc::strong_count(&nodes[4]), 1);
+    }
+
+    #[test]
+    fn splice_back_moves_every_node() {
+        let nodes: Vec<Arc<Node>> = (0..6).map(Node::new).collect();
+        let mut x = List::<Node, A>::new();
+        let mut y = List::<Node, A>::new();
+        let (mut mx, mut my) = (VecDeque::new(), VecDeque::new());
+
+        // empty <- empty
+        x.splice_back(&mut y);
+        check(&x, &mx);
+        check(&y, &my);
+        // empty <- two
+        for node in &nodes[..2] {
+            y.push_back(node.clone());
+            my.push_back(node.value);
+        }
+        x.splice_back(&mut y);
+        mx.append(&mut my);
+        check(&x, &mx);
+        check(&y, &my);
+        // two <- empty
+        x.splice_back(&mut y);
+        check(&x, &mx);
+        // two <- three, where `y` already has an id of its own
+        for node in &nodes[2..5] {
+            y.push_front(node.clone());
+            my.push_front(node.value);
+        }
+        check(&y, &my);
+        x.splice_back(&mut y);
+        mx.append(&mut my);
+        check(&x, &mx);
+        check(&y, &my);
+        // The moved nodes now belong to `x`: erase one, relink one into `y`.
+        // SAFETY: nodes[3] was moved into `x`.
+        let three = unsafe { x.erase(NonNull::from(&*nodes[3])) }.unwrap();
+        mx.retain(|&v| v != 3);
+        y.push_back(three);
+        my.push_back(3);
+        y.push_back(nodes[5].clone());
+        my.push_back(5);
+        check(&x, &mx);
+        check(&y, &my);
+        // Splicing back the other way.
+        y.splice_back(&mut x);
+        my.append(&mut mx);
+        check(&x, &mx);
+        check(&y, &my);
+        assert_eq!(y.pop_back().map(|h| h.value), my.pop_back());
+        check(&y, &my);
+    }
+
+    #[test]
+    fn lists_move_with_their_nodes() {
+        let nodes: Vec<Arc<Node>> = (0..3).map(Node::new).collect();
+        let mut list = List::<Node, A>::new();
+        for node in &nodes {
+            list.push_back(node.clone());
+        }
+        let mut boxed = Box::new(list);
+        boxed.assert_valid();
+        let mut swapped = List::<Node, A>::new();
+        core::mem::swap(&mut *boxed, &mut swapped);
+        assert!(boxed.is_empty());
+        swapped.assert_valid();
+        // SAFETY: nodes[1] is linked into `swapped` (it moved along with the list).
+        assert!(unsafe { swapped.erase(NonNull::from(&*nodes[1])) }.is_some());
+        swapped.assert_valid();
+        let handle = std::thread::spawn(move || {
+            swapped.assert_valid();
+            swapped.pop_front().map(|h| h.value)
+        });
+        assert_eq!(handle.join().unwrap(), Some(0));
+        assert!(nodes.iter().all(|n| Arc::strong_count(n) == 1));
+    }
+
+    #[test]
+    #[should_panic(expected = "double link")]
+    fn double_link_into_the_same_list_panics() {
+        let node = Node::new(1);
+        let mut list = List::<Node, A>::new();
+        list.push_back(node.clone());
+        list.assert_valid();
+        list.push_front(node);
+    }
+
+    #[test]
+    #[should_panic(expected = "double link")]
+    fn double_link_into_another_list_panics() {
+        let node = Node::new(1);
+        let mut first = List::<Node, A>::new();
+        let mut second = List::<Node, A>::new();
+        first.push_back(node.clone());
+        first.assert_valid();
+        second.push_back(node);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "erase from wrong list")]
+    fn erase_from_the_wrong_list_panics() {
+        let node = Node::new(1);
+        let mut first = List::<Node, A>::new();
+        let mut second = List::<Node, A>::new();
+        first.push_back(node.clone());
+        second.push_back(Node::new(2));
+        first.assert_valid();
+        second.assert_valid();
+        // SAFETY: none: this breaks `erase`'s contract on purpose; debug builds catch it
+        // before touching any pointer.
+        let _ = unsafe { second.erase(NonNull::from(&*node)) };
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    fn double_link_leaves_both_lists_intact() {
+        let node = Node::new(1);
+        let mut first = List::<Node, A>::new();
+        let mut second = List::<Node, A>::new();
+        first.push_back(node.clone());
+        let result = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
+            second.push_back(node.clone());
+        }));
+        let message = result.unwrap_err();
+        let message = message.downcast_ref::<std::string::String>().unwrap();
+        assert!(
+            message.contains("already linked into another list"),
+            "{message}"
+        );
+        first.assert_valid();
+        second.assert_valid();
+        assert!(second.is_empty());
+        // The refused handle was dropped: `node` + `first`'s handle.
+        assert_eq!(Arc::strong_count(&node), 2);
+    }
+}

@@ -84,7 +84,8 @@ mod imp {
         let remaining = deadline.saturating_duration_since(now);
         let timeout = libc::timespec {
             tv_sec: libc::time_t::try_from(remaining.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::try_from(remaining.subsec_nanos()).unwrap_or(0),
+            // subsec_nanos() < 1e9 fits an i32, and i32 converts into c_long on every target.
+            tv_nsec: libc::c_long::from(remaining.subsec_nanos() as i32),
         };
         // SAFETY: `atom` is a live, aligned 4-byte atomic for the whole call (we hold a
         // reference); FUTEX_WAIT only reads it and compares it with `expected`; `timeout`
@@ -160,8 +161,8 @@ mod imp {
                 let sleeper = {
                     let atom = Arc::clone(&atom);
                     std::thread::spawn(move || {
-                        let deadline = timed
-                            .then(|| FutexWait::now().saturating_add(Duration::from_secs(60)));
+                        let deadline =
+                            timed.then(|| FutexWait::now().saturating_add(Duration::from_secs(60)));
                         while atom.load(Ordering::Acquire) == 0 {
                             assert_eq!(FutexWait::wait(&atom, 0, deadline), WaitResult::Woken);
                         }

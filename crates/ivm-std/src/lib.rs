@@ -1,2 +1,59 @@
-//! ivm-std: placeholder.
+//! ivm-std: the ivm instruction virtual machine on std.
+//!
+//! A front end turns every operation into an *instruction* that names the tensors it reads
+//! and writes and the [`Stream`] it runs on. The [`VirtualMachine`] builds the dependency
+//! graph between instructions (per tensor: a write waits for every access since the last
+//! write, a read waits for the last write), runs independent instructions concurrently on
+//! worker threads, releases them in order per stream, and offers synchronous doors into
+//! that asynchronous world: [`VirtualMachine::sync_read_small_mem`] /
+//! [`VirtualMachine::sync_write_small_mem`], sync blob callbacks and [`VirtualMachine::sync`].
+//!
+//! ```
+//! use ivm_std::{Config, VirtualMachine};
+//!
+//! let vm = VirtualMachine::new(Config::default())?;
+//! let s = vm.default_stream();
+//! let (a, b) = (vm.new_tensor(8)?, vm.new_tensor(8)?);
+//! vm.run(|bld| {
+//!     bld.call(&s, &[], &[&a], |k| k.output_u64(0)[0] = 20)?;
+//!     bld.call(&s, &[&a], &[&b], |k| {
+//!         let x = k.input_u64(0)[0];
+//!         k.output_u64(0)[0] = 2 * x + 2;
+//!     })
+//! })?;
+//! let mut out = [0u8; 8];
+//! vm.sync_read_small_mem(&b, &mut out)?;
+//! assert_eq!(u64::from_ne_bytes(out), 42);
+//! # Ok::<(), ivm_std::Error>(())
+//! ```
+#![warn(missing_docs, unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod futex;
+
+mod builder;
+mod config;
+mod dependence;
+mod engine;
+mod error;
+mod instruction;
+mod scheduler;
+mod shared;
+mod slab;
+mod stream;
+mod sync_access;
+mod tensor;
+mod vm;
+mod worker;
+
+pub use builder::InstructionsBuilder;
+pub use config::{Config, Mode, SPIN_WINDOW_MIN_CORES};
+pub use engine::DebugCounters;
+pub use error::{Diagnostic, Error, LivelyInstruction, Result};
+pub use instruction::KernelCtx;
+pub use stream::{
+    CpuStreamPolicy, Device, DeviceKind, Placement, Stream, StreamId, StreamPolicy, StreamType,
+};
+pub use sync_access::RING_MAX;
+pub use tensor::Tensor;
+pub use vm::VirtualMachine;

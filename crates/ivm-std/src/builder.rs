@@ -1,0 +1,228 @@
+//! [`InstructionsBuilder`]: how a front end turns operations into instructions inside
+//! [`VirtualMachine::run`](crate::VirtualMachine::run).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use ivm_core::sync::Ordering;
+
+use crate::error::{Error, Result};
+use crate::instruction::{Instruction, KernelCtx, Kind};
+use crate::shared::VmShared;
+use crate::stream::{Stream, StreamShared};
+use crate::tensor::Tensor;
+
+thread_local! {
+    /// A spare instruction list per thread, so a `run` allocates no list in steady state.
+    static SPARE: RefCell<Vec<Arc<Instruction>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Collects the instructions of one [`run`](crate::VirtualMachine::run); they are handed
+/// to the VM together when the closure returns `Ok`.
+pub struct InstructionsBuilder<'vm> {
+    vm: &'vm Arc<VmShared>,
+    list: Vec<Arc<Instruction>>,
+}
+
+impl std::fmt::Debug for InstructionsBuilder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstructionsBuilder")
+            .field("instructions", &self.list.len())
+            .finish()
+    }
+}
+
+impl<'vm> InstructionsBuilder<'vm> {
+    pub(crate) fn new(vm: &'vm Arc<VmShared>) -> Self {
+        let list = SPARE.with(|s| {
+            s.try_borrow_mut()
+                .map(|mut s| std::mem::take(&mut *s))
+                .unwrap_or_default()
+        });
+        Self { vm, list }
+    }
+
+    /// Hands the collected instructions to the VM.
+    pub(crate) fn submit(&mut self) -> Result<()> {
+        self.vm.receive_list(&mut self.list, true)
+    }
+
+    /// Number of instructions collected so far.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether nothing was collected yet.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    fn check(&self, stream: &Stream, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+        self.vm.check_stream(stream)?;
+        for t in inputs.iter().chain(outputs) {
+            self.vm.check_tensor(t)?;
+        }
+        for (k, o) in outputs.iter().enumerate() {
+            let b = o.blob();
+            if outputs[..k]
+                .iter()
+                .chain(inputs)
+                .any(|t| Arc::ptr_eq(t.blob(), b))
+            {
+                return Err(Error::AliasedOperand);
+            }
+        }
+        Ok(())
+    }
+
+    fn push(
+        &mut self,
+        name: &'static str,
+        stream: &Arc<StreamShared>,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        kind: Kind,
+    ) {
+        let instr = Instruction::new(name, stream.clone(), kind);
+        {
+            // SAFETY: not shared yet; the builder owns the body (ownership step 1).
+            let body = unsafe { instr.body_mut() };
+            for t in inputs {
+                body.inputs.push(t.blob().clone());
+                self.vm.soft_sync(t, stream);
+            }
+            for t in outputs {
+                body.outputs.push(t.blob().clone());
+                self.vm.soft_sync(t, stream);
+                // Relaxed: advisory bookkeeping (the device issue's soft sync reads it).
+                t.inner
+                    .producer_stream
+                    .store(stream.index, Ordering::Relaxed);
+            }
+        }
+        self.list.push(Arc::new(instr));
+    }
+
+    /// A kernel on `stream` that reads `inputs` and writes `outputs` (a tensor may not be
+    /// both, nor appear twice among outputs). The kernel runs once, on the stream's thread,
+    /// after every earlier writer of its inputs and every earlier access of its outputs.
+    pub fn call(
+        &mut self,
+        stream: &Stream,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        kernel: impl FnOnce(&mut KernelCtx<'_>) + Send + 'static,
+    ) -> Result<()> {
+        self.call_named("call", stream, inputs, outputs, kernel)
+    }
+
+    /// [`call`](Self::call) with a name (shown in errors and diagnostics).
+    pub fn call_named(
+        &mut self,
+        name: &'static str,
+        stream: &Stream,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        kernel: impl FnOnce(&mut KernelCtx<'_>) + Send + 'static,
+    ) -> Result<()> {
+        self.check(stream, inputs, outputs)?;
+        self.push(
+            name,
+            &stream.shared,
+            inputs,
+            outputs,
+            Kind::Kernel(Box::new(kernel)),
+        );
+        Ok(())
+    }
+
+    /// Marks `tensors` as produced on `stream` (a write that does nothing: later readers
+    /// order after it). Their memory is allocated when they are created.
+    pub fn allocate_tensors(&mut self, stream: &Stream, tensors: &[&Tensor]) -> Result<()> {
+        self.check(stream, &[], tensors)?;
+        self.push("allocate_tensors", &stream.shared, &[], tensors, Kind::Noop);
+        Ok(())
+    }
+
+    /// A read of `tensors` on `stream` that does nothing: keeps them alive and ordered
+    /// until `stream` reaches it.
+    pub fn touch_tensors(&mut self, stream: &Stream, tensors: &[&Tensor]) -> Result<()> {
+        self.check(stream, tensors, &[])?;
+        self.push("touch_tensors", &stream.shared, tensors, &[], Kind::Noop);
+        Ok(())
+    }
+
+    /// Gives up this handle. When it was the last one, the release instruction is
+    /// enqueued at once (as for any drop of the last handle), ahead of this builder's
+    /// instructions, which keep the memory alive through their own blob handles.
+    pub fn release_tensor(&mut self, tensor: Tensor) -> Result<()> {
+        self.vm.check_tensor(&tensor)?;
+        drop(tensor);
+        Ok(())
+    }
+
+    /// Runs `f` on `tensor`'s bytes on its device's default stream, after every earlier
+    /// writer. Does not wait.
+    pub fn access_blob_by_callback(
+        &mut self,
+        tensor: &Tensor,
+        f: impl FnOnce(&[u8]) + Send + 'static,
+    ) -> Result<()> {
+        self.vm.check_tensor(tensor)?;
+        let s = self.vm.default_stream_of(tensor.device())?;
+        self.push(
+            "access_blob_by_callback",
+            &s,
+            &[tensor],
+            &[],
+            Kind::Read(Box::new(f)),
+        );
+        Ok(())
+    }
+
+    /// Runs `f` on `tensor`'s bytes, mutably, on its device's default stream, after every
+    /// earlier access. Does not wait.
+    pub fn access_blob_by_callback_mut(
+        &mut self,
+        tensor: &Tensor,
+        f: impl FnOnce(&mut [u8]) + Send + 'static,
+    ) -> Result<()> {
+        self.vm.check_tensor(tensor)?;
+        let s = self.vm.default_stream_of(tensor.device())?;
+        self.push(
+            "access_blob_by_callback_mut",
+            &s,
+            &[],
+            &[tensor],
+            Kind::Write(Box::new(f)),
+        );
+        Ok(())
+    }
+
+    /// A barrier: `f` runs on the scheduler thread once every instruction received before
+    /// it has been released. Later instructions are not held back by it.
+    pub fn barrier(&mut self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        let mut instr = Instruction::new(
+            "barrier",
+            self.vm.barrier_stream(),
+            Kind::Barrier(Box::new(f)),
+        );
+        instr.barrier = true;
+        self.list.push(Arc::new(instr));
+        Ok(())
+    }
+}
+
+impl Drop for InstructionsBuilder<'_> {
+    fn drop(&mut self) {
+        self.list.clear();
+        let list = std::mem::take(&mut self.list);
+        SPARE.with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.capacity() < list.capacity()
+            {
+                *s = list;
+            }
+        });
+    }
+}

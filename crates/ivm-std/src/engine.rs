@@ -1,0 +1,608 @@
+//! The dependency engine: DESIGN.md "Scheduling", run by exactly one thread at a time
+//! (the scheduler thread, or the caller holding the engine lock in single-thread mode).
+//!
+//! All per-instruction, per-access and per-edge state lives in pools owned by the engine
+//! (`Slab`s whose entries keep their `Vec` capacity when reused), so a steady state
+//! allocates nothing here. Instructions reach the engine through `receive`; each `step`
+//! handles a bounded window of them, dispatches ready instructions, releases done ones in
+//! order per stream, runs a barrier once it is the oldest lively instruction, and runs
+//! probes.
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ivm_core::sync::Ordering;
+
+use crate::dependence::Dependence;
+use crate::error::{Diagnostic, LivelyInstruction};
+use crate::instruction::{self, Instruction, Kind, status};
+use crate::shared::{Probe, VmShared};
+use crate::slab::{IdxList, Links, NIL, Slab};
+use crate::stream::{Placement, StreamShared};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum NodeState {
+    /// Waiting for in-edges.
+    #[default]
+    Waiting,
+    /// On the ready list.
+    Ready,
+    /// Handed to its stream's executor.
+    Dispatched,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OutEdge {
+    dst: u32,
+    /// No longer counted in `dst.blocking` (source dispatched on `dst`'s stream).
+    satisfied: bool,
+}
+
+/// Engine state of one lively instruction.
+#[derive(Default)]
+struct Node {
+    instr: Option<Arc<Instruction>>,
+    stream: u32,
+    state: NodeState,
+    /// In-edges whose source is neither released nor dispatched on this node's stream.
+    blocking: u32,
+    /// In-edges whose source is not released yet.
+    in_edges: u32,
+    out: Vec<OutEdge>,
+    accesses: Vec<u32>,
+    lively: Links,
+    running: Links,
+}
+
+/// One access of an instruction to a dependence.
+#[derive(Default)]
+struct Access {
+    node: u32,
+    /// Valid while `node`'s instruction is lively: its body holds the blob (or stream) that
+    /// owns the dependence until the engine clears it at release, after erasing accesses.
+    dep: Option<NonNull<Dependence>>,
+    write: bool,
+    /// Hook of the dependence's list of accesses since its last write.
+    links: Links,
+}
+
+struct EngineStream {
+    shared: Arc<StreamShared>,
+    running: IdxList,
+}
+
+/// Live-object counts (see [`crate::VirtualMachine::debug_counters`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DebugCounters {
+    /// Lively instructions held by the engine plus instructions received but not handled.
+    pub instructions: usize,
+    /// Accesses not yet erased.
+    pub accesses: usize,
+    /// Edges not yet removed.
+    pub edges: usize,
+    /// Instructions in flight (pending + not released), as `flying_instruction_count`.
+    pub flying: usize,
+}
+
+/// The engine. See the module docs.
+pub(crate) struct Engine {
+    nodes: Slab<Node>,
+    accesses: Slab<Access>,
+    edges: usize,
+    lively: IdxList,
+    streams: Vec<Option<EngineStream>>,
+    /// Indices of streams whose running list is not empty.
+    active: Vec<u32>,
+    ready: VecDeque<u32>,
+    barriers: VecDeque<u32>,
+    pending: VecDeque<Arc<Instruction>>,
+    probes: Vec<Probe>,
+    pending_window: usize,
+}
+
+// SAFETY: the raw `NonNull<Dependence>` pointers are only dereferenced by the engine's
+// owner, and the dependences they point to are `Sync`; the engine moves to the scheduler
+// thread once and is used there only (or under the engine lock).
+unsafe impl Send for Engine {}
+
+fn lively_hook(n: &mut Node) -> &mut Links {
+    &mut n.lively
+}
+fn running_hook(n: &mut Node) -> &mut Links {
+    &mut n.running
+}
+fn access_hook(a: &mut Access) -> &mut Links {
+    &mut a.links
+}
+
+impl Engine {
+    pub(crate) fn new(pending_window: usize) -> Self {
+        Self {
+            nodes: Slab::new(),
+            accesses: Slab::new(),
+            edges: 0,
+            lively: IdxList::new(),
+            streams: Vec::new(),
+            active: Vec::new(),
+            ready: VecDeque::new(),
+            barriers: VecDeque::new(),
+            pending: VecDeque::new(),
+            probes: Vec::new(),
+            pending_window,
+        }
+    }
+
+    /// Takes a received instruction (drained from the VM's pending queue).
+    pub(crate) fn receive(&mut self, instr: Arc<Instruction>) {
+        self.pending.push_back(instr);
+    }
+
+    /// Nothing pending, nothing lively, no probe.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.lively.is_empty() && self.probes.is_empty()
+    }
+
+    /// Whether a `step` now could make progress without new input (ready work, pending
+    /// work, a barrier at the front, a done instruction at a running front, probes).
+    pub(crate) fn has_work(&self) -> bool {
+        !self.pending.is_empty()
+            || !self.ready.is_empty()
+            || !self.probes.is_empty()
+            || self.barrier_at_front()
+            || self.any_front_done()
+    }
+
+    pub(crate) fn has_probes(&self) -> bool {
+        !self.probes.is_empty()
+    }
+
+    fn barrier_at_front(&self) -> bool {
+        matches!((self.barriers.front(), self.lively.front()), (Some(b), Some(f)) if *b == f)
+    }
+
+    /// Whether the front of some running list is releasable.
+    pub(crate) fn any_front_done(&self) -> bool {
+        self.active.iter().any(|&s| {
+            let Some(es) = &self.streams[s as usize] else {
+                return false;
+            };
+            es.running.front().is_some_and(|f| self.releasable(f))
+        })
+    }
+
+    fn releasable(&self, n: u32) -> bool {
+        let node = &self.nodes[n];
+        node.in_edges == 0
+            && node
+                .instr
+                .as_ref()
+                .is_some_and(|i| i.status() & status::DONE != 0)
+    }
+
+    pub(crate) fn counters(&self) -> (usize, usize, usize) {
+        (
+            self.nodes.live() + self.pending.len(),
+            self.accesses.live(),
+            self.edges,
+        )
+    }
+
+    /// One scheduling step. Returns whether anything changed.
+    pub(crate) fn step(&mut self, shared: &VmShared) -> bool {
+        let mut progress = false;
+        if shared.probes_submitted() {
+            for p in shared.take_probes() {
+                self.probes.push(p);
+            }
+        }
+        progress |= self.handle_pending();
+        progress |= self.dispatch_ready();
+        let released = self.release_done(shared);
+        progress |= released > 0;
+        progress |= self.run_barrier(shared);
+        progress |= self.run_probes();
+        if released > 0 {
+            shared.after_release(released);
+        }
+        if progress {
+            shared.publish_counters(self.counters());
+        }
+        progress
+    }
+
+    // ---- 2. handle pending -------------------------------------------------------------
+
+    fn handle_pending(&mut self) -> bool {
+        let mut handled = 0;
+        while handled < self.pending_window {
+            let Some(instr) = self.pending.pop_front() else {
+                break;
+            };
+            handled += 1;
+            self.handle_one(instr);
+        }
+        handled > 0
+    }
+
+    fn ensure_stream(&mut self, s: &Arc<StreamShared>) -> u32 {
+        let i = s.index as usize;
+        if self.streams.len() <= i {
+            self.streams.resize_with(i + 1, || None);
+        }
+        if self.streams[i].is_none() {
+            self.streams[i] = Some(EngineStream {
+                shared: s.clone(),
+                running: IdxList::new(),
+            });
+        }
+        s.index
+    }
+
+    fn handle_one(&mut self, instr: Arc<Instruction>) {
+        let stream = self.ensure_stream(&instr.stream);
+        let n = self.nodes.alloc();
+        {
+            let node = &mut self.nodes[n];
+            node.stream = stream;
+            node.state = NodeState::Waiting;
+            node.blocking = 0;
+            node.in_edges = 0;
+            debug_assert!(node.out.is_empty() && node.accesses.is_empty());
+            node.instr = Some(instr.clone());
+        }
+        self.lively.push_back(&mut self.nodes, n, lively_hook);
+        if instr.barrier {
+            self.barriers.push_back(n);
+            return;
+        }
+        if instr.stream_sequential {
+            self.write(NonNull::from(&instr.stream.schedule_dep), n);
+        }
+        // SAFETY: the engine owns the body between receive and dispatch (ownership step 2).
+        let body = unsafe { instr.body() };
+        for b in body.outputs.as_slice() {
+            self.write(NonNull::from(&b.dep), n);
+        }
+        for b in body.inputs.as_slice() {
+            self.read(NonNull::from(&b.dep), n);
+        }
+        if self.nodes[n].blocking == 0 {
+            self.nodes[n].state = NodeState::Ready;
+            self.ready.push_back(n);
+        }
+    }
+
+    fn new_access(&mut self, dep: NonNull<Dependence>, n: u32, write: bool) -> u32 {
+        let a = self.accesses.alloc();
+        let acc = &mut self.accesses[a];
+        acc.node = n;
+        acc.dep = Some(dep);
+        acc.write = write;
+        debug_assert!(!acc.links.linked);
+        self.nodes[n].accesses.push(a);
+        a
+    }
+
+    /// A write: an edge from every access since the last write, which then leave the
+    /// dependence's list; the write becomes the list's only (leading) access.
+    fn write(&mut self, dep: NonNull<Dependence>, n: u32) {
+        // SAFETY: `dep` is kept alive by the instruction being handled (its body holds the
+        // owning blob / stream); engine-only invariant for the list.
+        let d = unsafe { dep.as_ref() };
+        // SAFETY: we are the engine (engine-only invariant).
+        let mut list = unsafe { d.list() };
+        let mut a = list.head;
+        while a != NIL {
+            let src = self.accesses[a].node;
+            self.add_edge(src, n);
+            a = self.accesses[a].links.next;
+        }
+        list.clear(&mut self.accesses, access_hook, |_, _| {});
+        let acc = self.new_access(dep, n, true);
+        list.push_back(&mut self.accesses, acc, access_hook);
+        // SAFETY: as above.
+        unsafe { d.set_list(list) };
+    }
+
+    /// A read: an edge from the leading write, if the list starts with one.
+    fn read(&mut self, dep: NonNull<Dependence>, n: u32) {
+        // SAFETY: as in `write`.
+        let d = unsafe { dep.as_ref() };
+        // SAFETY: engine-only invariant.
+        let mut list = unsafe { d.list() };
+        if let Some(f) = list.front()
+            && self.accesses[f].write
+        {
+            let src = self.accesses[f].node;
+            self.add_edge(src, n);
+        }
+        let acc = self.new_access(dep, n, false);
+        list.push_back(&mut self.accesses, acc, access_hook);
+        // SAFETY: engine-only invariant.
+        unsafe { d.set_list(list) };
+    }
+
+    fn add_edge(&mut self, src: u32, dst: u32) {
+        if src == dst {
+            return;
+        }
+        let same_stream = self.nodes[src].stream == self.nodes[dst].stream;
+        let s = &mut self.nodes[src];
+        if same_stream && s.state == NodeState::Dispatched {
+            // The in-order stream already runs `src` before `dst`, and releases in order.
+            return;
+        }
+        if s.out.last().is_some_and(|e| e.dst == dst) {
+            return;
+        }
+        s.out.push(OutEdge {
+            dst,
+            satisfied: false,
+        });
+        self.edges += 1;
+        let d = &mut self.nodes[dst];
+        d.in_edges += 1;
+        d.blocking += 1;
+    }
+
+    // ---- 3. dispatch -------------------------------------------------------------------
+
+    fn dispatch_ready(&mut self) -> bool {
+        let mut any = false;
+        while let Some(n) = self.ready.pop_front() {
+            any = true;
+            self.dispatch(n);
+        }
+        any
+    }
+
+    fn dispatch(&mut self, n: u32) {
+        let stream = self.nodes[n].stream;
+        self.nodes[n].state = NodeState::Dispatched;
+        let instr = self.nodes[n]
+            .instr
+            .clone()
+            .expect("ivm engine: dispatching a node without instruction");
+        // Relaxed: diagnostic bit; the hand-over below carries the ordering.
+        instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
+        let es = self.streams[stream as usize]
+            .as_mut()
+            .expect("ivm engine: unknown stream");
+        if es.running.is_empty() {
+            self.active.push(stream);
+        }
+        es.running.push_back(&mut self.nodes, n, running_hook);
+        // Preschedule: same-stream successors no longer wait for this one.
+        let mut i = 0;
+        while i < self.nodes[n].out.len() {
+            let e = self.nodes[n].out[i];
+            if !e.satisfied && self.nodes[e.dst].stream == stream {
+                self.nodes[n].out[i].satisfied = true;
+                let d = &mut self.nodes[e.dst];
+                d.blocking -= 1;
+                if d.blocking == 0 && d.state == NodeState::Waiting {
+                    d.state = NodeState::Ready;
+                    self.ready.push_back(e.dst);
+                }
+            }
+            i += 1;
+        }
+        let es = self.streams[stream as usize]
+            .as_ref()
+            .expect("ivm engine: unknown stream");
+        match (&es.shared.thread, es.shared.policy.placement()) {
+            (Some(thread), Placement::SharedWorker | Placement::OwnWorker) => thread.submit(instr),
+            // Single-thread mode, or a stream that lives on the scheduler.
+            _ => instruction::execute(&instr),
+        }
+    }
+
+    // ---- 4. release --------------------------------------------------------------------
+
+    fn release_done(&mut self, shared: &VmShared) -> usize {
+        let mut released = 0;
+        let mut k = 0;
+        while k < self.active.len() {
+            let s = self.active[k];
+            loop {
+                let es = self.streams[s as usize]
+                    .as_ref()
+                    .expect("ivm engine: unknown stream");
+                let Some(f) = es.running.front() else { break };
+                if !self.releasable(f) {
+                    break;
+                }
+                let es = self.streams[s as usize]
+                    .as_mut()
+                    .expect("ivm engine: unknown stream");
+                es.running.remove(&mut self.nodes, f, running_hook);
+                self.release(f, shared);
+                released += 1;
+            }
+            let es = self.streams[s as usize]
+                .as_ref()
+                .expect("ivm engine: unknown stream");
+            if es.running.is_empty() {
+                self.active.swap_remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        released
+    }
+
+    /// Releases node `n` (done, no in-edges, already off its running list): erases its
+    /// accesses, removes its out-edges (readying successors), leaves the lively list, drops
+    /// the engine's hold on the instruction's operands.
+    fn release(&mut self, n: u32, shared: &VmShared) {
+        let mut accesses = std::mem::take(&mut self.nodes[n].accesses);
+        for &a in &accesses {
+            if self.accesses[a].links.linked {
+                let dep = self.accesses[a]
+                    .dep
+                    .expect("ivm engine: access without dependence");
+                // SAFETY: `dep` is alive (this node's instruction still holds its owner);
+                // engine-only invariant for the list.
+                let d = unsafe { dep.as_ref() };
+                // SAFETY: engine-only invariant.
+                let mut list = unsafe { d.list() };
+                list.remove(&mut self.accesses, a, access_hook);
+                // SAFETY: engine-only invariant.
+                unsafe { d.set_list(list) };
+            }
+            self.accesses[a].dep = None;
+            self.accesses.free(a);
+        }
+        accesses.clear();
+        self.nodes[n].accesses = accesses;
+
+        let mut out = std::mem::take(&mut self.nodes[n].out);
+        for e in &out {
+            let d = &mut self.nodes[e.dst];
+            d.in_edges -= 1;
+            if !e.satisfied {
+                d.blocking -= 1;
+                if d.blocking == 0 && d.state == NodeState::Waiting {
+                    d.state = NodeState::Ready;
+                    self.ready.push_back(e.dst);
+                }
+            }
+        }
+        self.edges -= out.len();
+        out.clear();
+        self.nodes[n].out = out;
+
+        self.lively.remove(&mut self.nodes, n, lively_hook);
+        let instr = self.nodes[n]
+            .instr
+            .take()
+            .expect("ivm engine: releasing a node without instruction");
+        self.nodes.free(n);
+        {
+            // SAFETY: the executor set DONE (we read it with Acquire in `releasable`, or ran
+            // the body ourselves), so the engine owns the body again (ownership step 4).
+            let body = unsafe { instr.body_mut() };
+            body.inputs.clear();
+            body.outputs.clear();
+            body.kind = Kind::Noop;
+        }
+        shared.instruction_released();
+        drop(instr);
+    }
+
+    // ---- 5. barriers -------------------------------------------------------------------
+
+    fn run_barrier(&mut self, shared: &VmShared) -> bool {
+        let mut any = false;
+        while self.barrier_at_front() {
+            let n = self
+                .barriers
+                .pop_front()
+                .expect("ivm engine: barrier list empty");
+            let instr = self.nodes[n]
+                .instr
+                .clone()
+                .expect("ivm engine: barrier node without instruction");
+            // Relaxed: diagnostic bit.
+            instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
+            instruction::execute(&instr);
+            drop(instr);
+            self.release(n, shared);
+            shared.after_release(1);
+            any = true;
+        }
+        any
+    }
+
+    // ---- 6. probes ---------------------------------------------------------------------
+
+    fn run_probes(&mut self) -> bool {
+        if self.probes.is_empty() {
+            return false;
+        }
+        let mut probes = std::mem::take(&mut self.probes);
+        let before = probes.len();
+        probes.retain_mut(|p| match p {
+            Probe::User(f) => !f(),
+            Probe::Diagnose(slot) => {
+                slot.fulfil(self.diagnostic());
+                false
+            }
+        });
+        let any = probes.len() != before;
+        // Probes added while running (none today) would be in `self.probes`.
+        probes.append(&mut self.probes);
+        self.probes = probes;
+        any
+    }
+
+    /// Lists lively instructions, oldest first (at most 64).
+    pub(crate) fn diagnostic(&self) -> Diagnostic {
+        const MAX: usize = 64;
+        let mut d = Diagnostic {
+            pending: self.pending.len(),
+            ..Diagnostic::default()
+        };
+        let mut n = self.lively.head;
+        while n != NIL {
+            let node = &self.nodes[n];
+            if d.lively.len() == MAX {
+                d.truncated += 1;
+            } else if let Some(instr) = &node.instr {
+                let st = instr.status.load(Ordering::Relaxed);
+                let mut in_edges = Vec::new();
+                // In-edges are found by scanning lively sources (diagnostic path only).
+                let mut m = self.lively.head;
+                while m != NIL {
+                    let src = &self.nodes[m];
+                    if src.out.iter().any(|e| e.dst == n)
+                        && let Some(si) = &src.instr
+                    {
+                        in_edges.push(si.label());
+                    }
+                    m = src.lively.next;
+                }
+                d.lively.push(LivelyInstruction {
+                    name: instr.label(),
+                    stream: instr.stream.id.to_string(),
+                    dispatched: st & status::DISPATCHED != 0,
+                    launched: st & status::LAUNCHED != 0,
+                    done: st & status::DONE != 0,
+                    in_edges,
+                });
+            }
+            n = node.lively.next;
+        }
+        d
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Unlink every access from its dependence before the nodes (and the blobs their
+        // instructions hold) go, so that no dependence is left pointing into this pool.
+        let mut n = self.lively.head;
+        while n != NIL {
+            for &a in &self.nodes[n].accesses {
+                if self.accesses[a].links.linked
+                    && let Some(dep) = self.accesses[a].dep
+                {
+                    // SAFETY: the node's instruction (still held) keeps `dep` alive;
+                    // engine-only invariant.
+                    let d = unsafe { dep.as_ref() };
+                    // SAFETY: engine-only invariant.
+                    let mut list = unsafe { d.list() };
+                    list.remove(&mut self.accesses, a, access_hook);
+                    // SAFETY: engine-only invariant.
+                    unsafe { d.set_list(list) };
+                }
+            }
+            n = self.nodes[n].lively.next;
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

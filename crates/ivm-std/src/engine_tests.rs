@@ -1,0 +1,249 @@
+//! Engine unit tests. The engine is driven by hand: instructions are dispatched to worker
+//! contexts that no thread runs, so each test decides when each instruction completes.
+use super::*;
+use crate::config::Config;
+use crate::instruction::Instruction;
+use crate::stream::{CpuStreamPolicy, Device, StreamId, StreamType};
+use crate::tensor::Blob;
+use crate::worker::ThreadCtx;
+
+struct Rig {
+    vm: crate::VirtualMachine,
+    engine: Engine,
+    streams: Vec<Arc<StreamShared>>,
+}
+
+impl Rig {
+    fn new(nstreams: u32) -> Self {
+        let vm = crate::VirtualMachine::new(Config::single_thread()).unwrap();
+        let id = vm.shared().id;
+        let streams = (0..nstreams)
+            .map(|k| {
+                Arc::new(StreamShared {
+                    vm_id: id,
+                    index: 100 + k,
+                    id: StreamId::compute(Device::CPU, k),
+                    policy: Box::new(CpuStreamPolicy(StreamType::Compute)),
+                    thread: Some(Arc::new(ThreadCtx::new(format!("t{k}")))),
+                    schedule_dep: Dependence::new(id),
+                })
+            })
+            .collect();
+        Self {
+            engine: Engine::new(1024),
+            vm,
+            streams,
+        }
+    }
+
+    fn blob(&self) -> Arc<Blob> {
+        Arc::new(Blob::new(self.vm.shared().id, 0, Device::CPU, 8))
+    }
+
+    fn instr(
+        &mut self,
+        name: &'static str,
+        s: usize,
+        inputs: &[&Arc<Blob>],
+        outputs: &[&Arc<Blob>],
+    ) -> Arc<Instruction> {
+        let i = Instruction::new(name, self.streams[s].clone(), Kind::Noop);
+        // SAFETY: not shared yet.
+        let body = unsafe { i.body_mut() };
+        for b in inputs {
+            body.inputs.push(Arc::clone(b));
+        }
+        for b in outputs {
+            body.outputs.push(Arc::clone(b));
+        }
+        let i = Arc::new(i);
+        self.vm.shared().count_received(1);
+        self.engine.receive(i.clone());
+        i
+    }
+
+    fn step(&mut self) {
+        while self.engine.step(self.vm.shared()) {}
+    }
+
+    /// Names of instructions dispatched to stream `s` since the last call.
+    fn dispatched(&self, s: usize) -> Vec<Arc<Instruction>> {
+        let t = self.streams[s].thread.as_ref().unwrap();
+        std::iter::from_fn(|| t.try_pop()).collect()
+    }
+
+    fn lively(&self) -> usize {
+        self.engine.lively.len as usize
+    }
+}
+
+fn names(v: &[Arc<Instruction>]) -> Vec<&'static str> {
+    v.iter().map(|i| i.name).collect()
+}
+
+#[test]
+fn write_waits_for_reads_and_release_is_in_order() {
+    let mut r = Rig::new(2);
+    let a = r.blob();
+    let _w1 = r.instr("w1", 0, &[], &[&a]);
+    let _r2 = r.instr("r2", 1, &[&a], &[]);
+    let _r3 = r.instr("r3", 1, &[&a], &[]);
+    let _w4 = r.instr("w4", 0, &[], &[&a]);
+    r.step();
+    let d0 = r.dispatched(0);
+    assert_eq!(names(&d0), ["w1"], "only the first write is ready");
+    assert!(
+        r.dispatched(1).is_empty(),
+        "reads wait for the leading write"
+    );
+    instruction::execute(&d0[0]);
+    r.step();
+    let d1 = r.dispatched(1);
+    assert_eq!(names(&d1), ["r2", "r3"]);
+    assert!(
+        r.dispatched(0).is_empty(),
+        "the second write waits for both reads"
+    );
+    // Complete r3 before r2: nothing may be released out of order.
+    instruction::execute(&d1[1]);
+    r.step();
+    assert_eq!(r.lively(), 3, "r3 is done but behind r2 on its stream");
+    assert!(r.dispatched(0).is_empty());
+    instruction::execute(&d1[0]);
+    r.step();
+    assert_eq!(r.lively(), 1);
+    let d0 = r.dispatched(0);
+    assert_eq!(names(&d0), ["w4"]);
+    instruction::execute(&d0[0]);
+    r.step();
+    assert_eq!(r.engine.counters(), (0, 0, 0));
+}
+
+#[test]
+fn same_stream_successors_are_prescheduled() {
+    let mut r = Rig::new(1);
+    let (a, b) = (r.blob(), r.blob());
+    r.instr("w", 0, &[], &[&a]);
+    r.instr("rw", 0, &[&a], &[&b]);
+    r.instr("r", 0, &[&b], &[]);
+    r.step();
+    // All three run on one in-order stream: dispatched before the first is done.
+    let d = r.dispatched(0);
+    assert_eq!(names(&d), ["w", "rw", "r"]);
+    assert_eq!(
+        r.engine.edges, 2,
+        "edges were made (sources not yet dispatched), then satisfied"
+    );
+    for i in &d {
+        instruction::execute(i);
+    }
+    r.step();
+    assert_eq!(r.engine.counters(), (0, 0, 0));
+}
+
+#[test]
+fn no_edge_to_a_dispatched_source_on_the_same_stream() {
+    let mut r = Rig::new(2);
+    let a = r.blob();
+    r.instr("w", 0, &[], &[&a]);
+    r.step();
+    let d = r.dispatched(0);
+    r.instr("r_same", 0, &[&a], &[]);
+    r.instr("r_other", 1, &[&a], &[]);
+    r.step();
+    assert_eq!(
+        names(&r.dispatched(0)),
+        ["r_same"],
+        "same stream: no edge, dispatched at once"
+    );
+    assert!(
+        r.dispatched(1).is_empty(),
+        "other stream: waits for the write's release"
+    );
+    assert_eq!(r.engine.edges, 1);
+    instruction::execute(&d[0]);
+    r.step();
+    let d1 = r.dispatched(1);
+    assert_eq!(names(&d1), ["r_other"]);
+}
+
+#[test]
+fn read_after_released_write_has_no_edge_and_write_after_reads_waits() {
+    let mut r = Rig::new(2);
+    let a = r.blob();
+    r.instr("w", 0, &[], &[&a]);
+    r.step();
+    instruction::execute(&r.dispatched(0)[0]);
+    r.step();
+    assert_eq!(r.lively(), 0);
+    r.instr("r1", 1, &[&a], &[]);
+    r.instr("w2", 0, &[], &[&a]);
+    r.step();
+    let d1 = r.dispatched(1);
+    assert_eq!(names(&d1), ["r1"]);
+    assert!(
+        r.dispatched(0).is_empty(),
+        "w2 waits for r1 (write after read)"
+    );
+    instruction::execute(&d1[0]);
+    r.step();
+    assert_eq!(names(&r.dispatched(0)), ["w2"]);
+}
+
+#[test]
+fn barrier_runs_when_oldest_and_holds_back_nothing_later() {
+    let mut r = Rig::new(2);
+    let (a, b) = (r.blob(), r.blob());
+    r.instr("i1", 0, &[], &[&a]);
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ran2 = ran.clone();
+    let mut bar = Instruction::new(
+        "barrier",
+        r.vm.shared().barrier_stream(),
+        Kind::Barrier(Box::new(move || {
+            ran2.store(true, std::sync::atomic::Ordering::SeqCst)
+        })),
+    );
+    bar.barrier = true;
+    r.vm.shared().count_received(1);
+    r.engine.receive(Arc::new(bar));
+    r.instr("i2", 1, &[], &[&b]);
+    r.step();
+    let d0 = r.dispatched(0);
+    let d1 = r.dispatched(1);
+    assert_eq!(
+        names(&d1),
+        ["i2"],
+        "the barrier does not hold back later instructions"
+    );
+    instruction::execute(&d1[0]);
+    r.step();
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "i1 is older and lively"
+    );
+    instruction::execute(&d0[0]);
+    r.step();
+    assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(r.engine.counters(), (0, 0, 0));
+}
+
+#[test]
+fn stream_sequential_instructions_order_through_the_schedule_dependence() {
+    let mut r = Rig::new(2);
+    let mk = |r: &mut Rig, name, s: usize| {
+        let mut i = Instruction::new(name, r.streams[s].clone(), Kind::Noop);
+        i.stream_sequential = true;
+        // Both write stream 0's schedule dependence.
+        i.stream = r.streams[0].clone();
+        let _ = s;
+        r.vm.shared().count_received(1);
+        r.engine.receive(Arc::new(i));
+    };
+    mk(&mut r, "s1", 0);
+    mk(&mut r, "s2", 0);
+    r.step();
+    // Same stream: the second is prescheduled after the first.
+    assert_eq!(names(&r.dispatched(0)), ["s1", "s2"]);
+    assert_eq!(r.engine.edges, 1);
+}

@@ -1,0 +1,165 @@
+//! The error type of every public ivm-std call.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Everything a public ivm-std call can fail with. No public call panics on bad input.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `run`, a `sync_*` call, `sync()` or `shutdown()` was called from inside a kernel,
+    /// callback or barrier, or from any thread of the same VM; waiting there would deadlock.
+    #[error("ivm: reentrant call from a VM thread, kernel, callback or barrier")]
+    Reentrant,
+    /// The VM has been shut down (or is shutting down) and accepts no more work.
+    #[error("ivm: the virtual machine is shut down")]
+    ShutDown,
+    /// A small-memory access of a size other than 1, 2, 4, 8 or 16 bytes.
+    #[error("ivm: unsupported small-memory access size {0} (supported: 1, 2, 4, 8, 16 bytes)")]
+    UnsupportedSize(usize),
+    /// An access reaches past the end of the tensor.
+    #[error(
+        "ivm: access of {len} bytes at offset {offset} is out of bounds of a {size}-byte tensor"
+    )]
+    OutOfBounds {
+        /// Bytes requested.
+        len: usize,
+        /// Offset requested.
+        offset: usize,
+        /// Size of the tensor.
+        size: usize,
+    },
+    /// A blocking wait saw no instruction finish during a whole timeout period.
+    #[error("ivm: timed out waiting; no instruction finished within the timeout period\n{0}")]
+    Timeout(Diagnostic),
+    /// The kernel (or callback) of an instruction panicked.
+    #[error("ivm: instruction `{instruction}` panicked: {message}")]
+    KernelPanicked {
+        /// Name and id of the instruction that panicked.
+        instruction: String,
+        /// The panic message.
+        message: String,
+    },
+    /// The tensor was written by an instruction that failed; its contents are undefined.
+    #[error("ivm: tensor poisoned by failed instruction `{instruction}`: {message}")]
+    Poisoned {
+        /// Name and id of the instruction that failed first.
+        instruction: String,
+        /// Why it failed.
+        message: String,
+    },
+    /// A tensor or stream of another virtual machine was passed to this one.
+    #[error("ivm: {0} belongs to another virtual machine")]
+    ForeignObject(&'static str),
+    /// The same tensor was passed twice to one instruction where that would alias.
+    #[error("ivm: the same tensor appears twice among an instruction's operands")]
+    AliasedOperand,
+    /// A stream id that this VM cannot serve (for example a device it has no adapter for).
+    #[error("ivm: unsupported stream: {0}")]
+    UnsupportedStream(String),
+    /// An `IVM_*` environment variable (or a config field) has an invalid value.
+    #[error("ivm: invalid configuration: {0}")]
+    Config(String),
+    /// The VM could not start one of its threads.
+    #[error("ivm: could not spawn a VM thread: {0}")]
+    Spawn(String),
+}
+
+/// The convenience result type of ivm-std.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why an instruction failed, as recorded on the instruction and on poisoned tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failure {
+    /// `name#id` of the instruction that failed first.
+    pub(crate) instruction: Arc<str>,
+    pub(crate) message: Arc<str>,
+    /// The instruction itself panicked (false: it refused to run on poisoned input).
+    pub(crate) panicked: bool,
+}
+
+impl Failure {
+    pub(crate) fn to_error(&self) -> Error {
+        if self.panicked {
+            Error::KernelPanicked {
+                instruction: self.instruction.to_string(),
+                message: self.message.to_string(),
+            }
+        } else {
+            Error::Poisoned {
+                instruction: self.instruction.to_string(),
+                message: self.message.to_string(),
+            }
+        }
+    }
+
+    pub(crate) fn poison_error(&self) -> Error {
+        Error::Poisoned {
+            instruction: self.instruction.to_string(),
+            message: self.message.to_string(),
+        }
+    }
+}
+
+/// One lively instruction, as listed by a timeout [`Diagnostic`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LivelyInstruction {
+    /// `name#id`.
+    pub name: String,
+    /// The stream it runs on.
+    pub stream: String,
+    /// Handed to its stream (worker or scheduler).
+    pub dispatched: bool,
+    /// Its body started.
+    pub launched: bool,
+    /// Its stream reports it done.
+    pub done: bool,
+    /// In-edges not yet removed (sources not yet released), by source name.
+    pub in_edges: Vec<String>,
+}
+
+/// What the engine was doing when a wait timed out: every lively instruction, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Instructions received but not yet handled by the engine.
+    pub pending: usize,
+    /// Lively instructions, oldest first (capped; see `truncated`).
+    pub lively: Vec<LivelyInstruction>,
+    /// How many lively instructions were left out of `lively`.
+    pub truncated: usize,
+    /// Set when the scheduler did not answer the diagnostic request in time.
+    pub scheduler_unresponsive: bool,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.scheduler_unresponsive {
+            writeln!(
+                f,
+                "  (the scheduler did not answer the diagnostic request: it is itself blocked, e.g. in a barrier)"
+            )?;
+        }
+        writeln!(
+            f,
+            "  {} pending, {} lively instruction(s):",
+            self.pending,
+            self.lively.len() + self.truncated
+        )?;
+        for i in &self.lively {
+            write!(
+                f,
+                "  - {} on {}: dispatched={} launched={} done={}",
+                i.name, i.stream, i.dispatched, i.launched, i.done
+            )?;
+            if i.in_edges.is_empty() {
+                writeln!(f)?;
+            } else {
+                writeln!(f, ", waiting for [{}]", i.in_edges.join(", "))?;
+            }
+        }
+        if self.truncated > 0 {
+            writeln!(f, "  ... and {} more", self.truncated)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,399 @@
+//! Instructions: what runs, on which stream, over which blobs; and how a body is executed.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ivm_core::mpsc;
+use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
+
+use crate::error::Failure;
+use crate::stream::StreamShared;
+use crate::sync_access::Waiter;
+use crate::tensor::Blob;
+
+/// Status bits of an instruction (`Instruction::status`).
+pub(crate) mod status {
+    /// Handed to its stream's executor by the engine.
+    pub(crate) const DISPATCHED: u32 = 1;
+    /// Its body started.
+    pub(crate) const LAUNCHED: u32 = 2;
+    /// Its body finished (for done-at-launch streams: done).
+    pub(crate) const DONE: u32 = 4;
+    /// Its body failed (panicked or refused poisoned input); `failure` is set.
+    pub(crate) const FAILED: u32 = 8;
+}
+
+/// Operands inline up to 4, spilled to the heap beyond.
+pub(crate) enum Operands {
+    Inline(heapless::Vec<Arc<Blob>, 4>),
+    Spilled(Vec<Arc<Blob>>),
+}
+
+impl Default for Operands {
+    fn default() -> Self {
+        Operands::Inline(heapless::Vec::new())
+    }
+}
+
+impl Operands {
+    pub(crate) fn as_slice(&self) -> &[Arc<Blob>] {
+        match self {
+            Operands::Inline(v) => v,
+            Operands::Spilled(v) => v,
+        }
+    }
+
+    pub(crate) fn push(&mut self, b: Arc<Blob>) {
+        match self {
+            Operands::Inline(v) => {
+                if let Err(b) = v.push(b) {
+                    let mut spilled: Vec<Arc<Blob>> = v.drain(..).collect();
+                    spilled.push(b);
+                    *self = Operands::Spilled(spilled);
+                }
+            }
+            Operands::Spilled(v) => v.push(b),
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        match self {
+            Operands::Inline(v) => v.clear(),
+            Operands::Spilled(v) => v.clear(),
+        }
+    }
+}
+
+/// A kernel: runs once, on its stream's thread, over its inputs and outputs.
+pub(crate) type KernelFn = Box<dyn FnOnce(&mut KernelCtx<'_>) + Send>;
+
+/// A callback reading a blob's bytes.
+pub(crate) type ReadFn = Box<dyn FnOnce(&[u8]) + Send>;
+/// A callback writing a blob's bytes.
+pub(crate) type WriteFn = Box<dyn FnOnce(&mut [u8]) + Send>;
+
+/// What an instruction does when it runs.
+pub(crate) enum Kind {
+    /// Nothing (allocate, touch, release: their effect is their dependences).
+    Noop,
+    /// A kernel.
+    Kernel(KernelFn),
+    /// A callback reading the first input.
+    Read(ReadFn),
+    /// A callback writing the first output.
+    Write(WriteFn),
+    /// Copy `len` bytes at `offset` of the first input into the instruction's small buffer.
+    SmallRead { offset: usize, len: usize },
+    /// Copy `len` bytes of the small buffer to `offset` of the first output.
+    SmallWrite { offset: usize, len: usize },
+    /// A barrier's callback (scheduler thread).
+    Barrier(Box<dyn FnOnce() + Send>),
+}
+
+/// The parts of an instruction that its current owner mutates: the builder before it is
+/// received, the engine while handling it, the executor while running it, the engine again
+/// at release, a sync-access ring owner between uses.
+pub(crate) struct Body {
+    pub(crate) kind: Kind,
+    pub(crate) inputs: Operands,
+    pub(crate) outputs: Operands,
+}
+
+/// Tag of the hook that queues an instruction on the VM's pending queue.
+pub(crate) struct PendingTag;
+/// Tag of the hook that queues an instruction on a worker's queue.
+pub(crate) struct WorkerTag;
+
+/// One instruction. Shared (`Arc`) by whoever submitted it, the engine and the executor.
+///
+/// Ownership of the cells, in time order (each step happens-before the next):
+/// 1. the builder fills `body` (and `small` for writes), then pushes to the pending queue
+///    (Release/Acquire through the MPSC queue);
+/// 2. the engine reads `body` operands while handling it, then dispatches it (worker queue
+///    push: Release/Acquire) or runs it inline;
+/// 3. the executor owns `body`, `small` and `failure` until it sets `DONE` (Release);
+/// 4. the engine, after reading `DONE` (Acquire), clears `body` at release; the sync
+///    waiter, after its `Waiter` wait (Acquire), reads `small` and `failure` (never
+///    `body`);
+/// 5. a ring owner reuses the instruction only through `Arc::get_mut` (exclusive).
+pub(crate) struct Instruction {
+    pending_link: mpsc::Links<Instruction>,
+    worker_link: mpsc::Links<Instruction>,
+    /// Process-unique sequence number (diagnostics, traces).
+    pub(crate) id: usize,
+    pub(crate) name: &'static str,
+    pub(crate) stream: Arc<StreamShared>,
+    /// Writes the stream's schedule dependence.
+    pub(crate) stream_sequential: bool,
+    /// A barrier (consumes no dependences; runs on the scheduler when oldest).
+    pub(crate) barrier: bool,
+    /// `status::*` bits.
+    pub(crate) status: AtomicU32,
+    /// Set for instructions a caller waits on (sync access): the executor notifies it when
+    /// it starts and decreases it when it has finished.
+    pub(crate) waiter: Option<Waiter>,
+    pub(crate) body: UnsafeCell<Body>,
+    /// The small-access buffer (sync read/write); the executor copies through it, never
+    /// through the caller's memory.
+    pub(crate) small: UnsafeCell<[u8; 16]>,
+    pub(crate) failure: UnsafeCell<Option<Failure>>,
+}
+
+// SAFETY: the cells follow the ownership steps documented on `Instruction`: one owner at a
+// time, each hand-over a Release/Acquire pair (queue push/pop, `DONE`, the waiter's
+// counter) or `Arc::get_mut`. Closures and operands inside are `Send`.
+unsafe impl Sync for Instruction {}
+// SAFETY: as above.
+unsafe impl Send for Instruction {}
+
+/// An id generator, not part of any synchronisation protocol: a plain std atomic on
+/// purpose (loom atomics cannot live in a `static`, and a model gains nothing from it).
+static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+pub(crate) fn next_id() -> usize {
+    // Relaxed: a unique number, nothing is published through it.
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Instruction {
+    pub(crate) fn new(name: &'static str, stream: Arc<StreamShared>, kind: Kind) -> Self {
+        Self {
+            pending_link: mpsc::Links::new(),
+            worker_link: mpsc::Links::new(),
+            id: next_id(),
+            name,
+            barrier: false,
+            stream_sequential: false,
+            stream,
+            status: AtomicU32::new(0),
+            waiter: None,
+            body: UnsafeCell::new(Body {
+                kind,
+                inputs: Operands::default(),
+                outputs: Operands::default(),
+            }),
+            small: UnsafeCell::new([0; 16]),
+            failure: UnsafeCell::new(None),
+        }
+    }
+
+    /// `name#id`.
+    pub(crate) fn label(&self) -> String {
+        format!("{}#{}", self.name, self.id)
+    }
+
+    /// Access to the body for its current owner.
+    ///
+    /// # Safety
+    /// The caller is the body's current owner (see the type's docs) and no other reference
+    /// obtained from this function is alive.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn body_mut(&self) -> &mut Body {
+        // SAFETY: exclusive ownership by the caller's contract.
+        self.body.with_mut(|p| unsafe { &mut *p })
+    }
+
+    /// Shared access to the body (the engine reading operands).
+    ///
+    /// # Safety
+    /// The caller owns the body (no concurrent `body_mut`).
+    pub(crate) unsafe fn body(&self) -> &Body {
+        // SAFETY: by the caller's contract no one mutates the body meanwhile.
+        self.body.with(|p| unsafe { &*p })
+    }
+
+    pub(crate) fn status(&self) -> u32 {
+        // Acquire: pairs with the executor's Release `fetch_or(DONE)`; a caller that sees
+        // DONE sees everything the body wrote.
+        self.status.load(Ordering::Acquire)
+    }
+}
+
+// SAFETY: `into_ptr`/`from_ptr` are `Arc::into_raw`/`Arc::from_raw`, so the node stays
+// put while queued; `links` projects to a field used by this tag only, without creating a
+// reference to the node.
+unsafe impl mpsc::Linked<PendingTag> for Instruction {
+    type Handle = Arc<Instruction>;
+    fn into_ptr(h: Arc<Instruction>) -> NonNull<Instruction> {
+        // SAFETY: `Arc::into_raw` never returns null.
+        unsafe { NonNull::new_unchecked(Arc::into_raw(h).cast_mut()) }
+    }
+    unsafe fn from_ptr(p: NonNull<Instruction>) -> Arc<Instruction> {
+        // SAFETY: `p` came from `into_ptr` (the trait's contract).
+        unsafe { Arc::from_raw(p.as_ptr()) }
+    }
+    unsafe fn links(p: NonNull<Instruction>) -> NonNull<mpsc::Links<Instruction>> {
+        // SAFETY: `p` points to a live instruction; a field projection of it is non-null.
+        unsafe { NonNull::new_unchecked(&raw mut (*p.as_ptr()).pending_link) }
+    }
+}
+
+// SAFETY: see above.
+unsafe impl mpsc::Linked<WorkerTag> for Instruction {
+    type Handle = Arc<Instruction>;
+    fn into_ptr(h: Arc<Instruction>) -> NonNull<Instruction> {
+        // SAFETY: `Arc::into_raw` never returns null.
+        unsafe { NonNull::new_unchecked(Arc::into_raw(h).cast_mut()) }
+    }
+    unsafe fn from_ptr(p: NonNull<Instruction>) -> Arc<Instruction> {
+        // SAFETY: `p` came from `into_ptr` (the trait's contract).
+        unsafe { Arc::from_raw(p.as_ptr()) }
+    }
+    unsafe fn links(p: NonNull<Instruction>) -> NonNull<mpsc::Links<Instruction>> {
+        // SAFETY: `p` points to a live instruction; a field projection of it is non-null.
+        unsafe { NonNull::new_unchecked(&raw mut (*p.as_ptr()).worker_link) }
+    }
+}
+
+/// What a kernel sees: its input and output tensors' bytes.
+pub struct KernelCtx<'a> {
+    inputs: &'a [Arc<Blob>],
+    outputs: &'a [Arc<Blob>],
+}
+
+impl<'a> KernelCtx<'a> {
+    /// Number of inputs.
+    pub fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Number of outputs.
+    pub fn num_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// The bytes of input `i`. Panics (caught: the instruction fails) if out of range.
+    pub fn input(&self, i: usize) -> &'a [u8] {
+        // SAFETY: this body reads input `i` (engine-ordered invariant: no writer runs
+        // concurrently); the builder rejects a blob that is both input and output.
+        unsafe { self.inputs[i].bytes() }
+    }
+
+    /// The bytes of output `i`. Panics (caught: the instruction fails) if out of range.
+    pub fn output(&mut self, i: usize) -> &mut [u8] {
+        // SAFETY: this body writes output `i` exclusively (engine-ordered invariant);
+        // outputs are distinct blobs and `&mut self` allows one at a time.
+        unsafe { self.outputs[i].bytes_mut() }
+    }
+
+    /// Input `i` as `u64`s (tensor memory is 8-byte aligned; a trailing partial word is
+    /// left out).
+    pub fn input_u64(&self, i: usize) -> &'a [u64] {
+        words(self.input(i))
+    }
+
+    /// Output `i` as `u64`s (a trailing partial word is left out).
+    pub fn output_u64(&mut self, i: usize) -> &mut [u64] {
+        words_mut(self.output(i))
+    }
+}
+
+fn words(b: &[u8]) -> &[u64] {
+    // SAFETY: tensor memory is a `Box<[u64]>`, so `b` is 8-byte aligned; `len / 8` whole
+    // words lie inside it and every bit pattern is a valid u64.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u64>(), b.len() / 8) }
+}
+
+fn words_mut(b: &mut [u8]) -> &mut [u64] {
+    // SAFETY: as in `words`, and `b` is borrowed mutably for the returned lifetime.
+    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u64>(), b.len() / 8) }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
+/// marks it done. The caller owns the body (step 3 of the ownership order).
+pub(crate) fn execute(instr: &Instruction) {
+    // Relaxed: LAUNCHED is diagnostic only.
+    instr.status.fetch_or(status::LAUNCHED, Ordering::Relaxed);
+    if let Some(w) = &instr.waiter {
+        w.started();
+    }
+    // SAFETY: the executor owns the body until DONE (ownership step 3).
+    let body = unsafe { instr.body_mut() };
+    let failure = run_body(instr, body);
+    let mut bits = status::DONE;
+    if let Some(f) = failure {
+        for b in body.outputs.as_slice() {
+            b.set_poison(&f);
+        }
+        // SAFETY: the executor owns `failure` until DONE (ownership step 3).
+        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+        bits |= status::FAILED;
+    }
+    // Release: publishes the body's effects (tensor memory, `small`, `failure`, poison) to
+    // whoever reads DONE with Acquire (the engine, before release and dependants).
+    instr.status.fetch_or(bits, Ordering::Release);
+    if let Some(w) = &instr.waiter {
+        // Release inside: publishes the same to the waiting caller.
+        w.finished();
+    }
+}
+
+fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
+    let kind = std::mem::replace(&mut body.kind, Kind::Noop);
+    if matches!(kind, Kind::Noop) {
+        return None;
+    }
+    if !matches!(kind, Kind::Barrier(_)) {
+        for b in body.inputs.as_slice().iter().chain(body.outputs.as_slice()) {
+            if let Some(p) = b.poison() {
+                return Some(Failure {
+                    panicked: false,
+                    ..p
+                });
+            }
+        }
+    }
+    let inputs = body.inputs.as_slice();
+    let outputs = body.outputs.as_slice();
+    let small = &instr.small;
+    let result = catch_unwind(AssertUnwindSafe(|| match kind {
+        Kind::Noop => {}
+        Kind::Kernel(f) => f(&mut KernelCtx { inputs, outputs }),
+        Kind::Read(f) => {
+            // SAFETY: the body reads input 0 under the engine-ordered invariant; the
+            // builder always gives a callback its operand.
+            f(unsafe { inputs[0].bytes() })
+        }
+        Kind::Write(f) => {
+            // SAFETY: the body writes output 0 under the engine-ordered invariant.
+            f(unsafe { outputs[0].bytes_mut() })
+        }
+        Kind::SmallRead { offset, len } => {
+            // SAFETY: reading input 0 (engine-ordered); bounds checked by the builder.
+            let src = unsafe { &inputs[0].bytes()[offset..offset + len] };
+            // SAFETY: the executor owns `small` until DONE.
+            small.with_mut(|p| unsafe { (&mut *p)[..len].copy_from_slice(src) });
+        }
+        Kind::SmallWrite { offset, len } => {
+            // SAFETY: writing output 0 (engine-ordered); bounds checked by the builder.
+            let dst = unsafe { &mut outputs[0].bytes_mut()[offset..offset + len] };
+            // SAFETY: the executor owns `small` until DONE.
+            small.with(|p| unsafe { dst.copy_from_slice(&(&*p)[..len]) });
+        }
+        Kind::Barrier(f) => f(),
+    }));
+    match result {
+        Ok(()) => None,
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            // Drop the payload here, catching a panicking drop too.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            Some(Failure {
+                instruction: instr.label().into(),
+                message: message.into(),
+                panicked: true,
+            })
+        }
+    }
+}

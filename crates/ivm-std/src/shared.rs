@@ -1,0 +1,494 @@
+//! State shared by a VM's handle, threads, tensors and streams: submission (with
+//! backpressure and the shutdown gate), probes, diagnostics, the stream registry, and the
+//! reentrancy guard.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ivm_core::counter::BlockingCounter;
+use ivm_core::mpsc::MpscQueue;
+use ivm_core::notifier::Timed;
+use ivm_core::parking::Parking;
+use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
+use ivm_core::wait::Wait;
+
+use crate::config::Config;
+use crate::dependence::Dependence;
+use crate::engine::Engine;
+use crate::error::{Diagnostic, Error, Result};
+use crate::futex::FutexWait;
+use crate::instruction::{Instruction, Kind, PendingTag};
+use crate::stream::{
+    CpuStreamPolicy, Device, DeviceKind, Placement, Stream, StreamId, StreamPolicy, StreamShared,
+    StreamType,
+};
+use crate::tensor::{Blob, Tensor};
+use crate::worker::{ThreadCtx, worker_loop};
+
+thread_local! {
+    /// The id of the VM whose thread, kernel, callback or engine step this thread is in
+    /// (0: none). Keyed by VM id: blocking calls into *that* VM would deadlock.
+    static CURRENT_VM: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the current thread as running on behalf of a VM until dropped.
+pub(crate) struct ReentryGuard {
+    prev: usize,
+}
+
+impl ReentryGuard {
+    pub(crate) fn enter(vm: usize) -> Self {
+        Self {
+            prev: CURRENT_VM.with(|c| c.replace(vm)),
+        }
+    }
+}
+
+impl Drop for ReentryGuard {
+    fn drop(&mut self) {
+        CURRENT_VM.with(|c| c.set(self.prev));
+    }
+}
+
+pub(crate) fn inside(vm: usize) -> bool {
+    CURRENT_VM.with(Cell::get) == vm
+}
+
+/// A closure polled on the scheduler thread (or by the engine's owner).
+pub(crate) enum Probe {
+    /// Polled until it returns true.
+    User(Box<dyn FnMut() -> bool + Send>),
+    /// Fills the slot with a diagnostic of the engine, once.
+    Diagnose(Arc<DiagSlot>),
+}
+
+pub(crate) struct DiagSlot {
+    done: BlockingCounter<FutexWait>,
+    value: Mutex<Option<Diagnostic>>,
+}
+
+impl DiagSlot {
+    pub(crate) fn fulfil(&self, d: Diagnostic) {
+        *lock(&self.value) = Some(d);
+        // Release: publishes the stored diagnostic to the waiting caller.
+        self.done.decrease();
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ThreadKey {
+    Shared(Device, u32),
+    Own(DeviceKind, StreamType),
+}
+
+pub(crate) struct Registry {
+    pub(crate) streams: HashMap<StreamId, Arc<StreamShared>>,
+    pub(crate) threads: HashMap<ThreadKey, Arc<ThreadCtx>>,
+    pub(crate) handles: Vec<JoinHandle<()>>,
+    pub(crate) next_index: u32,
+}
+
+/// Bit 0 of `VmShared::state`: shut down (no new work). The rest counts callers inside
+/// a submission (each adds 2).
+pub(crate) const SHUT: usize = 1;
+
+/// Id generators, not part of any synchronisation protocol: plain std atomics on purpose
+/// (loom atomics cannot live in a `static`). Use with Relaxed.
+pub(crate) static NEXT_VM_ID: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(1);
+/// See [`NEXT_VM_ID`].
+pub(crate) static NEXT_BLOB_ID: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(1);
+
+/// State shared by the VM handle, its threads, its tensors and its streams.
+pub(crate) struct VmShared {
+    pub(crate) id: usize,
+    pub(crate) config: Config,
+    pub(crate) pending: MpscQueue<Instruction, PendingTag>,
+    pub(crate) parking: Parking<FutexWait>,
+    pub(crate) state: AtomicUsize,
+    pub(crate) stop: AtomicBool,
+    pub(crate) flying: AtomicUsize,
+    /// Released instructions, ever (progress detection for timeouts).
+    pub(crate) finished: AtomicUsize,
+    pub(crate) bp_seq: AtomicU32,
+    pub(crate) bp_waiters: AtomicUsize,
+    pub(crate) probes: Mutex<Vec<Probe>>,
+    pub(crate) probes_flag: AtomicBool,
+    pub(crate) live: [AtomicUsize; 3],
+    pub(crate) registry: Mutex<Registry>,
+    /// Single-thread mode: the engine, driven by callers.
+    pub(crate) engine: Option<Mutex<Engine>>,
+    pub(crate) barrier_stream: Arc<StreamShared>,
+    pub(crate) default_cpu: OnceLock<Arc<StreamShared>>,
+}
+
+/// Leaves the submitting-callers count on drop.
+pub(crate) struct CallerToken<'a>(&'a VmShared);
+
+impl Drop for CallerToken<'_> {
+    fn drop(&mut self) {
+        // Release: our pushes happen before shutdown's Acquire read of a zero count.
+        self.0.state.fetch_sub(2, Ordering::Release);
+    }
+}
+
+impl VmShared {
+    pub(crate) fn single_thread(&self) -> bool {
+        self.engine.is_some()
+    }
+
+    pub(crate) fn flying(&self) -> usize {
+        // Relaxed: a heuristic (notify-skip, backpressure re-checks), never a proof.
+        self.flying.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn enter(&self) -> Result<CallerToken<'_>> {
+        // Acquire: pairs with shutdown's AcqRel fetch_or; if we miss SHUT, shutdown waits
+        // for our token to go.
+        let s = self.state.fetch_add(2, Ordering::Acquire);
+        let token = CallerToken(self);
+        if s & SHUT != 0 {
+            return Err(Error::ShutDown);
+        }
+        Ok(token)
+    }
+
+    pub(crate) fn is_shut(&self) -> bool {
+        self.state.load(Ordering::Acquire) & SHUT != 0
+    }
+
+    /// Rejects calls from this VM's own threads/kernels/callbacks and after shutdown.
+    pub(crate) fn check_caller(&self) -> Result<()> {
+        if inside(self.id) {
+            return Err(Error::Reentrant);
+        }
+        if self.is_shut() {
+            return Err(Error::ShutDown);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_tensor(&self, t: &Tensor) -> Result<()> {
+        if t.inner.vm.id != self.id {
+            return Err(Error::ForeignObject("tensor"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_stream(&self, s: &Stream) -> Result<()> {
+        if s.shared.vm_id != self.id {
+            return Err(Error::ForeignObject("stream"));
+        }
+        Ok(())
+    }
+
+    /// The default stream of `device` (sync accesses run there).
+    pub(crate) fn default_stream_of(&self, device: Device) -> Result<Arc<StreamShared>> {
+        if device == Device::CPU
+            && let Some(s) = self.default_cpu.get()
+        {
+            return Ok(s.clone());
+        }
+        Err(Error::UnsupportedStream(format!(
+            "no default stream for device {device}"
+        )))
+    }
+
+    /// Cross-stream order before `t` is used on `s` (DESIGN.md "soft sync"). Streams of
+    /// the cpu adapter have no events and order nothing: only the last-used stream moves.
+    /// The device issue adds stream-wait / record-event instructions here.
+    pub(crate) fn soft_sync(&self, t: &Tensor, s: &StreamShared) {
+        // Relaxed: advisory bookkeeping; ordering comes from the tensor's dependence.
+        t.inner.last_used_stream.store(s.index, Ordering::Relaxed);
+    }
+
+    /// Hands `list` to the scheduler (emptying it); wakes it on the empty edge. With
+    /// `backpressure`, first waits while too many instructions are in flight.
+    pub(crate) fn receive_list(
+        &self,
+        list: &mut Vec<Arc<Instruction>>,
+        backpressure: bool,
+    ) -> Result<()> {
+        if list.is_empty() {
+            return Ok(());
+        }
+        let token = match self.enter() {
+            Ok(t) => t,
+            Err(e) => {
+                list.clear();
+                return Err(e);
+            }
+        };
+        if backpressure
+            && !self.single_thread()
+            && self.flying() > self.config.high_water_mark
+            && let Err(e) = self.wait_backpressure()
+        {
+            list.clear();
+            return Err(e);
+        }
+        // Relaxed: a count; the instructions themselves are published by the pushes.
+        self.flying.fetch_add(list.len(), Ordering::Relaxed);
+        let mut wake = false;
+        for i in list.drain(..) {
+            wake |= self.pending.push(i);
+        }
+        if wake {
+            self.parking.unpark();
+        }
+        drop(token);
+        Ok(())
+    }
+
+    pub(crate) fn receive_one(&self, instr: Arc<Instruction>, backpressure: bool) -> Result<()> {
+        let token = self.enter()?;
+        if backpressure && !self.single_thread() && self.flying() > self.config.high_water_mark {
+            self.wait_backpressure()?;
+        }
+        // Relaxed: as in `receive_list`.
+        self.flying.fetch_add(1, Ordering::Relaxed);
+        if self.pending.push(instr) {
+            self.parking.unpark();
+        }
+        drop(token);
+        Ok(())
+    }
+
+    /// Blocks until fewer than the low-water mark are in flight.
+    fn wait_backpressure(&self) -> Result<()> {
+        let low = self.config.low_water_mark;
+        // Relaxed + the SeqCst fence: store-buffer pattern with `after_release` (which
+        // decrements `flying`, fences, then reads `bp_waiters`): one of us sees the other.
+        self.bp_waiters.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let period = self.config.timeout_period;
+        let mut last = self.finished.load(Ordering::Relaxed);
+        let mut period_end = FutexWait::now().saturating_add(period);
+        let r = loop {
+            // Acquire: pairs with the Release bump in `after_release`.
+            let seq = self.bp_seq.load(Ordering::Acquire);
+            if self.flying() < low {
+                break Ok(());
+            }
+            let slice = FutexWait::now().saturating_add(Duration::from_millis(10));
+            FutexWait::wait(&self.bp_seq, seq, Some(slice.min(period_end)));
+            if FutexWait::now() >= period_end {
+                let now = self.finished.load(Ordering::Relaxed);
+                if now == last {
+                    break Err(Error::Timeout(self.diagnostic()));
+                }
+                last = now;
+                period_end = FutexWait::now().saturating_add(period);
+            }
+        };
+        self.bp_waiters.fetch_sub(1, Ordering::Relaxed);
+        r
+    }
+
+    /// Counts instructions handed to an engine directly (tests).
+    #[cfg(test)]
+    pub(crate) fn count_received(&self, n: usize) {
+        self.flying.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Engine: one instruction released.
+    pub(crate) fn instruction_released(&self) {
+        // Relaxed: counts; the instruction's effects were published through DONE.
+        self.flying.fetch_sub(1, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Engine, after releasing: wakes backpressured submitters below the low-water mark.
+    pub(crate) fn after_release(&self, _released: usize) {
+        fence(Ordering::SeqCst);
+        if self.bp_waiters.load(Ordering::Relaxed) > 0 && self.flying() < self.config.low_water_mark
+        {
+            // Release: pairs with the waiter's Acquire load of `bp_seq`.
+            self.bp_seq.fetch_add(1, Ordering::Release);
+            FutexWait::wake_all(&self.bp_seq);
+        }
+    }
+
+    pub(crate) fn publish_counters(&self, (i, a, e): (usize, usize, usize)) {
+        // Relaxed: diagnostic snapshots.
+        self.live[0].store(i, Ordering::Relaxed);
+        self.live[1].store(a, Ordering::Relaxed);
+        self.live[2].store(e, Ordering::Relaxed);
+    }
+
+    pub(crate) fn probes_submitted(&self) -> bool {
+        // Acquire: pairs with the Release store in `submit_probe`.
+        self.probes_flag.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn take_probes(&self) -> Vec<Probe> {
+        let mut g = lock(&self.probes);
+        // Relaxed: the mutex orders the vector; the flag is only a hint to look.
+        self.probes_flag.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *g)
+    }
+
+    pub(crate) fn submit_probe(&self, p: Probe) {
+        lock(&self.probes).push(p);
+        // Release: the probe (pushed under the mutex) is there when the flag is seen.
+        self.probes_flag.store(true, Ordering::Release);
+        self.parking.unpark();
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        // Acquire: pairs with the Release store in shutdown.
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Single-thread mode: runs the engine in this thread until it can make no progress.
+    pub(crate) fn drive(&self) -> Result<()> {
+        let Some(engine) = &self.engine else {
+            return Ok(());
+        };
+        let _reentry = ReentryGuard::enter(self.id);
+        let mut engine = lock(engine);
+        // Only the holder of the engine lock consumes the pending queue.
+        let mut consumer = self.pending.consume();
+        loop {
+            let end = consumer.drain(|i| engine.receive(i));
+            if !engine.step(self) {
+                if !end.may_sleep() {
+                    ivm_core::sync::spin_loop();
+                    continue;
+                }
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A diagnostic of the engine (asks the scheduler; bounded wait).
+    pub(crate) fn diagnostic(&self) -> Diagnostic {
+        if let Some(engine) = &self.engine {
+            return match engine.try_lock() {
+                Ok(e) => e.diagnostic(),
+                Err(_) => Diagnostic {
+                    scheduler_unresponsive: true,
+                    ..Diagnostic::default()
+                },
+            };
+        }
+        let slot = Arc::new(DiagSlot {
+            done: BlockingCounter::new(1),
+            value: Mutex::new(None),
+        });
+        self.submit_probe(Probe::Diagnose(slot.clone()));
+        let wait = self.config.timeout_period.min(Duration::from_secs(2));
+        let deadline = FutexWait::now().saturating_add(wait);
+        match slot.done.timed_wait_until_zero(deadline) {
+            Ok(Timed::Notified) => lock(&slot.value).take().unwrap_or_default(),
+            _ => Diagnostic {
+                scheduler_unresponsive: true,
+                ..Diagnostic::default()
+            },
+        }
+    }
+
+    /// Tensor drop: enqueue its release on its home stream. Never blocks, no backpressure;
+    /// after shutdown does nothing (the memory goes with the last blob handle).
+    pub(crate) fn enqueue_release(&self, blob: &Arc<Blob>, home: &Arc<StreamShared>) {
+        let Ok(token) = self.enter() else { return };
+        let instr = Instruction::new("release_tensor", home.clone(), Kind::Noop);
+        // SAFETY: not shared yet; we own the body (ownership step 1).
+        unsafe { instr.body_mut() }.outputs.push(blob.clone());
+        // Relaxed: as in `receive_list`.
+        self.flying.fetch_add(1, Ordering::Relaxed);
+        if self.pending.push(Arc::new(instr)) {
+            self.parking.unpark();
+        }
+        drop(token);
+    }
+
+    fn new_stream(self: &Arc<Self>, reg: &mut Registry, id: StreamId) -> Result<Arc<StreamShared>> {
+        if id.device.kind != DeviceKind::Cpu {
+            return Err(Error::UnsupportedStream(format!(
+                "{id}: no adapter for device {}",
+                id.device
+            )));
+        }
+        if id.stream_type == StreamType::Barrier {
+            return Err(Error::UnsupportedStream(format!(
+                "{id}: barrier streams are internal; use barrier()"
+            )));
+        }
+        let policy: Box<dyn StreamPolicy> = Box::new(CpuStreamPolicy(id.stream_type));
+        let thread = if self.single_thread() {
+            None
+        } else {
+            let key = match policy.placement() {
+                Placement::SharedWorker => Some(ThreadKey::Shared(id.device, id.thread_id)),
+                Placement::OwnWorker => Some(ThreadKey::Own(id.device.kind, id.stream_type)),
+                Placement::Scheduler => None,
+            };
+            match key {
+                None => None,
+                Some(key) => Some(match reg.threads.get(&key) {
+                    Some(t) => t.clone(),
+                    None => {
+                        let name = match key {
+                            ThreadKey::Shared(d, t) => format!("ivm{}-{d}-t{t}", self.id),
+                            ThreadKey::Own(k, s) => format!("ivm{}-{k:?}-{s:?}", self.id),
+                        };
+                        let ctx = Arc::new(ThreadCtx::new(name.clone()));
+                        let (c, s) = (ctx.clone(), self.clone());
+                        let h = std::thread::Builder::new()
+                            .name(name)
+                            .spawn(move || worker_loop(c, s))
+                            .map_err(|e| Error::Spawn(e.to_string()))?;
+                        reg.handles.push(h);
+                        reg.threads.insert(key, ctx.clone());
+                        ctx
+                    }
+                }),
+            }
+        };
+        let index = reg.next_index;
+        reg.next_index += 1;
+        let s = Arc::new(StreamShared {
+            vm_id: self.id,
+            index,
+            id,
+            policy,
+            thread,
+            schedule_dep: Dependence::new(self.id),
+        });
+        reg.streams.insert(id, s.clone());
+        Ok(s)
+    }
+
+    pub(crate) fn barrier_stream(&self) -> Arc<StreamShared> {
+        self.barrier_stream.clone()
+    }
+
+    /// Scheduler exit: closes every worker's notifier (they drain and exit).
+    pub(crate) fn close_workers(&self) {
+        let reg = lock(&self.registry);
+        for c in reg.threads.values() {
+            c.close();
+        }
+    }
+
+    pub(crate) fn stream(self: &Arc<Self>, id: StreamId) -> Result<Arc<StreamShared>> {
+        let mut reg = lock(&self.registry);
+        if let Some(s) = reg.streams.get(&id) {
+            return Ok(s.clone());
+        }
+        if self.is_shut() {
+            return Err(Error::ShutDown);
+        }
+        self.new_stream(&mut reg, id)
+    }
+}

@@ -1,0 +1,239 @@
+//! Streams: a device, a stream type and a thread id, with a policy saying where their
+//! instructions run and when they are done.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::dependence::Dependence;
+use crate::worker::ThreadCtx;
+
+/// The kind of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum DeviceKind {
+    /// The host CPU: synchronous, events done when recorded.
+    Cpu,
+    /// A simulated asynchronous accelerator (provided by an adapter).
+    Sim,
+    /// A CUDA device (provided by an adapter).
+    Cuda,
+}
+
+/// A device: its kind and its index among devices of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    /// The kind of device.
+    pub kind: DeviceKind,
+    /// Index among devices of this kind.
+    pub index: u32,
+}
+
+impl Device {
+    /// The host CPU.
+    pub const CPU: Device = Device {
+        kind: DeviceKind::Cpu,
+        index: 0,
+    };
+
+    /// The host CPU.
+    pub const fn cpu() -> Device {
+        Self::CPU
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let k = match self.kind {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Sim => "sim",
+            DeviceKind::Cuda => "cuda",
+        };
+        write!(f, "{k}:{}", self.index)
+    }
+}
+
+/// What a stream is for. Each type has a [`StreamPolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum StreamType {
+    /// Kernels. Done at launch: the device queue orders the stream.
+    Compute,
+    /// Host-to-device copies (an event per instruction decides completion on async devices).
+    HostToDevice,
+    /// Device-to-host copies (an event per instruction decides completion on async devices).
+    DeviceToHost,
+    /// Barriers: run on the scheduler thread once they are the oldest lively instruction.
+    Barrier,
+    /// Critical sections of lazy jobs: a thread of their own per (device type, stream type).
+    CriticalSection,
+    /// Launches of lazy jobs: a thread of their own per (device type, stream type).
+    LazyJobLauncher,
+}
+
+impl StreamType {
+    /// Whether streams of this type get a worker thread of their own per (device type,
+    /// stream type) instead of sharing the thread of their thread id. A thread shared by the
+    /// critical-section and launcher streams can deadlock.
+    pub const fn needs_own_thread(self) -> bool {
+        matches!(
+            self,
+            StreamType::CriticalSection | StreamType::LazyJobLauncher
+        )
+    }
+
+    /// Whether instructions of this type run on the scheduler thread.
+    pub const fn runs_on_scheduler(self) -> bool {
+        matches!(self, StreamType::Barrier)
+    }
+
+    fn short(self) -> &'static str {
+        match self {
+            StreamType::Compute => "compute",
+            StreamType::HostToDevice => "h2d",
+            StreamType::DeviceToHost => "d2h",
+            StreamType::Barrier => "barrier",
+            StreamType::CriticalSection => "critical-section",
+            StreamType::LazyJobLauncher => "lazy-job-launcher",
+        }
+    }
+}
+
+/// The identity of a stream: a device, a stream type and a thread id. Streams of the same
+/// device and thread id share one worker thread (unless their type needs its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId {
+    /// The device the stream runs on.
+    pub device: Device,
+    /// What the stream is for.
+    pub stream_type: StreamType,
+    /// Which worker thread (per device) runs it.
+    pub thread_id: u32,
+}
+
+impl StreamId {
+    /// A compute stream of `device` on worker thread `thread_id`.
+    pub const fn compute(device: Device, thread_id: u32) -> Self {
+        Self {
+            device,
+            stream_type: StreamType::Compute,
+            thread_id,
+        }
+    }
+
+    /// The default stream of `device`: compute, thread 0. Sync small-memory accesses run here.
+    pub const fn default_for(device: Device) -> Self {
+        Self::compute(device, 0)
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}#{}",
+            self.device,
+            self.stream_type.short(),
+            self.thread_id
+        )
+    }
+}
+
+/// Where the instructions of a stream run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On the worker thread of the stream's (device, thread id).
+    SharedWorker,
+    /// On a worker thread of its own per (device type, stream type).
+    OwnWorker,
+    /// On the scheduler thread itself.
+    Scheduler,
+}
+
+/// How the instructions of a stream run and when they are done.
+///
+/// The engine launches an instruction (runs its body on the stream's thread) and then
+/// asks the policy whether it is done. On a compute stream an instruction is done at
+/// launch (the device queue orders the stream); streams whose work completes later (copy
+/// streams on an asynchronous device, critical sections) answer `false` from
+/// [`done_at_launch`](Self::done_at_launch) and signal completion later (the device issue
+/// defines how; the scheduler is woken through ivm-core's parking protocol).
+pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
+    /// The stream type this policy serves.
+    fn stream_type(&self) -> StreamType;
+
+    /// Where instructions run.
+    fn placement(&self) -> Placement {
+        let t = self.stream_type();
+        if t.runs_on_scheduler() {
+            Placement::Scheduler
+        } else if t.needs_own_thread() {
+            Placement::OwnWorker
+        } else {
+            Placement::SharedWorker
+        }
+    }
+
+    /// Whether an instruction is done as soon as its body returned.
+    fn done_at_launch(&self) -> bool {
+        true
+    }
+
+    /// Whether the stream supports device events (soft sync needs them).
+    fn supports_events(&self) -> bool {
+        false
+    }
+}
+
+/// The policy of the cpu device's streams: synchronous, done at launch, no events.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuStreamPolicy(pub StreamType);
+
+impl StreamPolicy for CpuStreamPolicy {
+    fn stream_type(&self) -> StreamType {
+        self.0
+    }
+}
+
+/// The VM-side state of one stream, shared by every instruction on it.
+pub(crate) struct StreamShared {
+    pub(crate) vm_id: usize,
+    /// Dense index of the stream in its VM (the engine's per-stream table).
+    pub(crate) index: u32,
+    pub(crate) id: StreamId,
+    pub(crate) policy: Box<dyn StreamPolicy>,
+    /// The worker that runs this stream; `None` when it runs on the scheduler or in
+    /// single-thread mode.
+    pub(crate) thread: Option<Arc<ThreadCtx>>,
+    /// The stream's schedule dependence (written by stream-sequential instructions).
+    pub(crate) schedule_dep: Dependence,
+}
+
+impl fmt::Debug for StreamShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("id", &self.id)
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+/// A handle on one of a VM's streams (cheap to clone). Get one with
+/// [`VirtualMachine::stream`](crate::VirtualMachine::stream).
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pub(crate) shared: Arc<StreamShared>,
+}
+
+impl Stream {
+    /// The stream's identity.
+    pub fn id(&self) -> StreamId {
+        self.shared.id
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+impl Eq for Stream {}

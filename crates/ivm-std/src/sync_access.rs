@@ -1,0 +1,330 @@
+//! Synchronous doors into the VM: small-memory reads and writes (`loss.item()`), sync
+//! blob callbacks, and waiting for one instruction with the blocking-then-busy handshake.
+//!
+//! A sync small access (DESIGN.md "Sync small-memory access"):
+//! * runs on the tensor's device **default** stream;
+//! * takes a reusable instruction from a thread-local ring per (VM, stream, kind) with
+//!   `Arc::get_mut` (exclusive, and synchronising with the last holder's drop), and
+//!   allocates only when every ring entry is still in flight;
+//! * the executor copies into / out of a 16-byte buffer inside the instruction, never the
+//!   caller's memory; the caller copies after its Acquire;
+//! * notify-skip when fewer than `skip_blocking_threshold` instructions are in flight;
+//! * block, then spin; after each `timeout_period` without any instruction finishing,
+//!   the wait fails with a diagnostic, and the instruction is abandoned (dropped from the
+//!   ring, never reused).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use ivm_core::btb::BlockingThenBusy;
+use ivm_core::counter::WaitError;
+use ivm_core::sync::Ordering;
+
+use crate::error::{Error, Result};
+use crate::futex::FutexWait;
+use crate::instruction::{Instruction, Kind, status};
+use crate::shared::VmShared;
+use crate::stream::StreamShared;
+use crate::tensor::Tensor;
+
+/// Most reusable instructions per ring slot (`Config::sync_ring_capacity` ≤ this).
+pub const RING_MAX: usize = 16;
+/// Ring slots per thread (one per (VM, stream, kind) recently used; oldest evicted).
+const SLOTS: usize = 8;
+
+/// The handshake between an executor and the caller waiting for one instruction.
+pub(crate) struct Waiter {
+    pub(crate) btb: BlockingThenBusy<FutexWait>,
+}
+
+impl Waiter {
+    pub(crate) fn new() -> Self {
+        Self {
+            btb: BlockingThenBusy::new(),
+        }
+    }
+
+    /// Executor, at start.
+    pub(crate) fn started(&self) {
+        // Err(Closed): the waiter gave up; finishing the round is still correct.
+        let _ = self.btb.notify();
+    }
+
+    /// Executor, at the end (Release: publishes `small`, `failure` and tensor writes).
+    pub(crate) fn finished(&self) {
+        self.btb.decrease();
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SmallKind {
+    Read,
+    Write,
+}
+
+struct RingSlot {
+    vm: usize,
+    stream: u32,
+    kind: SmallKind,
+    instrs: heapless::Vec<Arc<Instruction>, RING_MAX>,
+}
+
+thread_local! {
+    static RING: RefCell<heapless::Vec<RingSlot, SLOTS>> = const { RefCell::new(heapless::Vec::new()) };
+}
+
+fn small_instruction(
+    stream: &Arc<StreamShared>,
+    kind: SmallKind,
+    offset: usize,
+    len: usize,
+) -> Instruction {
+    let (name, k) = match kind {
+        SmallKind::Read => ("sync_read_small_mem", Kind::SmallRead { offset, len }),
+        SmallKind::Write => ("sync_write_small_mem", Kind::SmallWrite { offset, len }),
+    };
+    let mut i = Instruction::new(name, stream.clone(), k);
+    i.waiter = Some(Waiter::new());
+    i
+}
+
+/// Takes an instruction for one small access: a ring entry this thread holds exclusively
+/// (reset in place, no allocation), a new ring entry, or, when all are in flight, a fresh
+/// instruction outside the ring.
+fn take_small(
+    shared: &VmShared,
+    stream: &Arc<StreamShared>,
+    kind: SmallKind,
+    offset: usize,
+    len: usize,
+) -> Arc<Instruction> {
+    let cap = shared.config.sync_ring_capacity.min(RING_MAX);
+    RING.with(|r| {
+        let mut ring = r.borrow_mut();
+        let pos = ring
+            .iter()
+            .position(|s| s.vm == shared.id && s.stream == stream.index && s.kind == kind);
+        let pos = match pos {
+            Some(p) => p,
+            None => {
+                if ring.is_full() {
+                    ring.remove(0);
+                }
+                let slot = RingSlot {
+                    vm: shared.id,
+                    stream: stream.index,
+                    kind,
+                    instrs: heapless::Vec::new(),
+                };
+                // Cannot fail: we made room above.
+                let _ = ring.push(slot);
+                ring.len() - 1
+            }
+        };
+        let slot = &mut ring[pos];
+        for entry in slot.instrs.iter_mut() {
+            // `get_mut` checks strong == 1 and weak == 0 with Acquire, so the engine's and
+            // the executor's last uses happen before we reset it.
+            if let Some(m) = Arc::get_mut(entry) {
+                *m = small_instruction(stream, kind, offset, len);
+                return entry.clone();
+            }
+        }
+        let fresh = Arc::new(small_instruction(stream, kind, offset, len));
+        if slot.instrs.len() < cap {
+            let _ = slot.instrs.push(fresh.clone());
+        }
+        fresh
+    })
+}
+
+/// Drops `instr` from this thread's ring (after an error: never reuse it).
+fn abandon(instr: &Arc<Instruction>) {
+    RING.with(|r| {
+        let mut ring = r.borrow_mut();
+        for slot in ring.iter_mut() {
+            if let Some(p) = slot.instrs.iter().position(|i| Arc::ptr_eq(i, instr)) {
+                slot.instrs.swap_remove(p);
+                return;
+            }
+        }
+    });
+}
+
+pub(crate) fn check_size(len: usize) -> Result<()> {
+    match len {
+        1 | 2 | 4 | 8 | 16 => Ok(()),
+        _ => Err(Error::UnsupportedSize(len)),
+    }
+}
+
+fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > t.nbytes()) {
+        return Err(Error::OutOfBounds {
+            len,
+            offset,
+            size: t.nbytes(),
+        });
+    }
+    Ok(())
+}
+
+/// `sync_read_small_mem` / `sync_write_small_mem`.
+pub(crate) fn small_access(
+    shared: &VmShared,
+    t: &Tensor,
+    offset: usize,
+    read: Option<&mut [u8]>,
+    write: Option<&[u8]>,
+) -> Result<()> {
+    shared.check_caller()?;
+    let len = read
+        .as_ref()
+        .map_or_else(|| write.map_or(0, <[u8]>::len), |b| b.len());
+    check_size(len)?;
+    shared.check_tensor(t)?;
+    check_bounds(t, offset, len)?;
+    let stream = shared.default_stream_of(t.device())?;
+    shared.soft_sync(t, &stream);
+    let kind = if read.is_some() {
+        SmallKind::Read
+    } else {
+        SmallKind::Write
+    };
+    let instr = take_small(shared, &stream, kind, offset, len);
+    {
+        // A ring entry is shared with the ring (count 2), so fill it through its cells,
+        // which we own until the push below (ownership step 1).
+        // SAFETY: not yet received, so the caller owns the body and `small` (step 1).
+        let body = unsafe { instr.body_mut() };
+        if kind == SmallKind::Read {
+            body.inputs.push(t.blob().clone());
+        } else {
+            body.outputs.push(t.blob().clone());
+            let src = write.unwrap_or(&[]);
+            // SAFETY: as above, the caller owns `small` until the push.
+            instr
+                .small
+                .with_mut(|p| unsafe { (&mut *p)[..len].copy_from_slice(src) });
+        }
+    }
+    let waited = instr.clone();
+    if let Err(e) = shared.receive_one(instr, true) {
+        abandon(&waited);
+        return Err(e);
+    }
+    if let Err(e) = wait(shared, &waited, true) {
+        abandon(&waited);
+        return Err(e);
+    }
+    // SAFETY: the wait returned Ok (Acquire on the executor's Release decrease), so the
+    // executor is done with `failure` and `small`; the engine never touches them.
+    if let Some(f) = waited.failure.with(|p| unsafe { (*p).clone() }) {
+        return Err(f.poison_error());
+    }
+    if let Some(out) = read {
+        // SAFETY: as above.
+        waited
+            .small
+            .with(|p| unsafe { out.copy_from_slice(&(&*p)[..len]) });
+    }
+    Ok(())
+}
+
+/// Waits until `instr` (received, with a waiter) is done. `skip`: apply the notify-skip
+/// rule (fewer than the threshold in flight → spin from the start).
+pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> Result<()> {
+    let waiter = instr
+        .waiter
+        .as_ref()
+        .expect("ivm: waiting on an instruction without waiter");
+    if shared.single_thread() {
+        shared.drive()?;
+        // Everything received was handled; a done instruction has finished its round.
+        if instr.status() & status::DONE != 0 {
+            return Ok(());
+        }
+        return Err(Error::Timeout(shared.diagnostic()));
+    }
+    if skip && shared.flying() < shared.config.skip_blocking_threshold {
+        waiter.btb.skip_blocking();
+    }
+    // Relaxed: a progress counter compared with itself; no data is read through it.
+    let mut last = shared.finished.load(Ordering::Relaxed);
+    let r = waiter
+        .btb
+        .wait_until_done(shared.config.timeout_period, || {
+            let now = shared.finished.load(Ordering::Relaxed);
+            let stalled = now == last;
+            last = now;
+            stalled
+        });
+    match r {
+        Ok(()) => Ok(()),
+        Err(WaitError::Stopped) => Err(Error::Timeout(shared.diagnostic())),
+        Err(WaitError::Closed) => Err(Error::ShutDown),
+    }
+}
+
+/// `sync_access_blob_by_callback`: runs `f` on the tensor's bytes on its device's default
+/// stream and waits for it.
+pub(crate) fn sync_callback<R: Send + 'static>(
+    shared: &VmShared,
+    t: &Tensor,
+    kind: CallbackKind<R>,
+) -> Result<R> {
+    shared.check_caller()?;
+    shared.check_tensor(t)?;
+    let stream = shared.default_stream_of(t.device())?;
+    shared.soft_sync(t, &stream);
+    let slot: Arc<std::sync::Mutex<Option<R>>> = Arc::new(std::sync::Mutex::new(None));
+    let s2 = slot.clone();
+    let (name, k, write) = match kind {
+        CallbackKind::Read(f) => (
+            "sync_access_blob_by_callback",
+            Kind::Read(Box::new(move |b: &[u8]| {
+                *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
+            })),
+            false,
+        ),
+        CallbackKind::Write(f) => (
+            "sync_access_blob_by_callback_mut",
+            Kind::Write(Box::new(move |b: &mut [u8]| {
+                *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
+            })),
+            true,
+        ),
+    };
+    let mut instr = Instruction::new(name, stream, k);
+    instr.waiter = Some(Waiter::new());
+    {
+        // SAFETY: not shared yet; we own the body (ownership step 1).
+        let body = unsafe { instr.body_mut() };
+        if write {
+            body.outputs.push(t.blob().clone());
+        } else {
+            body.inputs.push(t.blob().clone());
+        }
+    }
+    let instr = Arc::new(instr);
+    shared.receive_one(instr.clone(), true)?;
+    wait(shared, &instr, true)?;
+    // SAFETY: the wait returned Ok: the executor is done with `failure`.
+    if let Some(f) = instr.failure.with(|p| unsafe { (*p).clone() }) {
+        return Err(f.to_error());
+    }
+    let r = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    r.ok_or_else(|| Error::Poisoned {
+        instruction: instr.label(),
+        message: "callback did not run".into(),
+    })
+}
+
+type ReadCb<R> = Box<dyn FnOnce(&[u8]) -> R + Send>;
+type WriteCb<R> = Box<dyn FnOnce(&mut [u8]) -> R + Send>;
+
+/// A sync callback, reading or writing.
+pub(crate) enum CallbackKind<R> {
+    Read(ReadCb<R>),
+    Write(WriteCb<R>),
+}

@@ -1,0 +1,171 @@
+//! Tensors: the user's handle ([`Tensor`]) and the internal blob handle that instructions
+//! hold ([`Blob`]). Dropping the last user handle enqueues a release instruction; the
+//! memory goes when the last instruction holding the blob lets go of it.
+
+use std::sync::{Arc, Mutex};
+
+use ivm_core::sync::{AtomicBool, AtomicU32, Ordering, UnsafeCell};
+
+use crate::dependence::Dependence;
+use crate::error::Failure;
+use crate::shared::VmShared;
+use crate::slab::NIL;
+use crate::stream::{Device, StreamShared};
+
+/// The eager blob object: memory on a device plus its dependence. Instructions hold it
+/// through `Arc<Blob>`, never through a user [`Tensor`].
+pub(crate) struct Blob {
+    pub(crate) id: usize,
+    pub(crate) device: Device,
+    pub(crate) nbytes: usize,
+    /// Host memory, 8-byte aligned. Invariant ("engine-ordered"): only instruction bodies
+    /// touch it, and the engine never has a body writing it lively-and-running together
+    /// with any other body accessing it (writes connect to every earlier access; reads to
+    /// the leading write; same-stream sources run earlier on the same in-order thread).
+    data: UnsafeCell<Box<[u64]>>,
+    pub(crate) dep: Dependence,
+    poisoned: AtomicBool,
+    poison: Mutex<Option<Failure>>,
+}
+
+impl Blob {
+    pub(crate) fn new(vm_id: usize, id: usize, device: Device, nbytes: usize) -> Self {
+        let words = nbytes.div_ceil(8);
+        Self {
+            id,
+            device,
+            nbytes,
+            data: UnsafeCell::new(vec![0u64; words].into_boxed_slice()),
+            dep: Dependence::new(vm_id),
+            poisoned: AtomicBool::new(false),
+            poison: Mutex::new(None),
+        }
+    }
+
+    /// The contents.
+    ///
+    /// # Safety
+    /// Called from an instruction body that reads this blob (engine-ordered invariant):
+    /// no body writing it runs concurrently, and the returned slice does not outlive the
+    /// body.
+    pub(crate) unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: engine-ordered invariant (no concurrent writer); `Box<[u64]>` is
+        // initialised and at least `nbytes` long, and u8 has no alignment requirement.
+        self.data.with(|p| unsafe {
+            std::slice::from_raw_parts((*p).as_ptr().cast::<u8>(), self.nbytes)
+        })
+    }
+
+    /// The contents, mutably.
+    ///
+    /// # Safety
+    /// Called from an instruction body that writes this blob (engine-ordered invariant):
+    /// no other body accesses it concurrently, the body asks for it at most once at a
+    /// time, and the slice does not outlive the body.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: engine-ordered invariant (exclusive access for this body); the memory is
+        // initialised and at least `nbytes` long.
+        self.data.with_mut(|p| unsafe {
+            std::slice::from_raw_parts_mut((*p).as_mut_ptr().cast::<u8>(), self.nbytes)
+        })
+    }
+
+    /// The failure that poisoned this blob, if any.
+    pub(crate) fn poison(&self) -> Option<Failure> {
+        // Acquire: pairs with the Release in `set_poison`, publishing the stored failure.
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        self.poison
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Poisons the blob (first failure wins).
+    pub(crate) fn set_poison(&self, f: &Failure) {
+        let mut g = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            *g = Some(f.clone());
+        }
+        drop(g);
+        // Release: publishes the failure stored above to `poison()`.
+        self.poisoned.store(true, Ordering::Release);
+    }
+}
+
+// SAFETY: `data` is the only non-Sync field; it is accessed under the engine-ordered
+// invariant documented on it (bodies ordered by the engine, each hand-over a
+// Release/Acquire pair).
+unsafe impl Sync for Blob {}
+// SAFETY: as above; the memory is plain bytes.
+unsafe impl Send for Blob {}
+
+/// A user handle on a tensor (cheap to clone). When the last handle drops, the VM enqueues
+/// a release instruction (never blocking, never subject to backpressure); the memory is
+/// freed once every instruction that uses it has been released.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) inner: Arc<TensorInner>,
+}
+
+pub(crate) struct TensorInner {
+    pub(crate) blob: Arc<Blob>,
+    pub(crate) vm: Arc<VmShared>,
+    /// The stream the tensor was created for; its release runs there.
+    pub(crate) home: Arc<StreamShared>,
+    /// Index of the stream that produced it (`NIL`: none yet).
+    pub(crate) producer_stream: AtomicU32,
+    /// Index of the stream that used it last (`NIL`: none yet).
+    pub(crate) last_used_stream: AtomicU32,
+}
+
+impl TensorInner {
+    pub(crate) fn new(blob: Arc<Blob>, vm: Arc<VmShared>, home: Arc<StreamShared>) -> Self {
+        Self {
+            blob,
+            vm,
+            home,
+            producer_stream: AtomicU32::new(NIL),
+            last_used_stream: AtomicU32::new(NIL),
+        }
+    }
+}
+
+impl Drop for TensorInner {
+    fn drop(&mut self) {
+        self.vm.enqueue_release(&self.blob, &self.home);
+    }
+}
+
+impl Tensor {
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.inner.blob.nbytes
+    }
+
+    /// The device its memory lives on.
+    pub fn device(&self) -> Device {
+        self.inner.blob.device
+    }
+
+    /// A process-unique id of the underlying blob.
+    pub fn id(&self) -> usize {
+        self.inner.blob.id
+    }
+
+    pub(crate) fn blob(&self) -> &Arc<Blob> {
+        &self.inner.blob
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("id", &self.id())
+            .field("device", &self.device())
+            .field("nbytes", &self.nbytes())
+            .finish()
+    }
+}

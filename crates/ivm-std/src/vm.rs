@@ -1,0 +1,400 @@
+//! The virtual machine: its public entry points and its threads' lifecycle.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ivm_core::counter::BlockingCounter;
+use ivm_core::mpsc::MpscQueue;
+use ivm_core::parking::Parking;
+use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+
+use crate::builder::InstructionsBuilder;
+use crate::config::{Config, Mode};
+use crate::dependence::Dependence;
+use crate::engine::{DebugCounters, Engine};
+use crate::error::{Error, Result};
+use crate::futex::FutexWait;
+use crate::instruction::{Instruction, Kind};
+use crate::shared::{
+    NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside, lock,
+};
+use crate::stream::{CpuStreamPolicy, Device, Stream, StreamId, StreamShared, StreamType};
+use crate::sync_access::{self, CallbackKind, Waiter};
+use crate::tensor::{Blob, Tensor, TensorInner};
+
+/// The instruction virtual machine.
+///
+/// `run` builds instructions with an [`InstructionsBuilder`] and hands them to the
+/// engine; `sync_read_small_mem` / `sync_write_small_mem` read or write a few bytes of a
+/// tensor synchronously; `sync` waits for everything submitted before it; `shutdown` (or
+/// drop) drains the VM and joins every thread.
+///
+/// # Examples
+///
+/// ```
+/// use ivm_std::{Config, VirtualMachine};
+///
+/// let vm = VirtualMachine::new(Config::default())?;
+/// let s = vm.default_stream();
+/// let x = vm.new_tensor(8)?;
+/// vm.run(|b| {
+///     b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 41)?;
+///     b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] += 1)
+/// })?;
+/// let mut out = [0u8; 8];
+/// vm.sync_read_small_mem(&x, &mut out)?;
+/// assert_eq!(u64::from_ne_bytes(out), 42);
+/// vm.shutdown()?;
+/// # Ok::<(), ivm_std::Error>(())
+/// ```
+pub struct VirtualMachine {
+    shared: Arc<VmShared>,
+    threads: Mutex<Threads>,
+}
+
+struct Threads {
+    scheduler: Option<JoinHandle<()>>,
+    joined: bool,
+}
+
+impl std::fmt::Debug for VirtualMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtualMachine")
+            .field("id", &self.shared.id)
+            .field("mode", &self.shared.config.mode)
+            .finish()
+    }
+}
+
+impl VirtualMachine {
+    /// Starts a VM (in multi-thread mode: its scheduler thread and the default cpu
+    /// stream's worker).
+    pub fn new(config: Config) -> Result<Self> {
+        config.validate()?;
+        let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let single = config.mode == Mode::SingleThread;
+        let barrier_stream = Arc::new(StreamShared {
+            vm_id: id,
+            index: 0,
+            id: StreamId {
+                device: Device::CPU,
+                stream_type: StreamType::Barrier,
+                thread_id: 0,
+            },
+            policy: Box::new(CpuStreamPolicy(StreamType::Barrier)),
+            thread: None,
+            schedule_dep: Dependence::new(id),
+        });
+        let shared = Arc::new(VmShared {
+            id,
+            engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
+            pending: MpscQueue::new(),
+            parking: Parking::new(),
+            state: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            flying: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            bp_seq: AtomicU32::new(0),
+            bp_waiters: AtomicUsize::new(0),
+            probes: Mutex::new(Vec::new()),
+            probes_flag: AtomicBool::new(false),
+            live: [
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+            ],
+            registry: Mutex::new(Registry {
+                streams: HashMap::new(),
+                threads: HashMap::new(),
+                handles: Vec::new(),
+                next_index: 1,
+            }),
+            barrier_stream,
+            default_cpu: OnceLock::new(),
+            config,
+        });
+        let mut threads = Threads {
+            scheduler: None,
+            joined: false,
+        };
+        if !single {
+            let (s, engine) = (shared.clone(), Engine::new(shared.config.pending_window));
+            let h = std::thread::Builder::new()
+                .name(format!("ivm{id}-scheduler"))
+                .spawn(move || crate::scheduler::scheduler_loop(s, engine))
+                .map_err(|e| Error::Spawn(e.to_string()))?;
+            threads.scheduler = Some(h);
+        }
+        let vm = VirtualMachine {
+            shared,
+            threads: Mutex::new(threads),
+        };
+        let d = vm.shared.stream(StreamId::default_for(Device::CPU))?;
+        let _ = vm.shared.default_cpu.set(d);
+        Ok(vm)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<VmShared> {
+        &self.shared
+    }
+
+    /// The VM's configuration.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// The stream `id`, created on first use (with its worker thread, in multi-thread
+    /// mode). Only cpu streams exist until device adapters are registered.
+    pub fn stream(&self, id: StreamId) -> Result<Stream> {
+        Ok(Stream {
+            shared: self.shared.stream(id)?,
+        })
+    }
+
+    /// The cpu device's default stream (compute, thread 0).
+    pub fn default_stream(&self) -> Stream {
+        Stream {
+            shared: self
+                .shared
+                .default_cpu
+                .get()
+                .expect("default stream is created in `new`")
+                .clone(),
+        }
+    }
+
+    /// A zero-filled cpu tensor of `nbytes` bytes, homed on the default stream.
+    pub fn new_tensor(&self, nbytes: usize) -> Result<Tensor> {
+        self.new_tensor_on(&self.default_stream(), nbytes)
+    }
+
+    /// A zero-filled tensor of `nbytes` bytes on `stream`'s device, homed on `stream` (its
+    /// release runs there).
+    pub fn new_tensor_on(&self, stream: &Stream, nbytes: usize) -> Result<Tensor> {
+        self.tensor_with(stream, nbytes, &[])
+    }
+
+    /// A tensor on `stream`'s device holding a copy of `data`.
+    pub fn new_tensor_from(&self, stream: &Stream, data: &[u8]) -> Result<Tensor> {
+        self.tensor_with(stream, data.len(), data)
+    }
+
+    fn tensor_with(&self, stream: &Stream, nbytes: usize, data: &[u8]) -> Result<Tensor> {
+        self.shared.check_stream(stream)?;
+        if self.shared.is_shut() {
+            return Err(Error::ShutDown);
+        }
+        let blob = Blob::new(
+            self.shared.id,
+            NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            stream.id().device,
+            nbytes,
+        );
+        if !data.is_empty() {
+            // SAFETY: the blob is not shared yet: no instruction can access it.
+            unsafe { blob.bytes_mut() }.copy_from_slice(data);
+        }
+        let inner = TensorInner::new(Arc::new(blob), self.shared.clone(), stream.shared.clone());
+        Ok(Tensor {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Builds instructions with `f` and hands them to the VM. If `f` returns an error,
+    /// nothing is submitted. Blocks while more than the high-water mark are in flight.
+    ///
+    /// # Errors
+    /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier;
+    /// [`Error::ShutDown`]; whatever `f` returns.
+    pub fn run<R>(&self, f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>) -> Result<R> {
+        self.shared.check_caller()?;
+        let mut b = InstructionsBuilder::new(&self.shared);
+        let r = f(&mut b)?;
+        b.submit()?;
+        self.shared.drive()?;
+        Ok(r)
+    }
+
+    /// Waits until every instruction received before this call has been released.
+    pub fn sync(&self) -> Result<()> {
+        self.shared.check_caller()?;
+        let mut instr = Instruction::new("sync", self.shared.barrier_stream.clone(), Kind::Noop);
+        instr.barrier = true;
+        instr.waiter = Some(Waiter::new());
+        let instr = Arc::new(instr);
+        self.shared.receive_one(instr.clone(), false)?;
+        sync_access::wait(&self.shared, &instr, false)
+    }
+
+    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes at the start of `t`.
+    pub fn sync_read_small_mem(&self, t: &Tensor, out: &mut [u8]) -> Result<()> {
+        sync_access::small_access(&self.shared, t, 0, Some(out), None)
+    }
+
+    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes of `t` at `offset`.
+    pub fn sync_read_small_mem_at(&self, t: &Tensor, offset: usize, out: &mut [u8]) -> Result<()> {
+        sync_access::small_access(&self.shared, t, offset, Some(out), None)
+    }
+
+    /// Writes `data` (1, 2, 4, 8 or 16 bytes) at the start of `t`.
+    pub fn sync_write_small_mem(&self, t: &Tensor, data: &[u8]) -> Result<()> {
+        sync_access::small_access(&self.shared, t, 0, None, Some(data))
+    }
+
+    /// Writes `data` (1, 2, 4, 8 or 16 bytes) into `t` at `offset`.
+    pub fn sync_write_small_mem_at(&self, t: &Tensor, offset: usize, data: &[u8]) -> Result<()> {
+        sync_access::small_access(&self.shared, t, offset, None, Some(data))
+    }
+
+    /// Runs `f` on `t`'s bytes (after every earlier writer) on its device's default stream
+    /// and returns its result.
+    pub fn sync_access_blob_by_callback<R: Send + 'static>(
+        &self,
+        t: &Tensor,
+        f: impl FnOnce(&[u8]) -> R + Send + 'static,
+    ) -> Result<R> {
+        sync_access::sync_callback(&self.shared, t, CallbackKind::Read(Box::new(f)))
+    }
+
+    /// Runs `f` on `t`'s bytes, mutably (after every earlier access), and returns its
+    /// result.
+    pub fn sync_access_blob_by_callback_mut<R: Send + 'static>(
+        &self,
+        t: &Tensor,
+        f: impl FnOnce(&mut [u8]) -> R + Send + 'static,
+    ) -> Result<R> {
+        sync_access::sync_callback(&self.shared, t, CallbackKind::Write(Box::new(f)))
+    }
+
+    /// Polls `probe` on the scheduler thread until it returns true, and waits for that.
+    pub fn blocking_run_probe(
+        &self,
+        mut probe: impl FnMut() -> bool + Send + 'static,
+    ) -> Result<()> {
+        self.shared.check_caller()?;
+        let panicked: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        if self.shared.single_thread() {
+            loop {
+                self.shared.drive()?;
+                let _reentry = ReentryGuard::enter(self.shared.id);
+                match catch_unwind(AssertUnwindSafe(&mut probe)) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => std::thread::yield_now(),
+                    Err(_) => {
+                        return Err(Error::KernelPanicked {
+                            instruction: "probe".into(),
+                            message: "probe panicked".into(),
+                        });
+                    }
+                }
+            }
+        }
+        let done = Arc::new(BlockingCounter::<FutexWait>::new(1));
+        let (d2, p2) = (done.clone(), panicked.clone());
+        self.shared.submit_probe(Probe::User(Box::new(move || {
+            let r = match catch_unwind(AssertUnwindSafe(&mut probe)) {
+                Ok(r) => r,
+                Err(_) => {
+                    *lock(&p2) = Some("probe panicked".into());
+                    true
+                }
+            };
+            if r {
+                // Release: publishes the probe's effects to the waiting caller.
+                d2.decrease();
+            }
+            r
+        })));
+        let _ = done.wait_until_zero(Duration::MAX, || false);
+        match lock(&panicked).take() {
+            Some(m) => Err(Error::KernelPanicked {
+                instruction: "probe".into(),
+                message: m,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Instructions received and not yet released.
+    pub fn flying_instruction_count(&self) -> usize {
+        self.shared.flying()
+    }
+
+    /// Whether `shutdown` has begun.
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.is_shut()
+    }
+
+    /// Live engine objects and instructions in flight. After `shutdown` all are zero.
+    #[doc(hidden)]
+    pub fn debug_counters(&self) -> DebugCounters {
+        DebugCounters {
+            instructions: self.shared.live[0].load(Ordering::Relaxed),
+            accesses: self.shared.live[1].load(Ordering::Relaxed),
+            edges: self.shared.live[2].load(Ordering::Relaxed),
+            flying: self.shared.flying(),
+        }
+    }
+
+    /// Stops accepting work, drains everything received, then joins every VM thread.
+    /// Idempotent; later calls return `Ok` at once.
+    ///
+    /// # Errors
+    /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier.
+    pub fn shutdown(&self) -> Result<()> {
+        if inside(self.shared.id) {
+            return Err(Error::Reentrant);
+        }
+        let mut threads = lock(&self.threads);
+        if threads.joined {
+            return Ok(());
+        }
+        // AcqRel: pairs with callers' Acquire `enter`; see `CallerToken`.
+        self.shared.state.fetch_or(SHUT, Ordering::AcqRel);
+        // Acquire: pairs with `CallerToken::drop`; their pushes are then in the queue.
+        while self.shared.state.load(Ordering::Acquire) >> 1 != 0 {
+            std::thread::yield_now();
+        }
+        if self.shared.single_thread() {
+            self.shared.drive()?;
+        } else {
+            // Release: the scheduler exits once idle after seeing it.
+            self.shared.stop.store(true, Ordering::Release);
+            self.shared.parking.unpark();
+            if let Some(h) = threads.scheduler.take() {
+                let _ = h.join();
+            }
+            let (ctxs, handles) = {
+                let mut reg = lock(&self.shared.registry);
+                let ctxs: Vec<_> = reg.threads.values().cloned().collect();
+                (ctxs, std::mem::take(&mut reg.handles))
+            };
+            for c in &ctxs {
+                c.close();
+            }
+            for h in handles {
+                let _ = h.join();
+            }
+        }
+        threads.joined = true;
+        Ok(())
+    }
+}
+
+impl Drop for VirtualMachine {
+    fn drop(&mut self) {
+        if inside(self.shared.id) {
+            // Dropped on one of its own threads: cannot join ourselves. Stop accepting
+            // work and let the threads wind down.
+            self.shared.state.fetch_or(SHUT, Ordering::AcqRel);
+            self.shared.stop.store(true, Ordering::Release);
+            self.shared.parking.unpark();
+            return;
+        }
+        let _ = self.shutdown();
+    }
+}
