@@ -48,7 +48,9 @@ fn worker(shared: &Shared) {
         job += 1;
         let _ = shared.btb.notify(); // started
         // Relaxed: the BTB's decrease() (Release) publishes it to the caller's Acquire.
-        shared.result.store(job.wrapping_mul(0x9E37_79B9_7F4A_7C15), Ordering::Relaxed);
+        shared
+            .result
+            .store(job.wrapping_mul(0x9E37_79B9_7F4A_7C15), Ordering::Relaxed);
         shared.btb.decrease(); // finished
     }
 }

@@ -61,7 +61,10 @@ impl<T> Mailbox<T> {
         self.full.wait_and_clear()?;
         // SAFETY: `wait_and_clear` returned Ok, so the producer's write happened-before this
         // read (Release notify / Acquire wait) and the producer writes no more.
-        Ok(self.slot.with_mut(|slot| unsafe { (*slot).take() }).expect("a value was put"))
+        Ok(self
+            .slot
+            .with_mut(|slot| unsafe { (*slot).take() })
+            .expect("a value was put"))
     }
 
     /// Closes the mailbox: a waiting `take` returns `Err(Closed)`.

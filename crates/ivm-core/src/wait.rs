@@ -1,9 +1,9 @@
 //! Wait backends: how a thread sleeps while an `AtomicU32` holds a value, and how another
 //! thread wakes it.
 //!
-//! ivm-core never sleeps on its own: every blocking type ([`Notifier`](crate::Notifier),
+//! ivm-core never sleeps on its own: every blocking type ([`Notifier`](crate::notifier::Notifier),
 //! the counters, the parking protocol) is generic over a [`Wait`] backend. Core ships
-//! [`SpinWait`] (no OS needed, for bare metal) and, under `cfg(loom)`, [`LoomWait`]
+//! [`SpinWait`] (no OS needed, for bare metal) and, under `cfg(loom)`, `LoomWait`
 //! (a futex emulated with loom's `Mutex` + `Condvar`, so loom sees lost wake-ups as
 //! deadlocks). ivm-std plugs in a futex.
 
@@ -129,7 +129,7 @@ impl<C: Clock> Wait for SpinWait<C> {
     fn wake_all(_atom: &AtomicU32) {}
 }
 
-/// Under loom, `SpinWait` behaves as [`LoomWait`] so that models never spin unboundedly.
+/// Under loom, `SpinWait` behaves as `LoomWait` so that models never spin unboundedly.
 #[cfg(loom)]
 impl<C: Clock> Wait for SpinWait<C> {
     fn now() -> Instant {
@@ -146,7 +146,7 @@ impl<C: Clock> Wait for SpinWait<C> {
     }
 }
 
-/// A futex emulated with loom's `Mutex` + `Condvar` (one global parking spot), so that a
+/// A futex emulated with loom's `Mutex` + `Condvar` (parking spots hashed by address), so a
 /// loom model reports a lost wake-up as a deadlock instead of hiding it in a yield loop.
 ///
 /// A timeout is modelled as a branch that fires at once: a timed wait whose value still
@@ -156,9 +156,23 @@ impl<C: Clock> Wait for SpinWait<C> {
 pub struct LoomWait;
 
 #[cfg(loom)]
+const PARKING_SPOTS: usize = 8;
+
+#[cfg(loom)]
 loom::lazy_static! {
-    static ref PARKING_SPOT: (loom::sync::Mutex<()>, loom::sync::Condvar) =
-        (loom::sync::Mutex::new(()), loom::sync::Condvar::new());
+    /// Parking spots hashed by the atomic's address, so that a wake on one atomic does not
+    /// wake (and so hide a lost wake on) an unrelated one, except on a hash collision.
+    ///
+    /// Loom drops lazy statics when the model closure returns: every model must join all
+    /// of its threads before returning.
+    static ref PARKING: [(loom::sync::Mutex<()>, loom::sync::Condvar); PARKING_SPOTS] =
+        core::array::from_fn(|_| (loom::sync::Mutex::new(()), loom::sync::Condvar::new()));
+}
+
+#[cfg(loom)]
+fn parking_spot(atom: &AtomicU32) -> &'static (loom::sync::Mutex<()>, loom::sync::Condvar) {
+    let addr = core::ptr::from_ref(atom).addr();
+    &PARKING[(addr / core::mem::align_of::<AtomicU32>()) % PARKING_SPOTS]
 }
 
 #[cfg(loom)]
@@ -168,7 +182,7 @@ impl Wait for LoomWait {
     }
 
     fn wait(atom: &AtomicU32, expected: u32, deadline: Option<Instant>) -> WaitResult {
-        let (lock, condvar) = &*PARKING_SPOT;
+        let (lock, condvar) = parking_spot(atom);
         let guard = lock.lock().unwrap();
         // Compared under the lock that every waker takes after changing the atomic: either
         // the waker's change happens-before this load (we see it), or the waker locks after
@@ -184,18 +198,19 @@ impl Wait for LoomWait {
     }
 
     fn wake_one(atom: &AtomicU32) {
+        // Every sleeper on this spot re-checks its own atomic; waking all is always allowed.
         Self::wake_all(atom)
     }
 
-    fn wake_all(_atom: &AtomicU32) {
-        let (lock, condvar) = &*PARKING_SPOT;
+    fn wake_all(atom: &AtomicU32) {
+        let (lock, condvar) = parking_spot(atom);
         let _guard = lock.lock().unwrap();
         condvar.notify_all();
     }
 }
 
 /// The backend ivm-core's types use when none is named: [`SpinWait`] normally,
-/// [`LoomWait`] under loom.
+/// `LoomWait` under loom.
 #[cfg(not(loom))]
 pub type DefaultWait = SpinWait<NoClock>;
 /// The backend ivm-core's types use when none is named: [`SpinWait`] normally,
