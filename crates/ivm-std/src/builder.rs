@@ -58,6 +58,19 @@ impl<'vm> InstructionsBuilder<'vm> {
     }
 
     fn check(&self, stream: &Stream, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+        self.check_operands(stream, inputs, outputs)?;
+        let d = stream.id().device;
+        if let Some(t) = inputs.iter().chain(outputs).find(|t| t.device() != d) {
+            return Err(Error::DeviceMismatch(format!(
+                "a tensor on {} used on stream {} (copy it first)",
+                t.device(),
+                stream.id()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_operands(&self, stream: &Stream, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         self.vm.check_stream(stream)?;
         for t in inputs.iter().chain(outputs) {
             self.vm.check_tensor(t)?;
@@ -83,24 +96,45 @@ impl<'vm> InstructionsBuilder<'vm> {
         outputs: &[&Tensor],
         kind: Kind,
     ) {
+        let list = &mut self.list;
+        self.vm
+            .soft_sync(inputs.iter().chain(outputs).copied(), stream, &mut |i| {
+                list.push(i)
+            });
         let instr = Instruction::new(name, stream.clone(), kind);
         {
             // SAFETY: not shared yet; the builder owns the body (ownership step 1).
             let body = unsafe { instr.body_mut() };
             for t in inputs {
                 body.inputs.push(t.blob().clone());
-                self.vm.soft_sync(t, stream);
             }
             for t in outputs {
                 body.outputs.push(t.blob().clone());
-                self.vm.soft_sync(t, stream);
-                // Relaxed: advisory bookkeeping (the device issue's soft sync reads it).
+                // Relaxed: advisory bookkeeping (the last writer's stream).
                 t.inner
                     .producer_stream
                     .store(stream.index, Ordering::Relaxed);
             }
         }
         self.list.push(Arc::new(instr));
+    }
+
+    /// The VM this builder submits to (lazy-job launches: `lazy::launch`).
+    pub(crate) fn vm(&self) -> &'vm Arc<VmShared> {
+        self.vm
+    }
+
+    /// Appends a ready-made instruction (lazy-job launches).
+    pub(crate) fn push_instr(&mut self, instr: Arc<Instruction>) {
+        self.list.push(instr);
+    }
+
+    /// Soft-syncs `tensors` onto `stream`, appending the instructions it needs (lazy-job
+    /// launches).
+    pub(crate) fn soft_sync_onto(&mut self, tensors: &[&Tensor], stream: &Arc<StreamShared>) {
+        let list = &mut self.list;
+        self.vm
+            .soft_sync(tensors.iter().copied(), stream, &mut |i| list.push(i));
     }
 
     /// A kernel on `stream` that reads `inputs` and writes `outputs` (a tensor may not be
@@ -132,6 +166,47 @@ impl<'vm> InstructionsBuilder<'vm> {
             inputs,
             outputs,
             Kind::Kernel(Box::new(kernel)),
+        );
+        Ok(())
+    }
+
+    /// Copies all of `src` into `dst` on `stream`: host to device on a host-to-device
+    /// stream, device to host on a device-to-host stream, within a device (or within the
+    /// host) on any stream. Each tensor must be on the stream's device or on the cpu. On an
+    /// asynchronous device the copy is done when an event recorded after it completes
+    /// (copy streams) or at launch (compute streams, ordered by the device queue).
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] when the sizes differ; [`Error::DeviceMismatch`] for a
+    /// tensor of another device; [`Error::AliasedOperand`] when `src` is `dst`.
+    pub fn copy(&mut self, stream: &Stream, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.check_operands(stream, &[src], &[dst])?;
+        if src.nbytes() != dst.nbytes() {
+            return Err(Error::SizeMismatch {
+                src: src.nbytes(),
+                dst: dst.nbytes(),
+            });
+        }
+        let d = stream.id().device;
+        for t in [src, dst] {
+            if t.device() != d && t.device() != crate::Device::CPU {
+                return Err(Error::DeviceMismatch(format!(
+                    "a tensor on {} copied on stream {} (each side must be on {d} or the cpu)",
+                    t.device(),
+                    stream.id()
+                )));
+            }
+        }
+        self.push(
+            "copy",
+            &stream.shared,
+            &[src],
+            &[dst],
+            Kind::Copy {
+                src_offset: 0,
+                dst_offset: 0,
+                len: src.nbytes(),
+            },
         );
         Ok(())
     }

@@ -30,6 +30,7 @@ pub enum Mode {
 /// | `IVM_TIMEOUT_MS` | [`timeout_period`](Self::timeout_period) | 30000 |
 /// | `IVM_PENDING_WINDOW` | [`pending_window`](Self::pending_window) | 256 |
 /// | `IVM_RING` | [`sync_ring_capacity`](Self::sync_ring_capacity) | 8 |
+/// | `IVM_STREAM_WAIT` (`1` / `0`) | [`stream_wait`](Self::stream_wait) | `1` |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Multi-thread (scheduler + workers) or single-thread mode.
@@ -58,6 +59,15 @@ pub struct Config {
     /// releases its instruction, so a few entries are still held when the next access
     /// starts (4 allocated now and then on a loaded 2-core machine).
     pub sync_ring_capacity: usize,
+    /// Soft sync may order two streams of one device on the device (record an event on
+    /// one, make the other wait for it). When `false`, soft sync only records events that
+    /// the scheduler observes on the host (OneFlow's `ONEFLOW_VM_ENABLE_STREAM_WAIT=0`).
+    pub stream_wait: bool,
+    /// A bug planted in the engine, for the equivalence fuzzer's own tests (feature
+    /// `fuzzing` only; default: none). Never set it.
+    #[cfg(feature = "fuzzing")]
+    #[doc(hidden)]
+    pub planted: crate::fuzzing::PlantedBug,
 }
 
 /// Hardware threads below which the default spin windows are zero.
@@ -88,6 +98,9 @@ impl Default for Config {
             timeout_period: Duration::from_secs(30),
             pending_window: 256,
             sync_ring_capacity: 8,
+            stream_wait: true,
+            #[cfg(feature = "fuzzing")]
+            planted: crate::fuzzing::PlantedBug::None,
         }
     }
 }
@@ -155,6 +168,13 @@ impl Config {
         }
         if let Some(v) = num("IVM_RING")? {
             c.sync_ring_capacity = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = num("IVM_STREAM_WAIT")? {
+            c.stream_wait = match v {
+                0 => false,
+                1 => true,
+                _ => return Err(Error::Config(format!("IVM_STREAM_WAIT={v}: expected 0 or 1"))),
+            };
         }
         c.validate()?;
         Ok(c)

@@ -99,6 +99,9 @@ pub(crate) struct Engine {
     pending: VecDeque<Arc<Instruction>>,
     probes: Vec<Probe>,
     pending_window: usize,
+    /// Planted bug (feature `fuzzing`, equivalence-fuzzer tests only): see `planted_*`.
+    #[cfg(feature = "fuzzing")]
+    planted: crate::fuzzing::PlantedBug,
 }
 
 // SAFETY: the raw `NonNull<Dependence>` pointers are only dereferenced by the engine's
@@ -130,6 +133,8 @@ impl Engine {
             pending: VecDeque::new(),
             probes: Vec::new(),
             pending_window,
+            #[cfg(feature = "fuzzing")]
+            planted: crate::fuzzing::PlantedBug::None,
         }
     }
 
@@ -195,6 +200,10 @@ impl Engine {
             for p in shared.take_probes() {
                 self.probes.push(p);
             }
+        }
+        #[cfg(feature = "fuzzing")]
+        {
+            self.planted = shared.config.planted;
         }
         progress |= self.handle_pending();
         progress |= self.dispatch_ready();
@@ -295,6 +304,11 @@ impl Engine {
         let mut a = list.head;
         while a != NIL {
             let src = self.accesses[a].node;
+            // PLANTED BUG (feature `fuzzing`, off by default): drop read→write edges.
+            if self.planted_drop_read_write_edge() && !self.accesses[a].write {
+                a = self.accesses[a].links.next;
+                continue;
+            }
             self.add_edge(src, n);
             a = self.accesses[a].links.next;
         }
@@ -413,6 +427,12 @@ impl Engine {
                 if !self.releasable(f) {
                     break;
                 }
+                // PLANTED BUG (feature `fuzzing`, off by default): release out of order.
+                let f = if self.planted_out_of_order_release() {
+                    self.newest_without_in_edges(s).unwrap_or(f)
+                } else {
+                    f
+                };
                 let es = self.streams[s as usize]
                     .as_mut()
                     .expect("ivm engine: unknown stream");
@@ -479,7 +499,10 @@ impl Engine {
             .take()
             .expect("ivm engine: releasing a node without instruction");
         self.nodes.free(n);
-        {
+        // Planted bug only (`OutOfOrderRelease`): released before it finished, so its
+        // executor still owns the body; leave it alone.
+        let premature = self.planted_out_of_order_release() && instr.status() & status::DONE == 0;
+        if !premature {
             // SAFETY: the executor set DONE (we read it with Acquire in `releasable`, or ran
             // the body ourselves), so the engine owns the body again (ownership step 4).
             let body = unsafe { instr.body_mut() };
@@ -489,6 +512,42 @@ impl Engine {
         }
         shared.instruction_released();
         drop(instr);
+    }
+
+    // ---- planted bugs (feature `fuzzing`; the equivalence fuzzer's `planted_*` tests) --
+
+    /// `PlantedBug::DropReadWriteEdge` is on: a write gets no edge from earlier reads.
+    #[cfg(feature = "fuzzing")]
+    fn planted_drop_read_write_edge(&self) -> bool {
+        self.planted == crate::fuzzing::PlantedBug::DropReadWriteEdge
+    }
+    #[cfg(not(feature = "fuzzing"))]
+    fn planted_drop_read_write_edge(&self) -> bool {
+        false
+    }
+
+    /// `PlantedBug::OutOfOrderRelease` is on: see `newest_without_in_edges`.
+    #[cfg(feature = "fuzzing")]
+    fn planted_out_of_order_release(&self) -> bool {
+        self.planted == crate::fuzzing::PlantedBug::OutOfOrderRelease
+    }
+    #[cfg(not(feature = "fuzzing"))]
+    fn planted_out_of_order_release(&self) -> bool {
+        false
+    }
+
+    /// Planted bug only: the newest instruction on stream `s`'s running list without
+    /// in-edges, released in place of the front (out of order, finished or not).
+    fn newest_without_in_edges(&self, s: u32) -> Option<u32> {
+        let es = self.streams[s as usize].as_ref()?;
+        let mut n = es.running.tail;
+        while n != NIL {
+            if self.nodes[n].in_edges == 0 {
+                return Some(n);
+            }
+            n = self.nodes[n].running.prev;
+        }
+        None
     }
 
     // ---- 5. barriers -------------------------------------------------------------------

@@ -26,6 +26,7 @@ impl Rig {
                     policy: Box::new(CpuStreamPolicy(StreamType::Compute)),
                     thread: Some(Arc::new(ThreadCtx::new(format!("t{k}")))),
                     schedule_dep: Dependence::new(id),
+                    dev: crate::stream::DeviceCtx::cpu(vm.shared().parking.clone(), false),
                 })
             })
             .collect();

@@ -63,6 +63,77 @@ pub enum Error {
     /// The VM could not start one of its threads.
     #[error("ivm: could not spawn a VM thread: {0}")]
     Spawn(String),
+    /// A copy between tensors (or memories) of different sizes.
+    #[error("ivm: copy between mismatched sizes: source {src} bytes, destination {dst} bytes")]
+    SizeMismatch {
+        /// Bytes of the source.
+        src: usize,
+        /// Bytes of the destination.
+        dst: usize,
+    },
+    /// A tensor (or memory) on a device the stream cannot reach.
+    #[error("ivm: device mismatch: {0}")]
+    DeviceMismatch(String),
+    /// A stream was asked to wait on an event of another device (or adapter).
+    #[error("ivm: a stream of {stream} cannot wait on an event of {event}")]
+    ForeignEvent {
+        /// The device of the waiting stream.
+        stream: crate::Device,
+        /// The device of the event.
+        event: crate::Device,
+    },
+    /// A device adapter failed (driver missing, out of memory, device error).
+    #[error("ivm: device error: {0}")]
+    Device(String),
+    /// A lazy graph names one interface op twice (among its inputs or its outputs).
+    #[error("ivm: lazy job `{job}`: duplicate interface op name `{name}`")]
+    DuplicateInterfaceName {
+        /// The job name.
+        job: String,
+        /// The duplicated op name.
+        name: String,
+    },
+    /// A lazy-job launch passed another number of input, output or parameter tensors than
+    /// the graph declares names.
+    #[error("ivm: lazy job `{job}`: the graph declares {expected} {what}, {got} tensor(s) given")]
+    InterfaceCountMismatch {
+        /// The job name.
+        job: String,
+        /// `inputs`, `outputs` or `parameters`.
+        what: &'static str,
+        /// Names the graph declares.
+        expected: usize,
+        /// Tensors given.
+        got: usize,
+    },
+    /// A tensor passed to a lazy job differs in size from the graph blob of its interface.
+    #[error(
+        "ivm: lazy job `{job}`: interface op `{name}` holds {expected} bytes, the tensor {got}"
+    )]
+    InterfaceSizeMismatch {
+        /// The job name.
+        job: String,
+        /// The interface op name.
+        name: String,
+        /// Bytes of the graph blob.
+        expected: usize,
+        /// Bytes of the eager tensor.
+        got: usize,
+    },
+    /// The graph runtime of a lazy job shut down before the run finished.
+    #[error("ivm: lazy job `{job}`: the graph runtime was shut down")]
+    GraphClosed {
+        /// The job name.
+        job: String,
+    },
+    /// A lazy graph description (or a graph built by `ivm_std::graph`) is invalid.
+    #[error("ivm: invalid lazy graph `{job}`: {message}")]
+    InvalidGraph {
+        /// The job name.
+        job: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// The convenience result type of ivm-std.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ivm_core::mpsc;
 use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
 
+use crate::device::{DeviceStream, Event};
 use crate::error::Failure;
 use crate::stream::StreamShared;
 use crate::sync_access::Waiter;
@@ -25,6 +26,7 @@ pub(crate) mod status {
 }
 
 /// Operands inline up to 4, spilled to the heap beyond.
+#[derive(Clone)]
 pub(crate) enum Operands {
     Inline(heapless::Vec<Arc<Blob>, 4>),
     Spilled(Vec<Arc<Blob>>),
@@ -89,6 +91,37 @@ pub(crate) enum Kind {
     SmallWrite { offset: usize, len: usize },
     /// A barrier's callback (scheduler thread).
     Barrier(Box<dyn FnOnce() + Send>),
+    /// Copy `len` bytes from the first input at `src_offset` to the first output at
+    /// `dst_offset` (host, host-to-device, device-to-host or device-to-device).
+    Copy {
+        src_offset: usize,
+        dst_offset: usize,
+        len: usize,
+    },
+    /// A tensor's release: frees the first output's memory in this stream's order.
+    Free,
+    /// Soft sync in one instruction (both streams on one worker thread): record an event
+    /// on `from` and make this stream wait for it on the device.
+    StreamWait { from: Arc<StreamShared> },
+    /// Soft sync: record an event on this stream, into `slot` for a later `WaitEvent` (done
+    /// at launch), or with `slot: None` host-observed (done when the event completes).
+    RecordEvent { slot: Option<Arc<EventSlot>> },
+    /// Soft sync: this stream waits, on the device, for the event in `slot`.
+    WaitEvent { slot: Arc<EventSlot> },
+}
+
+/// Where a soft sync's record-event instruction leaves its event for the wait-event one
+/// (written once by the recorder; the engine orders the waiter after it).
+pub(crate) type EventSlot = std::sync::OnceLock<Arc<dyn Event>>;
+
+impl Kind {
+    /// A soft-sync instruction (orders streams; touches no tensor memory).
+    pub(crate) fn is_sync_op(&self) -> bool {
+        matches!(
+            self,
+            Kind::StreamWait { .. } | Kind::RecordEvent { .. } | Kind::WaitEvent { .. }
+        )
+    }
 }
 
 /// The parts of an instruction that its current owner mutates: the builder before it is
@@ -98,6 +131,9 @@ pub(crate) struct Body {
     pub(crate) kind: Kind,
     pub(crate) inputs: Operands,
     pub(crate) outputs: Operands,
+    /// A deferred body (critical sections, lazy-job launches): run instead of `kind`, it
+    /// completes the instruction later through a `lazy::launch::Completion`.
+    pub(crate) deferred: Option<crate::lazy::launch::DeferredFn>,
 }
 
 /// Tag of the hook that queues an instruction on the VM's pending queue.
@@ -172,6 +208,7 @@ impl Instruction {
                 kind,
                 inputs: Operands::default(),
                 outputs: Operands::default(),
+                deferred: None,
             }),
             small: UnsafeCell::new([0; 16]),
             failure: UnsafeCell::new(None),
@@ -246,10 +283,12 @@ unsafe impl mpsc::Linked<WorkerTag> for Instruction {
     }
 }
 
-/// What a kernel sees: its input and output tensors' bytes.
+/// What a kernel sees: its input and output tensors' bytes (host-accessible memory: the
+/// cpu, the sim), their device pointers, and the device stream it was launched on.
 pub struct KernelCtx<'a> {
-    inputs: &'a [Arc<Blob>],
-    outputs: &'a [Arc<Blob>],
+    pub(crate) inputs: &'a [Arc<Blob>],
+    pub(crate) outputs: &'a [Arc<Blob>],
+    pub(crate) stream: Option<&'a dyn DeviceStream>,
 }
 
 impl<'a> KernelCtx<'a> {
@@ -277,6 +316,26 @@ impl<'a> KernelCtx<'a> {
         unsafe { self.outputs[i].bytes_mut() }
     }
 
+    /// The device address of input `i` (for kernels that launch real device work).
+    pub fn input_device_ptr(&self, i: usize) -> u64 {
+        self.inputs[i].mem.device_ptr()
+    }
+
+    /// The device address of output `i`.
+    pub fn output_device_ptr(&self, i: usize) -> u64 {
+        self.outputs[i].mem.device_ptr()
+    }
+
+    /// The device stream the kernel runs on. On a [`KernelMode::Launcher`] device (cuda)
+    /// the kernel enqueues its device work here; it is `None` for kernels that run inside
+    /// the device queue ([`KernelMode::Queued`], the sim).
+    ///
+    /// [`KernelMode::Launcher`]: crate::KernelMode::Launcher
+    /// [`KernelMode::Queued`]: crate::KernelMode::Queued
+    pub fn device_stream(&self) -> Option<&'a dyn DeviceStream> {
+        self.stream
+    }
+
     /// Input `i` as `u64`s (tensor memory is 8-byte aligned; a trailing partial word is
     /// left out).
     pub fn input_u64(&self, i: usize) -> &'a [u64] {
@@ -300,7 +359,7 @@ fn words_mut(b: &mut [u8]) -> &mut [u64] {
     unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u64>(), b.len() / 8) }
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -312,11 +371,20 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
 /// marks it done. The caller owns the body (step 3 of the ownership order).
-pub(crate) fn execute(instr: &Instruction) {
+pub(crate) fn execute(instr: &Arc<Instruction>) {
+    if instr.stream.dev.is_async() {
+        // The stream policies of asynchronous devices.
+        crate::exec::launch(instr);
+        return;
+    }
     // Relaxed: LAUNCHED is diagnostic only.
     instr.status.fetch_or(status::LAUNCHED, Ordering::Relaxed);
     if let Some(w) = &instr.waiter {
         w.started();
+    }
+    if crate::lazy::launch::run_deferred(instr) {
+        // Completed later, by whoever holds its completion.
+        return;
     }
     // SAFETY: the executor owns the body until DONE (ownership step 3).
     let body = unsafe { instr.body_mut() };
@@ -341,8 +409,23 @@ pub(crate) fn execute(instr: &Instruction) {
 
 fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
     let kind = std::mem::replace(&mut body.kind, Kind::Noop);
-    if matches!(kind, Kind::Noop) {
+    if matches!(kind, Kind::Noop) || kind.is_sync_op() {
+        // Soft sync on a synchronous device orders nothing.
         return None;
+    }
+    if matches!(kind, Kind::Free) {
+        // A release frees even poisoned memory.
+        let dev = &instr.stream.dev;
+        let b = body.outputs.as_slice().first()?;
+        return dev
+            .allocator
+            .free_on(&b.mem, &*dev.stream)
+            .err()
+            .map(|e| Failure {
+                instruction: instr.label().into(),
+                message: e.to_string().into(),
+                panicked: false,
+            });
     }
     if !matches!(kind, Kind::Barrier(_)) {
         for b in body.inputs.as_slice().iter().chain(body.outputs.as_slice()) {
@@ -357,9 +440,30 @@ fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
     let inputs = body.inputs.as_slice();
     let outputs = body.outputs.as_slice();
     let small = &instr.small;
+    let stream: &dyn DeviceStream = &*instr.stream.dev.stream;
     let result = catch_unwind(AssertUnwindSafe(|| match kind {
-        Kind::Noop => {}
-        Kind::Kernel(f) => f(&mut KernelCtx { inputs, outputs }),
+        Kind::Noop
+        | Kind::Free
+        | Kind::StreamWait { .. }
+        | Kind::RecordEvent { .. }
+        | Kind::WaitEvent { .. } => {}
+        Kind::Kernel(f) => f(&mut KernelCtx {
+            inputs,
+            outputs,
+            stream: Some(stream),
+        }),
+        Kind::Copy {
+            src_offset,
+            dst_offset,
+            len,
+        } => {
+            // SAFETY: reading input 0 and writing output 0 (engine-ordered; distinct
+            // blobs: the builder rejects aliasing); ranges checked by the builder.
+            let src = unsafe { &inputs[0].bytes()[src_offset..src_offset + len] };
+            // SAFETY: as above.
+            let dst = unsafe { &mut outputs[0].bytes_mut()[dst_offset..dst_offset + len] };
+            dst.copy_from_slice(src);
+        }
         Kind::Read(f) => {
             // SAFETY: the body reads input 0 under the engine-ordered invariant; the
             // builder always gives a callback its operand.

@@ -29,17 +29,25 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod device;
 pub mod futex;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+pub mod graph;
+pub mod lazy;
 
 mod builder;
 mod config;
+mod cpu;
 mod dependence;
 mod engine;
 mod error;
+mod exec;
 mod instruction;
 mod scheduler;
 mod shared;
 mod slab;
+mod soft_sync;
 mod stream;
 mod sync_access;
 mod tensor;
@@ -48,6 +56,10 @@ mod worker;
 
 pub use builder::InstructionsBuilder;
 pub use config::{Config, Mode, SPIN_WINDOW_MIN_CORES};
+pub use cpu::{CpuAdapter, CpuAllocator, CpuEvent, CpuStream, HostMemory};
+pub use device::{
+    DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
+};
 pub use engine::DebugCounters;
 pub use error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use instruction::KernelCtx;

@@ -17,13 +17,15 @@ use ivm_core::wait::Wait;
 
 use crate::config::Config;
 use crate::dependence::Dependence;
+use crate::device::DeviceAdapter;
 use crate::engine::Engine;
 use crate::error::{Diagnostic, Error, Result};
 use crate::futex::FutexWait;
 use crate::instruction::{Instruction, Kind, PendingTag};
+use crate::soft_sync::{self, Use};
 use crate::stream::{
-    CpuStreamPolicy, Device, DeviceKind, Placement, Stream, StreamId, StreamPolicy, StreamShared,
-    StreamType,
+    Device, DeviceCtx, DeviceKind, DeviceStreamPolicy, Placement, Stream, StreamId, StreamPolicy,
+    StreamShared, StreamType, Sticky,
 };
 use crate::tensor::{Blob, Tensor};
 use crate::worker::{ThreadCtx, worker_loop};
@@ -112,7 +114,8 @@ pub(crate) struct VmShared {
     pub(crate) id: usize,
     pub(crate) config: Config,
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
-    pub(crate) parking: Parking<FutexWait>,
+    /// Shared with every stream's device side: completion callbacks unpark through it.
+    pub(crate) parking: Arc<Parking<FutexWait>>,
     pub(crate) state: AtomicUsize,
     pub(crate) stop: AtomicBool,
     pub(crate) flying: AtomicUsize,
@@ -128,6 +131,12 @@ pub(crate) struct VmShared {
     pub(crate) engine: Option<Mutex<Engine>>,
     pub(crate) barrier_stream: Arc<StreamShared>,
     pub(crate) default_cpu: OnceLock<Arc<StreamShared>>,
+    /// Lazy-job state (launcher queue, transport dependence), created on first launch.
+    pub(crate) lazy: OnceLock<crate::lazy::launch::VmLazy>,
+    /// The registered device adapters (the cpu adapter first), one per device kind.
+    pub(crate) adapters: Vec<Arc<dyn DeviceAdapter>>,
+    /// Some adapter supports events (soft sync can emit something).
+    pub(crate) events: bool,
 }
 
 /// Leaves the submitting-callers count on drop.
@@ -190,24 +199,39 @@ impl VmShared {
         Ok(())
     }
 
-    /// The default stream of `device` (sync accesses run there).
-    pub(crate) fn default_stream_of(&self, device: Device) -> Result<Arc<StreamShared>> {
+    /// The default stream of `device` (sync accesses run there), created on first use.
+    pub(crate) fn default_stream_of(self: &Arc<Self>, device: Device) -> Result<Arc<StreamShared>> {
         if device == Device::CPU
             && let Some(s) = self.default_cpu.get()
         {
             return Ok(s.clone());
         }
-        Err(Error::UnsupportedStream(format!(
-            "no default stream for device {device}"
-        )))
+        self.stream(StreamId::default_for(device))
     }
 
-    /// Cross-stream order before `t` is used on `s` (DESIGN.md "soft sync"). Streams of
-    /// the cpu adapter have no events and order nothing: only the last-used stream moves.
-    /// The device issue adds stream-wait / record-event instructions here.
-    pub(crate) fn soft_sync(&self, t: &Tensor, s: &StreamShared) {
-        // Relaxed: advisory bookkeeping; ordering comes from the tensor's dependence.
-        t.inner.last_used_stream.store(s.index, Ordering::Relaxed);
+    /// Cross-stream order before `tensors` are used on `s` (DESIGN.md "soft sync"; see
+    /// `soft_sync.rs`): pushes the stream-wait / record-event instructions it needs
+    /// through `push`, then makes `s` their last-used stream.
+    pub(crate) fn soft_sync<'a>(
+        &self,
+        tensors: impl IntoIterator<Item = &'a Tensor>,
+        s: &Arc<StreamShared>,
+        push: &mut dyn FnMut(Arc<Instruction>),
+    ) {
+        let uses = tensors.into_iter().map(|t| Use {
+            last: &t.inner.last_used_stream,
+            blob: &t.inner.blob,
+        });
+        soft_sync::before_use(self, uses, s, push);
+    }
+
+    /// The stream with dense index `index`, if it exists.
+    pub(crate) fn stream_by_index(&self, index: u32) -> Option<Arc<StreamShared>> {
+        lock(&self.registry)
+            .streams
+            .values()
+            .find(|s| s.index == index)
+            .cloned()
     }
 
     /// Hands `list` to the scheduler (emptying it); wakes it on the empty edge. With
@@ -350,6 +374,15 @@ impl VmShared {
 
     /// Single-thread mode: runs the engine in this thread until it can make no progress.
     pub(crate) fn drive(&self) -> Result<()> {
+        self.drive_until(|_| true)
+    }
+
+    /// Single-thread mode: runs the engine in this thread until `done(engine idle)` holds
+    /// after it can make no progress. Meanwhile it sleeps through the parking protocol
+    /// until a device completion unparks it (holding the engine lock, so one thread at a
+    /// time parks); after a whole timeout period in which no instruction finished it fails
+    /// with a diagnostic.
+    pub(crate) fn drive_until(&self, mut done: impl FnMut(bool) -> bool) -> Result<()> {
         let Some(engine) = &self.engine else {
             return Ok(());
         };
@@ -357,17 +390,35 @@ impl VmShared {
         let mut engine = lock(engine);
         // Only the holder of the engine lock consumes the pending queue.
         let mut consumer = self.pending.consume();
+        let period = self.config.timeout_period;
+        let mut last = self.finished.load(Ordering::Relaxed);
+        let mut period_end = FutexWait::now().saturating_add(period);
         loop {
             let end = consumer.drain(|i| engine.receive(i));
-            if !engine.step(self) {
-                if !end.may_sleep() {
-                    ivm_core::sync::spin_loop();
-                    continue;
+            if engine.step(self) {
+                continue;
+            }
+            if !end.may_sleep() {
+                ivm_core::sync::spin_loop();
+                continue;
+            }
+            if done(engine.is_idle()) {
+                return Ok(());
+            }
+            let _ = self.parking.park(
+                || !self.pending.is_empty() || engine.has_work() || done(engine.is_idle()),
+                Some(period_end),
+            );
+            if FutexWait::now() >= period_end {
+                // Relaxed: a progress counter compared with itself.
+                let now = self.finished.load(Ordering::Relaxed);
+                if now == last && !done(engine.is_idle()) {
+                    return Err(Error::Timeout(engine.diagnostic()));
                 }
-                break;
+                last = now;
+                period_end = FutexWait::now().saturating_add(period);
             }
         }
-        Ok(())
     }
 
     /// A diagnostic of the engine (asks the scheduler; bounded wait).
@@ -397,26 +448,54 @@ impl VmShared {
         }
     }
 
-    /// Tensor drop: enqueue its release on its home stream. Never blocks, no backpressure;
-    /// after shutdown does nothing (the memory goes with the last blob handle).
-    pub(crate) fn enqueue_release(&self, blob: &Arc<Blob>, home: &Arc<StreamShared>) {
+    /// Tensor drop: enqueue its release on its producer (home) stream, after a soft sync
+    /// when it was last used on another stream (so an asynchronous device frees it only
+    /// after that stream's work on it). Never blocks, no backpressure; after shutdown does
+    /// nothing (the memory goes with the last blob handle).
+    pub(crate) fn enqueue_release(
+        &self,
+        blob: &Arc<Blob>,
+        home: &Arc<StreamShared>,
+        last_used: &ivm_core::sync::AtomicU32,
+    ) {
         let Ok(token) = self.enter() else { return };
-        let instr = Instruction::new("release_tensor", home.clone(), Kind::Noop);
+        let mut wake = false;
+        let mut n = 0;
+        let mut push = |i: Arc<Instruction>| {
+            n += 1;
+            // Relaxed: as in `receive_list`.
+            self.flying.fetch_add(1, Ordering::Relaxed);
+            wake |= self.pending.push(i);
+        };
+        soft_sync::before_use(self, [Use { last: last_used, blob }], home, &mut push);
+        let instr = Instruction::new("release_tensor", home.clone(), Kind::Free);
         // SAFETY: not shared yet; we own the body (ownership step 1).
         unsafe { instr.body_mut() }.outputs.push(blob.clone());
-        // Relaxed: as in `receive_list`.
-        self.flying.fetch_add(1, Ordering::Relaxed);
-        if self.pending.push(Arc::new(instr)) {
+        push(Arc::new(instr));
+        let _ = n;
+        if wake {
             self.parking.unpark();
         }
         drop(token);
     }
 
+    /// The adapter registered for `kind`.
+    fn adapter(&self, kind: DeviceKind) -> Option<&Arc<dyn DeviceAdapter>> {
+        self.adapters.iter().find(|a| a.kind() == kind)
+    }
+
     fn new_stream(self: &Arc<Self>, reg: &mut Registry, id: StreamId) -> Result<Arc<StreamShared>> {
-        if id.device.kind != DeviceKind::Cpu {
+        let Some(adapter) = self.adapter(id.device.kind) else {
             return Err(Error::UnsupportedStream(format!(
                 "{id}: no adapter for device {}",
                 id.device
+            )));
+        };
+        if id.device.index >= adapter.device_count() {
+            return Err(Error::UnsupportedStream(format!(
+                "{id}: device {} does not exist ({} device(s) of that kind)",
+                id.device,
+                adapter.device_count()
             )));
         }
         if id.stream_type == StreamType::Barrier {
@@ -424,7 +503,14 @@ impl VmShared {
                 "{id}: barrier streams are internal; use barrier()"
             )));
         }
-        let policy: Box<dyn StreamPolicy> = Box::new(CpuStreamPolicy(id.stream_type));
+        let device_stream = adapter.create_stream(id.device.index, id.stream_type)?;
+        let allocator = adapter.allocator(id.device.index)?;
+        let mode = device_stream.kernel_mode();
+        let policy: Box<dyn StreamPolicy> = Box::new(DeviceStreamPolicy::new(
+            id.stream_type,
+            mode,
+            adapter.supports_events(),
+        ));
         let thread = if self.single_thread() {
             None
         } else {
@@ -464,9 +550,27 @@ impl VmShared {
             policy,
             thread,
             schedule_dep: Dependence::new(self.id),
+            dev: DeviceCtx {
+                stream: device_stream,
+                allocator,
+                mode,
+                wake: self.parking.clone(),
+                single_thread: self.single_thread(),
+                sticky: Sticky::default(),
+            },
         });
         reg.streams.insert(id, s.clone());
         Ok(s)
+    }
+
+    /// Every stream whose work completes after its launch (asynchronous devices).
+    pub(crate) fn async_streams(&self) -> Vec<Arc<StreamShared>> {
+        lock(&self.registry)
+            .streams
+            .values()
+            .filter(|s| s.dev.is_async())
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn barrier_stream(&self) -> Arc<StreamShared> {

@@ -2,9 +2,15 @@
 //! instructions run and when they are done.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use ivm_core::parking::Parking;
+use ivm_core::sync::{AtomicBool, Ordering};
 
 use crate::dependence::Dependence;
+use crate::device::{DeviceAllocator, DeviceStream, KernelMode};
+use crate::error::Failure;
+use crate::futex::FutexWait;
 use crate::worker::ThreadCtx;
 
 /// The kind of a device.
@@ -194,6 +200,126 @@ impl StreamPolicy for CpuStreamPolicy {
     }
 }
 
+/// The policy of a stream served by a device adapter, written against the adapter traits
+/// (see [`crate::device`]): compute streams are done at launch; host-to-device and
+/// device-to-host streams of an asynchronous device are done when an event recorded after
+/// each instruction completes; critical-section and lazy-job-launcher streams run on a
+/// thread of their own and (for now: a stub until lazy jobs land) are done at launch;
+/// barriers run on the scheduler.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceStreamPolicy {
+    stream_type: StreamType,
+    done_at_launch: bool,
+    events: bool,
+}
+
+impl DeviceStreamPolicy {
+    /// The policy of a `stream_type` stream on a device whose streams run kernels in
+    /// `mode` and that supports events (`events`) or not.
+    pub fn new(stream_type: StreamType, mode: KernelMode, events: bool) -> Self {
+        let asynchronous = mode != KernelMode::Synchronous;
+        let done_at_launch = match stream_type {
+            StreamType::HostToDevice | StreamType::DeviceToHost => !asynchronous,
+            // Stubs until lazy jobs land: their status is handled at launch.
+            StreamType::CriticalSection | StreamType::LazyJobLauncher => true,
+            StreamType::Compute | StreamType::Barrier => true,
+        };
+        Self {
+            stream_type,
+            done_at_launch,
+            events: events && !stream_type.runs_on_scheduler() && !stream_type.needs_own_thread(),
+        }
+    }
+}
+
+impl StreamPolicy for DeviceStreamPolicy {
+    fn stream_type(&self) -> StreamType {
+        self.stream_type
+    }
+    fn done_at_launch(&self) -> bool {
+        self.done_at_launch
+    }
+    fn supports_events(&self) -> bool {
+        self.events
+    }
+}
+
+/// A stream's sticky asynchronous failure: set by a kernel that failed on the device after
+/// its instruction was done at launch; poisons the outputs launched on the stream until a
+/// host-observed completion takes it and reports it.
+#[derive(Default)]
+pub(crate) struct Sticky {
+    set: AtomicBool,
+    failure: Mutex<Option<Failure>>,
+}
+
+impl Sticky {
+    /// The failure, if one is pending (not cleared).
+    pub(crate) fn get(&self) -> Option<Failure> {
+        // Acquire: pairs with the Release store in `set`, publishing the stored failure.
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        crate::shared::lock(&self.failure).clone()
+    }
+
+    /// Records `f` unless a failure is already pending (the first one wins).
+    pub(crate) fn set(&self, f: &Failure) {
+        let mut g = crate::shared::lock(&self.failure);
+        if g.is_none() {
+            *g = Some(f.clone());
+        }
+        drop(g);
+        // Release: publishes the failure stored above to `get`/`take`.
+        self.set.store(true, Ordering::Release);
+    }
+
+    /// Takes the pending failure (a host-observed completion reports it).
+    pub(crate) fn take(&self) -> Option<Failure> {
+        // Acquire: as in `get`.
+        if !self.set.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut g = crate::shared::lock(&self.failure);
+        // Relaxed: the mutex orders the failure itself; a `set` racing us stores the flag
+        // again after its own insertion.
+        self.set.store(false, Ordering::Relaxed);
+        g.take()
+    }
+}
+
+/// The device side of a VM stream: its adapter stream and allocator, how kernels run, and
+/// the sticky failure. Completion callbacks wake the scheduler through `wake`.
+pub(crate) struct DeviceCtx {
+    pub(crate) stream: Arc<dyn DeviceStream>,
+    pub(crate) allocator: Arc<dyn DeviceAllocator>,
+    pub(crate) mode: KernelMode,
+    /// The VM's parking spot: completions unpark the scheduler (or a single-thread caller).
+    pub(crate) wake: Arc<Parking<FutexWait>>,
+    /// The VM runs in single-thread mode (callers drive the engine and park on `wake`).
+    pub(crate) single_thread: bool,
+    pub(crate) sticky: Sticky,
+}
+
+impl DeviceCtx {
+    /// A cpu stream's device side.
+    pub(crate) fn cpu(wake: Arc<Parking<FutexWait>>, single_thread: bool) -> Self {
+        Self {
+            stream: Arc::new(crate::cpu::CpuStream::default()),
+            allocator: Arc::new(crate::cpu::CpuAllocator),
+            mode: KernelMode::Synchronous,
+            wake,
+            single_thread,
+            sticky: Sticky::default(),
+        }
+    }
+
+    /// Whether work on this stream completes after its launch returns.
+    pub(crate) fn is_async(&self) -> bool {
+        self.mode != KernelMode::Synchronous
+    }
+}
+
 /// The VM-side state of one stream, shared by every instruction on it.
 pub(crate) struct StreamShared {
     pub(crate) vm_id: usize,
@@ -206,6 +332,8 @@ pub(crate) struct StreamShared {
     pub(crate) thread: Option<Arc<ThreadCtx>>,
     /// The stream's schedule dependence (written by stream-sequential instructions).
     pub(crate) schedule_dep: Dependence,
+    /// The device side: adapter stream, allocator, sticky failure.
+    pub(crate) dev: DeviceCtx,
 }
 
 impl fmt::Debug for StreamShared {

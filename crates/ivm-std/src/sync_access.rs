@@ -22,7 +22,7 @@ use ivm_core::sync::Ordering;
 
 use crate::error::{Error, Result};
 use crate::futex::FutexWait;
-use crate::instruction::{Instruction, Kind, status};
+use crate::instruction::{Instruction, Kind};
 use crate::shared::VmShared;
 use crate::stream::StreamShared;
 use crate::tensor::Tensor;
@@ -171,7 +171,7 @@ fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
 
 /// `sync_read_small_mem` / `sync_write_small_mem`.
 pub(crate) fn small_access(
-    shared: &VmShared,
+    shared: &Arc<VmShared>,
     t: &Tensor,
     offset: usize,
     read: Option<&mut [u8]>,
@@ -185,7 +185,7 @@ pub(crate) fn small_access(
     shared.check_tensor(t)?;
     check_bounds(t, offset, len)?;
     let stream = shared.default_stream_of(t.device())?;
-    shared.soft_sync(t, &stream);
+    soft_sync(shared, t, &stream)?;
     let kind = if read.is_some() {
         SmallKind::Read
     } else {
@@ -239,12 +239,10 @@ pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> R
         .as_ref()
         .expect("ivm: waiting on an instruction without waiter");
     if shared.single_thread() {
-        shared.drive()?;
-        // Everything received was handled; a done instruction has finished its round.
-        if instr.status() & status::DONE != 0 {
-            return Ok(());
-        }
-        return Err(Error::Timeout(shared.diagnostic()));
+        // Runs the engine here; on an asynchronous device, parks until the device work
+        // the caller waits for completes (its completion unparks us).
+        shared.drive_until(|_| waiter.btb.is_done())?;
+        return Ok(());
     }
     if skip && shared.flying() < shared.config.skip_blocking_threshold {
         waiter.btb.skip_blocking();
@@ -269,14 +267,14 @@ pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> R
 /// `sync_access_blob_by_callback`: runs `f` on the tensor's bytes on its device's default
 /// stream and waits for it.
 pub(crate) fn sync_callback<R: Send + 'static>(
-    shared: &VmShared,
+    shared: &Arc<VmShared>,
     t: &Tensor,
     kind: CallbackKind<R>,
 ) -> Result<R> {
     shared.check_caller()?;
     shared.check_tensor(t)?;
     let stream = shared.default_stream_of(t.device())?;
-    shared.soft_sync(t, &stream);
+    soft_sync(shared, t, &stream)?;
     let slot: Arc<std::sync::Mutex<Option<R>>> = Arc::new(std::sync::Mutex::new(None));
     let s2 = slot.clone();
     let (name, k, write) = match kind {
@@ -318,6 +316,18 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         instruction: instr.label(),
         message: "callback did not run".into(),
     })
+}
+
+/// Soft sync before a sync access of `t` on `stream`: receives the instructions it needs
+/// (none for cpu tensors: nothing is allocated then).
+fn soft_sync(shared: &VmShared, t: &Tensor, stream: &Arc<StreamShared>) -> Result<()> {
+    let mut r = Ok(());
+    shared.soft_sync([t], stream, &mut |i| {
+        if r.is_ok() {
+            r = shared.receive_one(i, false);
+        }
+    });
+    r
 }
 
 type ReadCb<R> = Box<dyn FnOnce(&[u8]) -> R + Send>;

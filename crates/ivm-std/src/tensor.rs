@@ -4,9 +4,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use ivm_core::sync::{AtomicBool, AtomicU32, Ordering, UnsafeCell};
+use ivm_core::sync::{AtomicBool, AtomicU32, Ordering};
 
+use crate::cpu::HostMemory;
 use crate::dependence::Dependence;
+use crate::device::DeviceMemory;
 use crate::error::Failure;
 use crate::shared::VmShared;
 use crate::slab::NIL;
@@ -18,24 +20,35 @@ pub(crate) struct Blob {
     pub(crate) id: usize,
     pub(crate) device: Device,
     pub(crate) nbytes: usize,
-    /// Host memory, 8-byte aligned. Invariant ("engine-ordered"): only instruction bodies
-    /// touch it, and the engine never has a body writing it lively-and-running together
-    /// with any other body accessing it (writes connect to every earlier access; reads to
-    /// the leading write; same-stream sources run earlier on the same in-order thread).
-    data: UnsafeCell<Box<[u64]>>,
+    /// The memory (host memory for cpu tensors; an adapter's allocation otherwise).
+    /// Invariant ("engine-ordered"): only instruction bodies (and the device work they
+    /// enqueue) touch it, and the engine never has a body writing it lively-and-running
+    /// together with any other body accessing it (writes connect to every earlier access;
+    /// reads to the leading write; same-stream sources run earlier on the same in-order
+    /// thread or device queue; work on other streams of an asynchronous device is ordered
+    /// by soft sync).
+    pub(crate) mem: Arc<dyn DeviceMemory>,
     pub(crate) dep: Dependence,
     poisoned: AtomicBool,
     poison: Mutex<Option<Failure>>,
 }
 
 impl Blob {
+    /// A blob of `nbytes` zero-filled bytes of host memory.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn new(vm_id: usize, id: usize, device: Device, nbytes: usize) -> Self {
-        let words = nbytes.div_ceil(8);
+        let mut b = Self::with_memory(vm_id, id, Arc::new(HostMemory::zeroed(nbytes)));
+        b.device = device;
+        b
+    }
+
+    /// A blob over memory an allocator returned.
+    pub(crate) fn with_memory(vm_id: usize, id: usize, mem: Arc<dyn DeviceMemory>) -> Self {
         Self {
             id,
-            device,
-            nbytes,
-            data: UnsafeCell::new(vec![0u64; words].into_boxed_slice()),
+            device: mem.device(),
+            nbytes: mem.nbytes(),
+            mem,
             dep: Dependence::new(vm_id),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
@@ -48,11 +61,22 @@ impl Blob {
     /// Called from an instruction body that reads this blob (engine-ordered invariant):
     /// no body writing it runs concurrently, and the returned slice does not outlive the
     /// body.
+    ///
+    /// # Panics
+    /// If the memory is not host-accessible (device-only memory: use device pointers).
     pub(crate) unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: engine-ordered invariant (no concurrent writer); `Box<[u64]>` is
-        // initialised and at least `nbytes` long, and u8 has no alignment requirement.
-        self.data.with(|p| unsafe {
-            std::slice::from_raw_parts((*p).as_ptr().cast::<u8>(), self.nbytes)
+        let p = self.host_ptr();
+        // SAFETY: engine-ordered invariant (no concurrent writer); the `DeviceMemory`
+        // contract makes `p` valid for `nbytes` initialised bytes while `mem` lives.
+        unsafe { std::slice::from_raw_parts(p.as_ptr(), self.nbytes) }
+    }
+
+    fn host_ptr(&self) -> std::ptr::NonNull<u8> {
+        self.mem.host_ptr().unwrap_or_else(|| {
+            panic!(
+                "ivm: the memory of this {}-byte tensor on {} is not host-accessible; use its device pointer",
+                self.nbytes, self.device
+            )
         })
     }
 
@@ -64,11 +88,10 @@ impl Blob {
     /// time, and the slice does not outlive the body.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
+        let p = self.host_ptr();
         // SAFETY: engine-ordered invariant (exclusive access for this body); the memory is
-        // initialised and at least `nbytes` long.
-        self.data.with_mut(|p| unsafe {
-            std::slice::from_raw_parts_mut((*p).as_mut_ptr().cast::<u8>(), self.nbytes)
-        })
+        // valid for `nbytes` initialised bytes (the `DeviceMemory` contract).
+        unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), self.nbytes) }
     }
 
     /// The failure that poisoned this blob, if any.
@@ -95,12 +118,6 @@ impl Blob {
     }
 }
 
-// SAFETY: `data` is the only non-Sync field; it is accessed under the engine-ordered
-// invariant documented on it (bodies ordered by the engine, each hand-over a
-// Release/Acquire pair).
-unsafe impl Sync for Blob {}
-// SAFETY: as above; the memory is plain bytes.
-unsafe impl Send for Blob {}
 
 /// A user handle on a tensor (cheap to clone). When the last handle drops, the VM enqueues
 /// a release instruction (never blocking, never subject to backpressure); the memory is
@@ -113,7 +130,9 @@ pub struct Tensor {
 pub(crate) struct TensorInner {
     pub(crate) blob: Arc<Blob>,
     pub(crate) vm: Arc<VmShared>,
-    /// The stream the tensor was created for; its release runs there.
+    /// The stream the tensor was created for: its producer stream (its memory came from
+    /// that stream's allocator); its release runs there, after a soft sync when it was
+    /// last used elsewhere.
     pub(crate) home: Arc<StreamShared>,
     /// Index of the stream that produced it (`NIL`: none yet).
     pub(crate) producer_stream: AtomicU32,
@@ -135,7 +154,8 @@ impl TensorInner {
 
 impl Drop for TensorInner {
     fn drop(&mut self) {
-        self.vm.enqueue_release(&self.blob, &self.home);
+        self.vm
+            .enqueue_release(&self.blob, &self.home, &self.last_used_stream);
     }
 }
 

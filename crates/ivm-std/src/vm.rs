@@ -21,7 +21,11 @@ use crate::instruction::{Instruction, Kind};
 use crate::shared::{
     NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside, lock,
 };
-use crate::stream::{CpuStreamPolicy, Device, Stream, StreamId, StreamShared, StreamType};
+use crate::cpu::{CpuAdapter, HostMemory};
+use crate::device::{DeviceAdapter, DeviceMemory};
+use crate::stream::{
+    CpuStreamPolicy, Device, DeviceCtx, DeviceKind, Stream, StreamId, StreamShared, StreamType,
+};
 use crate::sync_access::{self, CallbackKind, Waiter};
 use crate::tensor::{Blob, Tensor, TensorInner};
 
@@ -70,10 +74,36 @@ impl std::fmt::Debug for VirtualMachine {
 }
 
 impl VirtualMachine {
-    /// Starts a VM (in multi-thread mode: its scheduler thread and the default cpu
-    /// stream's worker).
+    /// Starts a VM with the cpu adapter only (in multi-thread mode: its scheduler thread
+    /// and the default cpu stream's worker).
     pub fn new(config: Config) -> Result<Self> {
+        Self::with_adapters(config, Vec::new())
+    }
+
+    /// Starts a VM with the cpu adapter plus `adapters` (one per device kind; the cpu
+    /// adapter is built in). Streams and tensors of a device kind without an adapter are
+    /// errors ([`Error::UnsupportedStream`]).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid configuration, a second adapter of one kind or a cpu
+    /// adapter; [`Error::Spawn`] if a thread cannot start.
+    pub fn with_adapters(config: Config, adapters: Vec<Arc<dyn DeviceAdapter>>) -> Result<Self> {
         config.validate()?;
+        let mut all: Vec<Arc<dyn DeviceAdapter>> = vec![Arc::new(CpuAdapter::new())];
+        for a in adapters {
+            if a.kind() == DeviceKind::Cpu {
+                return Err(Error::Config("the cpu adapter is built in".into()));
+            }
+            if all.iter().any(|b| b.kind() == a.kind()) {
+                return Err(Error::Config(format!(
+                    "two adapters for device kind {:?}",
+                    a.kind()
+                )));
+            }
+            all.push(a);
+        }
+        let events = all.iter().any(|a| a.supports_events());
+        let parking = Arc::new(Parking::new());
         let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let single = config.mode == Mode::SingleThread;
         let barrier_stream = Arc::new(StreamShared {
@@ -87,12 +117,13 @@ impl VirtualMachine {
             policy: Box::new(CpuStreamPolicy(StreamType::Barrier)),
             thread: None,
             schedule_dep: Dependence::new(id),
+            dev: DeviceCtx::cpu(parking.clone(), single),
         });
         let shared = Arc::new(VmShared {
             id,
             engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
             pending: MpscQueue::new(),
-            parking: Parking::new(),
+            parking,
             state: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             flying: AtomicUsize::new(0),
@@ -114,6 +145,9 @@ impl VirtualMachine {
             }),
             barrier_stream,
             default_cpu: OnceLock::new(),
+            lazy: OnceLock::new(),
+            adapters: all,
+            events,
             config,
         });
         let mut threads = Threads {
@@ -188,16 +222,34 @@ impl VirtualMachine {
         if self.shared.is_shut() {
             return Err(Error::ShutDown);
         }
-        let blob = Blob::new(
+        let dev = &stream.shared.dev;
+        let mem = dev.allocator.allocate(nbytes)?;
+        if mem.nbytes() != nbytes || mem.device() != stream.id().device {
+            return Err(Error::Device(format!(
+                "the allocator of {} returned {} bytes on {} for {nbytes} bytes",
+                stream.id().device,
+                mem.nbytes(),
+                mem.device()
+            )));
+        }
+        if !data.is_empty() {
+            if let Some(p) = mem.host_ptr() {
+                // SAFETY: fresh memory of `nbytes` bytes that no instruction or device work
+                // can reach yet (the `DeviceMemory` contract makes `p` valid).
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.as_ptr(), nbytes) };
+            } else {
+                let src: Arc<dyn DeviceMemory> = Arc::new(HostMemory::from_bytes(data));
+                // SAFETY: nothing else can reach either memory until the copy completed
+                // (we wait for it below).
+                unsafe { dev.stream.copy(&src, 0, &mem, 0, nbytes) }?;
+                dev.stream.record_event()?.synchronize()?;
+            }
+        }
+        let blob = Blob::with_memory(
             self.shared.id,
             NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            stream.id().device,
-            nbytes,
+            mem,
         );
-        if !data.is_empty() {
-            // SAFETY: the blob is not shared yet: no instruction can access it.
-            unsafe { blob.bytes_mut() }.copy_from_slice(data);
-        }
         let inner = TensorInner::new(Arc::new(blob), self.shared.clone(), stream.shared.clone());
         Ok(Tensor {
             inner: Arc::new(inner),
@@ -227,7 +279,19 @@ impl VirtualMachine {
         instr.waiter = Some(Waiter::new());
         let instr = Arc::new(instr);
         self.shared.receive_one(instr.clone(), false)?;
-        sync_access::wait(&self.shared, &instr, false)
+        sync_access::wait(&self.shared, &instr, false)?;
+        // Instructions on asynchronous devices are released when launched: wait for their
+        // device work too. A host-observed completion: reports sticky failures.
+        let mut first = None;
+        for s in self.shared.async_streams() {
+            let r = s.dev.stream.synchronize();
+            let f = s.dev.sticky.take().map(|f| f.poison_error());
+            let e = s.dev.stream.take_error().map(Error::Device);
+            if first.is_none() {
+                first = r.err().or(f).or(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes at the start of `t`.
@@ -360,7 +424,8 @@ impl VirtualMachine {
             std::thread::yield_now();
         }
         if self.shared.single_thread() {
-            self.shared.drive()?;
+            // Until idle: instructions completed by device events included.
+            self.shared.drive_until(|idle| idle)?;
         } else {
             // Release: the scheduler exits once idle after seeing it.
             self.shared.stop.store(true, Ordering::Release);
@@ -379,6 +444,11 @@ impl VirtualMachine {
             for h in handles {
                 let _ = h.join();
             }
+        }
+        // Device work launched by released instructions (frees included) completes before
+        // shutdown returns.
+        for s in self.shared.async_streams() {
+            let _ = s.dev.stream.synchronize();
         }
         threads.joined = true;
         Ok(())

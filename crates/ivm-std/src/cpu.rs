@@ -1,0 +1,274 @@
+//! The cpu adapter (always registered): synchronous streams, events done when recorded,
+//! host memory.
+
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::device::{
+    DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
+    PINNED_BUFFER_MIN, check_range,
+};
+use crate::error::{Error, Result};
+use crate::stream::{Device, DeviceKind, StreamType};
+
+/// Host memory: 8-byte aligned, zero-filled, freed when dropped.
+pub struct HostMemory {
+    ptr: NonNull<u64>,
+    words: usize,
+    nbytes: usize,
+}
+
+// SAFETY: `HostMemory` owns its allocation (like a `Box<[u64]>`); concurrent access to the
+// bytes through `host_ptr` is ordered by the VM (the `DeviceMemory` contract).
+unsafe impl Send for HostMemory {}
+// SAFETY: as above; `&HostMemory` exposes only the raw pointer, never a reference.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// `nbytes` zero-filled bytes.
+    pub fn zeroed(nbytes: usize) -> Self {
+        let boxed: Box<[u64]> = vec![0u64; nbytes.div_ceil(8)].into_boxed_slice();
+        let words = boxed.len();
+        let raw = Box::into_raw(boxed);
+        Self {
+            // SAFETY: `Box::into_raw` never returns null (a dangling, aligned pointer for an
+            // empty slice).
+            ptr: unsafe { NonNull::new_unchecked(raw.cast::<u64>()) },
+            words,
+            nbytes,
+        }
+    }
+
+    /// A copy of `data`.
+    pub fn from_bytes(data: &[u8]) -> Self {
+        let m = Self::zeroed(data.len());
+        // SAFETY: fresh allocation of `data.len()` bytes that nobody else can reach yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), m.ptr.as_ptr().cast::<u8>(), data.len())
+        };
+        m
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.words);
+        // SAFETY: `slice` is the pointer and length `Box::into_raw` gave us in `zeroed`,
+        // dropped exactly once here.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+}
+
+impl std::fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMemory")
+            .field("nbytes", &self.nbytes)
+            .finish()
+    }
+}
+
+// SAFETY: the pointer is the start of an owned, zero-initialised, 8-byte aligned
+// allocation of at least `nbytes` bytes, valid until drop; we never touch it otherwise.
+unsafe impl DeviceMemory for HostMemory {
+    fn device(&self) -> Device {
+        Device::CPU
+    }
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        Some(self.ptr.cast())
+    }
+    fn device_ptr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The host CPU as a device: synchronous streams whose events are done when recorded.
+#[derive(Debug, Default)]
+pub struct CpuAdapter {
+    allocator: Arc<CpuAllocator>,
+}
+
+impl CpuAdapter {
+    /// The cpu adapter.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl DeviceAdapter for CpuAdapter {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+    fn device_count(&self) -> u32 {
+        1
+    }
+    fn supports_events(&self) -> bool {
+        false
+    }
+    fn create_stream(&self, index: u32, _stream_type: StreamType) -> Result<Arc<dyn DeviceStream>> {
+        check_index(index)?;
+        Ok(Arc::new(CpuStream::default()))
+    }
+    fn allocator(&self, index: u32) -> Result<Arc<dyn DeviceAllocator>> {
+        check_index(index)?;
+        Ok(self.allocator.clone())
+    }
+}
+
+fn check_index(index: u32) -> Result<()> {
+    if index != 0 {
+        return Err(Error::UnsupportedStream(format!(
+            "cpu:{index}: the cpu adapter has one device (cpu:0)"
+        )));
+    }
+    Ok(())
+}
+
+/// The cpu allocator: host memory, freed when its last handle drops.
+#[derive(Debug, Default)]
+pub struct CpuAllocator;
+
+impl DeviceAllocator for CpuAllocator {
+    fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>> {
+        Ok(Arc::new(HostMemory::zeroed(nbytes)))
+    }
+    fn free_on(&self, _mem: &Arc<dyn DeviceMemory>, _stream: &dyn DeviceStream) -> Result<()> {
+        // Host memory goes with its last handle; the VM holds it until nothing uses it.
+        Ok(())
+    }
+}
+
+/// A cpu stream: runs everything inline.
+#[derive(Debug)]
+pub struct CpuStream {
+    pinned: Arc<dyn DeviceMemory>,
+}
+
+impl Default for CpuStream {
+    fn default() -> Self {
+        Self {
+            pinned: Arc::new(HostMemory::zeroed(PINNED_BUFFER_MIN)),
+        }
+    }
+}
+
+// SAFETY: everything runs inline, so in order; copies complete before returning; the
+// pinned buffer is host memory of `PINNED_BUFFER_MIN` bytes.
+unsafe impl DeviceStream for CpuStream {
+    fn device(&self) -> Device {
+        Device::CPU
+    }
+    fn kernel_mode(&self) -> KernelMode {
+        KernelMode::Synchronous
+    }
+    fn launch_host(&self, f: HostFn) -> Result<()> {
+        f();
+        Ok(())
+    }
+    unsafe fn copy(
+        &self,
+        src: &Arc<dyn DeviceMemory>,
+        src_offset: usize,
+        dst: &Arc<dyn DeviceMemory>,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        check_range(&**src, src_offset, len)?;
+        check_range(&**dst, dst_offset, len)?;
+        let (Some(s), Some(d)) = (src.host_ptr(), dst.host_ptr()) else {
+            return Err(Error::DeviceMismatch(format!(
+                "the cpu stream copies host memory only ({} -> {})",
+                src.device(),
+                dst.device()
+            )));
+        };
+        // SAFETY: both ranges were checked to lie inside their memories; the caller
+        // guarantees nothing else touches them meanwhile; `copy` allows overlap.
+        unsafe {
+            std::ptr::copy(
+                s.as_ptr().add(src_offset),
+                d.as_ptr().add(dst_offset),
+                len,
+            )
+        };
+        Ok(())
+    }
+    fn record_event(&self) -> Result<Arc<dyn Event>> {
+        Ok(Arc::new(CpuEvent))
+    }
+    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        if event.device() != Device::CPU || event.as_any().downcast_ref::<CpuEvent>().is_none() {
+            return Err(Error::ForeignEvent {
+                stream: Device::CPU,
+                event: event.device(),
+            });
+        }
+        Ok(())
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn pinned_buffer(&self) -> &Arc<dyn DeviceMemory> {
+        &self.pinned
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A cpu event: done when recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuEvent;
+
+impl Event for CpuEvent {
+    fn device(&self) -> Device {
+        Device::CPU
+    }
+    fn query(&self) -> bool {
+        true
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn on_complete(&self, f: HostFn) {
+        f();
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_stream_copies_inline_and_events_are_done() {
+        let a = CpuAdapter::new();
+        let s = a.create_stream(0, StreamType::Compute).unwrap();
+        let alloc = a.allocator(0).unwrap();
+        let src: Arc<dyn DeviceMemory> = Arc::new(HostMemory::from_bytes(&[1, 2, 3, 4]));
+        let dst = alloc.allocate(4).unwrap();
+        // SAFETY: nothing else touches these memories.
+        unsafe { s.copy(&src, 1, &dst, 0, 3) }.unwrap();
+        let p = dst.host_ptr().unwrap();
+        // SAFETY: the copy completed (synchronous stream); 4 bytes are valid.
+        let got = unsafe { std::slice::from_raw_parts(p.as_ptr(), 4) };
+        assert_eq!(got, &[2, 3, 4, 0]);
+        // SAFETY: as above.
+        assert!(matches!(
+            unsafe { s.copy(&src, 2, &dst, 0, 3) },
+            Err(Error::OutOfBounds { .. })
+        ));
+        let e = s.record_event().unwrap();
+        assert!(e.query());
+        s.wait_event(&*e).unwrap();
+        assert!(a.create_stream(1, StreamType::Compute).is_err());
+    }
+}

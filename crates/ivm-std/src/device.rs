@@ -1,0 +1,233 @@
+//! Device adapters: the traits the VM's stream policies are written against.
+//!
+//! A device adapter ([`DeviceAdapter`]) is registered with the VM when it is built
+//! ([`VirtualMachine::with_adapters`](crate::VirtualMachine::with_adapters)); ivm-std never
+//! depends on a concrete device. An adapter gives, per device:
+//!
+//! * streams ([`DeviceStream`]) that run work asynchronously and in order: host closures
+//!   ([`DeviceStream::launch_host`]), memory copies ([`DeviceStream::copy`]), event records
+//!   and device-side waits;
+//! * events ([`Event`]): recorded on a stream, queried, synchronised, waited on by another
+//!   stream of the same device, and able to call back when they complete
+//!   ([`Event::on_complete`]) so that the VM's scheduler is woken instead of polling;
+//! * a small pinned host buffer per stream ([`DeviceStream::pinned_buffer`]) for small
+//!   synchronous copies;
+//! * an allocator ([`DeviceAllocator`]) whose frees are ordered on a stream.
+//!
+//! The cpu adapter ([`CpuAdapter`](crate::CpuAdapter)) is always registered: synchronous,
+//! its events are done when recorded. `ivm-device` provides `sim` (a simulated
+//! asynchronous accelerator) and `cuda`.
+//!
+//! # How the VM uses an adapter (the stream policies)
+//!
+//! * **compute**: an instruction is *done at launch*: the worker hands its kernel to the
+//!   stream and the device queue orders it after everything launched before on that
+//!   stream. A kernel that fails later poisons its outputs and, stickily, every output
+//!   launched on that stream until the next host-observed completion, which reports it.
+//! * **host-to-device / device-to-host**: an event is recorded after each instruction's
+//!   work; the instruction is done when the event completes ([`Event::on_complete`] sets
+//!   it done and unparks the scheduler).
+//! * **critical section / lazy-job launcher**: run on a thread of their own; their status
+//!   handling is a stub (done at launch) until lazy jobs land.
+//! * **barrier**: on the scheduler thread.
+
+use std::any::Any;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::stream::{Device, DeviceKind, StreamType};
+
+/// A closure run on the host in a stream's order (after all work enqueued on the stream
+/// before it, before all work enqueued after it).
+pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// Bytes every stream's pinned buffer holds at least (the largest small-memory access).
+pub const PINNED_BUFFER_MIN: usize = 16;
+
+/// Where the body of a kernel runs on a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KernelMode {
+    /// The device is synchronous: work runs inline when it is launched and is complete
+    /// when the launch returns (cpu).
+    Synchronous,
+    /// Kernel bodies run on the launching worker thread and enqueue device work
+    /// themselves through [`KernelCtx::device_stream`](crate::KernelCtx::device_stream)
+    /// (cuda). Memory is addressed through device pointers.
+    Launcher,
+    /// Kernel bodies are host closures queued with [`DeviceStream::launch_host`]: they run
+    /// in stream order on a device thread and see the memory's bytes (sim).
+    Queued,
+}
+
+/// One allocation of a device (or of the host).
+///
+/// # Safety
+///
+/// Implementations guarantee that, if [`host_ptr`](Self::host_ptr) returns a pointer, it
+/// is 8-byte aligned, points to [`nbytes`](Self::nbytes) initialised bytes that stay valid
+/// for reads and writes for as long as the object lives, and that the implementation
+/// itself touches those bytes only through operations it was asked to perform (copies,
+/// frees). The VM orders every access to them (engine order plus soft sync).
+pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug + 'static {
+    /// The device this memory lives on ([`Device::CPU`] for host memory).
+    fn device(&self) -> Device;
+
+    /// Its size in bytes.
+    fn nbytes(&self) -> usize;
+
+    /// A host pointer to the bytes, when host code may touch them (host memory, the sim's
+    /// simulated device memory, managed memory); `None` for device-only memory.
+    fn host_ptr(&self) -> Option<NonNull<u8>>;
+
+    /// The device address (what a real device kernel gets); the host address for host
+    /// memory.
+    fn device_ptr(&self) -> u64;
+
+    /// A stream-ordered body starts touching this memory. Checking allocators (the sim's)
+    /// report a use after free as an error here; the default does nothing.
+    fn begin_access(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The body that called [`begin_access`](Self::begin_access) successfully is done.
+    fn end_access(&self) {}
+
+    /// For adapters that need their own memory type back (downcasting).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// An allocator of one device's memory.
+pub trait DeviceAllocator: Send + Sync + fmt::Debug + 'static {
+    /// Allocates `nbytes` zero-filled bytes. The memory is ready for every stream of the
+    /// device when this returns.
+    fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>>;
+
+    /// Frees `mem` in `stream`'s order: after every work item enqueued on `stream` so far.
+    /// The object stays valid (its bytes poisoned or unmapped on the device) until its last
+    /// `Arc` drops; freeing twice is a no-op.
+    fn free_on(&self, mem: &Arc<dyn DeviceMemory>, stream: &dyn DeviceStream) -> Result<()>;
+}
+
+/// An event: a point in one stream's order.
+pub trait Event: Send + Sync + fmt::Debug + 'static {
+    /// The device of the stream it was recorded on.
+    fn device(&self) -> Device;
+
+    /// Whether every work item enqueued on its stream before the record has completed.
+    fn query(&self) -> bool;
+
+    /// Blocks the calling thread until the event completes (sleeping, not spinning).
+    fn synchronize(&self) -> Result<()>;
+
+    /// Calls `f` exactly once when the event completes: at once, on the calling thread, if
+    /// it already has; otherwise on a thread of the adapter. `f` must be short and must not
+    /// block (the VM's callbacks set a status bit and unpark the scheduler).
+    fn on_complete(&self, f: HostFn);
+
+    /// For adapters that need their own event type back (device-side waits).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A stream of a device: an in-order queue of asynchronous work.
+///
+/// # Safety
+///
+/// Implementations run the work enqueued on one stream in enqueue order, each item after
+/// the previous one completed; [`copy`](Self::copy) keeps both memories alive (holds an
+/// `Arc` of each) until the copy has completed; [`pinned_buffer`](Self::pinned_buffer) is
+/// host memory of at least [`PINNED_BUFFER_MIN`] bytes, touched by the adapter only
+/// through copies it was asked to perform. The VM relies on these for memory safety.
+pub unsafe trait DeviceStream: Send + Sync + fmt::Debug + 'static {
+    /// The device this stream runs on.
+    fn device(&self) -> Device;
+
+    /// Where kernel bodies run on this stream.
+    fn kernel_mode(&self) -> KernelMode;
+
+    /// Runs `f` on the host in stream order. Returns once it is enqueued (at once on an
+    /// asynchronous device; after running it on a synchronous one).
+    fn launch_host(&self, f: HostFn) -> Result<()>;
+
+    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` in stream
+    /// order. Each side is memory of this stream's device or host memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) if a range does not fit;
+    /// [`Error::DeviceMismatch`](crate::Error::DeviceMismatch) for memory of another device.
+    ///
+    /// # Safety
+    ///
+    /// Until the copy completes in stream order, nothing else writes the source range or
+    /// touches the destination range.
+    unsafe fn copy(
+        &self,
+        src: &Arc<dyn DeviceMemory>,
+        src_offset: usize,
+        dst: &Arc<dyn DeviceMemory>,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Records an event after every work item enqueued so far.
+    fn record_event(&self) -> Result<Arc<dyn Event>>;
+
+    /// Makes this stream's later work wait, on the device, for `event`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ForeignEvent`](crate::Error::ForeignEvent) for an event of another device
+    /// (or adapter).
+    fn wait_event(&self, event: &dyn Event) -> Result<()>;
+
+    /// Blocks the calling thread until every work item enqueued so far has completed.
+    fn synchronize(&self) -> Result<()>;
+
+    /// The stream's small pinned host buffer (at least [`PINNED_BUFFER_MIN`] bytes).
+    fn pinned_buffer(&self) -> &Arc<dyn DeviceMemory>;
+
+    /// An asynchronous failure the device reported on this stream since the last call
+    /// (taken: the next call returns `None` unless another one happened).
+    fn take_error(&self) -> Option<String> {
+        None
+    }
+
+    /// For adapters that need their own stream type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A device adapter: the VM's door to every device of one [`DeviceKind`].
+pub trait DeviceAdapter: Send + Sync + fmt::Debug + 'static {
+    /// The kind of device it serves (one adapter per kind in a VM).
+    fn kind(&self) -> DeviceKind;
+
+    /// How many devices of this kind exist (valid indices are `0..device_count()`).
+    fn device_count(&self) -> u32;
+
+    /// Whether its streams support events that soft sync can use (device-side waits and
+    /// host-observed records). The cpu adapter answers `false`: its work is synchronous.
+    fn supports_events(&self) -> bool {
+        true
+    }
+
+    /// Creates a stream of device `index` for a VM stream of type `stream_type`.
+    fn create_stream(&self, index: u32, stream_type: StreamType) -> Result<Arc<dyn DeviceStream>>;
+
+    /// The allocator of device `index`.
+    fn allocator(&self, index: u32) -> Result<Arc<dyn DeviceAllocator>>;
+}
+
+/// Checks that `offset..offset + len` lies inside `mem` (adapters' copies use it).
+pub fn check_range(mem: &dyn DeviceMemory, offset: usize, len: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > mem.nbytes()) {
+        return Err(crate::Error::OutOfBounds {
+            len,
+            offset,
+            size: mem.nbytes(),
+        });
+    }
+    Ok(())
+}

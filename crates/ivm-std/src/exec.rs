@@ -1,0 +1,432 @@
+//! The stream policies of asynchronous devices (sim, cuda), written against the adapter
+//! traits of [`crate::device`]: how a worker launches an instruction on a device stream,
+//! and how its completion is observed.
+//!
+//! * A *data* instruction (kernel, callback, copy, small access, release) launches its work
+//!   on the device stream. On a stream whose policy is done at launch (compute) it is done
+//!   as soon as the launch returns: the device queue orders it. Otherwise (host-to-device,
+//!   device-to-host) an event is recorded after its work and the instruction is done when
+//!   the event completes: the event's [`on_complete`](crate::Event::on_complete) callback
+//!   sets `DONE` (Release) and unparks the scheduler, which never polls.
+//! * A caller waiting on an instruction (sync access) is released by a host closure queued
+//!   after the instruction's work (stream order), or by the completion callback.
+//! * Soft-sync instructions (stream wait, record event, wait event) are done at launch,
+//!   except a host-observed record, done when its event completes.
+//! * Sticky failures: a queued kernel that fails sets its stream's sticky failure and
+//!   poisons its outputs; every data instruction launched (or reached on the device) on
+//!   that stream afterwards poisons its outputs with it, until a host-observed completion
+//!   (a sync access, a copy-stream completion) takes it and reports it.
+//!
+//! Ownership of an instruction's cells on these paths: the launching worker owns `body`
+//! until it sets `DONE` or registers the completion callback (its borrow ends first); the
+//! callback then owns `body` and `failure` until it sets `DONE`. For a done-at-launch
+//! instruction with a waiter, the queued finisher owns `small` and `failure` from the
+//! launch until the waiter's `decrease` (the engine never touches them; the ring reuses the
+//! instruction only when it holds the sole reference, after the finisher dropped its own).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use ivm_core::sync::Ordering;
+
+use crate::device::{DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
+use crate::error::Failure;
+use crate::instruction::{
+    Instruction, KernelCtx, KernelFn, Kind, Operands, ReadFn, WriteFn, panic_message, status,
+};
+use crate::stream::{DeviceCtx, StreamShared};
+use crate::tensor::Blob;
+
+/// How a launched instruction completes.
+enum Outcome {
+    /// Done now (its work is ordered by the device queue, or there was none).
+    AtLaunch,
+    /// Done when this event completes.
+    OnEvent(Arc<dyn Event>),
+}
+
+/// Work that runs inside the device queue (kernel bodies on a queued device, callbacks).
+enum Queued {
+    Kernel(KernelFn),
+    Read(ReadFn),
+    Write(WriteFn),
+}
+
+fn failure(instr: &Instruction, message: impl Into<Arc<str>>) -> Failure {
+    Failure {
+        instruction: instr.label().into(),
+        message: message.into(),
+        panicked: false,
+    }
+}
+
+fn poison_all(outputs: &[Arc<Blob>], f: &Failure) {
+    for b in outputs {
+        b.set_poison(f);
+    }
+}
+
+fn first_poison<'a>(blobs: impl IntoIterator<Item = &'a Arc<Blob>>) -> Option<Failure> {
+    blobs.into_iter().find_map(|b| b.poison()).map(|p| Failure {
+        panicked: false,
+        ..p
+    })
+}
+
+/// What a host-observed completion on `dev` reports: the stream's sticky failure (taken,
+/// so it is reported once) or an error the device reported.
+fn observe(dev: &DeviceCtx, instr_label: impl FnOnce() -> String) -> Option<Failure> {
+    if let Some(f) = dev.sticky.take() {
+        return Some(f);
+    }
+    dev.stream.take_error().map(|m| Failure {
+        instruction: instr_label().into(),
+        message: m.into(),
+        panicked: false,
+    })
+}
+
+/// Launches `instr` (dispatched to a stream of an asynchronous device) on the calling
+/// thread: the stream's worker, or the engine's owner in single-thread mode.
+pub(crate) fn launch(instr: &Arc<Instruction>) {
+    // Relaxed: LAUNCHED is diagnostic only.
+    instr.status.fetch_or(status::LAUNCHED, Ordering::Relaxed);
+    if let Some(w) = &instr.waiter {
+        w.started();
+    }
+    let dev = &instr.stream.dev;
+    let (outcome, data, operands) = {
+        // SAFETY: the executor owns the body until DONE (ownership step 3). This borrow
+        // ends before `DONE` is set or a completion callback (the next owner) registered.
+        let body = unsafe { instr.body_mut() };
+        let kind = std::mem::replace(&mut body.kind, Kind::Noop);
+        let data = !kind.is_sync_op() && !matches!(kind, Kind::Noop | Kind::Free);
+        let mut operands = Operands::default();
+        if instr.waiter.is_some() {
+            for b in body.inputs.as_slice().iter().chain(body.outputs.as_slice()) {
+                operands.push(b.clone());
+            }
+        }
+        let outcome = launch_kind(instr, kind, &body.inputs, &body.outputs);
+        (outcome, data, operands)
+    };
+    match outcome {
+        Ok(Outcome::AtLaunch) => {
+            if instr.waiter.is_some() {
+                // The caller learns the result once the device reached this point.
+                let fin = finisher(instr.clone(), operands);
+                if let Err(e) = dev.stream.launch_host(fin) {
+                    return done_now(instr, Some(failure(instr, e.to_string())), true);
+                }
+                return done_now(instr, None, false);
+            }
+            done_now(instr, None, true);
+        }
+        Ok(Outcome::OnEvent(ev)) => {
+            let i = instr.clone();
+            ev.on_complete(Box::new(move || complete(&i, data)));
+        }
+        Err(f) => done_now(instr, Some(f), true),
+    }
+}
+
+/// Marks `instr` done now (Release), with `failure` if any; finishes its waiter if
+/// `finish_waiter`.
+fn done_now(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) {
+    let mut bits = status::DONE;
+    if let Some(f) = failure {
+        // SAFETY: still the executor (before DONE); no other borrow of the body is alive.
+        let body = unsafe { instr.body() };
+        poison_all(body.outputs.as_slice(), &f);
+        // SAFETY: the executor owns `failure` until DONE (and the waiter until `finished`).
+        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+        bits |= status::FAILED;
+    }
+    // Release: publishes the launch's effects (poison, `failure`) to the engine's Acquire.
+    instr.status.fetch_or(bits, Ordering::Release);
+    if finish_waiter && let Some(w) = &instr.waiter {
+        // Release inside: publishes the same to the waiting caller.
+        w.finished();
+    }
+}
+
+/// The completion callback of an event-completed instruction (adapter thread, or inline).
+fn complete(instr: &Arc<Instruction>, data: bool) {
+    let dev = &instr.stream.dev;
+    let mut bits = status::DONE;
+    {
+        // SAFETY: the launch's borrow ended before this callback was registered; until
+        // DONE below this callback is the body's only owner (ownership step 3).
+        let body = unsafe { instr.body() };
+        let failure = if data {
+            observe(dev, || instr.label()).or_else(|| {
+                first_poison(body.inputs.as_slice().iter().chain(body.outputs.as_slice()))
+            })
+        } else {
+            None
+        };
+        if let Some(f) = failure {
+            poison_all(body.outputs.as_slice(), &f);
+            // SAFETY: this callback owns `failure` until DONE.
+            instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+            bits |= status::FAILED;
+        }
+    }
+    // Release: publishes the device work's completion (and poison, `failure`) to the
+    // engine's Acquire read of DONE, hence to every instruction ordered after this one.
+    instr.status.fetch_or(bits, Ordering::Release);
+    if let Some(w) = &instr.waiter {
+        w.finished();
+    }
+    // After DONE: the scheduler (or a single-thread caller) may release it now.
+    dev.wake.unpark();
+}
+
+/// The host closure queued after a done-at-launch instruction that a caller waits for:
+/// copies a small read out of the pinned buffer, reports the stream's sticky failure or a
+/// poisoned operand, and releases the caller.
+fn finisher(instr: Arc<Instruction>, operands: Operands) -> HostFn {
+    Box::new(move || {
+        let dev = &instr.stream.dev;
+        let failure =
+            observe(dev, || instr.label()).or_else(|| first_poison(operands.as_slice()));
+        if let Some(f) = failure {
+            // SAFETY: this finisher owns `small` and `failure` from the launch until the
+            // waiter's `finished` below (module docs); nobody else touches them meanwhile.
+            instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+            // Relaxed: diagnostic bit; the waiter reads `failure` after its Acquire.
+            instr.status.fetch_or(status::FAILED, Ordering::Relaxed);
+        }
+        if let Some(w) = &instr.waiter {
+            // Release inside: publishes `small` and `failure` to the waiting caller.
+            w.finished();
+        }
+        if dev.single_thread {
+            dev.wake.unpark();
+        }
+    })
+}
+
+fn launch_kind(
+    instr: &Arc<Instruction>,
+    kind: Kind,
+    inputs: &Operands,
+    outputs: &Operands,
+) -> Result<Outcome, Failure> {
+    let st = &instr.stream;
+    let dev = &st.dev;
+    let stream: &dyn DeviceStream = &*dev.stream;
+    let err = |e: crate::Error| failure(instr, e.to_string());
+    let data = matches!(
+        kind,
+        Kind::Kernel(_)
+            | Kind::Read(_)
+            | Kind::Write(_)
+            | Kind::SmallRead { .. }
+            | Kind::SmallWrite { .. }
+            | Kind::Copy { .. }
+    );
+    if data {
+        // A pending sticky failure poisons what is launched now; an instruction whose
+        // completion the host observes reports it (and clears it).
+        let host_observed = instr.waiter.is_some() || !st.policy.done_at_launch();
+        let f = if host_observed {
+            dev.sticky.take()
+        } else {
+            dev.sticky.get()
+        };
+        if let Some(f) = f {
+            return Err(f);
+        }
+    }
+    match kind {
+        Kind::Noop => {}
+        Kind::Barrier(f) => f(),
+        Kind::Kernel(f) if dev.mode == KernelMode::Launcher => {
+            let ins = inputs.as_slice();
+            let outs = outputs.as_slice();
+            if let Some(p) = first_poison(ins.iter().chain(outs)) {
+                return Err(p);
+            }
+            let mut ctx = KernelCtx {
+                inputs: ins,
+                outputs: outs,
+                stream: Some(stream),
+            };
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(&mut ctx))) {
+                let message = panic_message(&*payload);
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+                return Err(Failure {
+                    instruction: instr.label().into(),
+                    message: message.into(),
+                    panicked: true,
+                });
+            }
+        }
+        Kind::Kernel(f) => queue(instr, inputs, outputs, Queued::Kernel(f)).map_err(err)?,
+        Kind::Read(f) => queue(instr, inputs, outputs, Queued::Read(f)).map_err(err)?,
+        Kind::Write(f) => queue(instr, inputs, outputs, Queued::Write(f)).map_err(err)?,
+        Kind::SmallRead { offset, len } => {
+            let src = &inputs.as_slice()[0].mem;
+            let pinned = stream.pinned_buffer().clone();
+            // SAFETY: the engine orders this read after the tensor's last writer (and soft
+            // sync after its device work); the pinned buffer is touched only in this
+            // stream's order (the finisher below reads it).
+            unsafe { stream.copy(src, offset, &pinned, 0, len) }.map_err(err)?;
+            let i = instr.clone();
+            stream
+                .launch_host(Box::new(move || {
+                    let p = pinned_bytes(&pinned);
+                    // SAFETY: stream order: the copy above completed and nothing else
+                    // touches the pinned buffer now; the finisher owns `small`.
+                    i.small.with_mut(|s| unsafe {
+                        std::ptr::copy_nonoverlapping(p, (*s).as_mut_ptr(), len)
+                    });
+                }))
+                .map_err(err)?;
+        }
+        Kind::SmallWrite { offset, len } => {
+            let dst = &outputs.as_slice()[0].mem;
+            let pinned = stream.pinned_buffer().clone();
+            let (i, p2) = (instr.clone(), pinned.clone());
+            stream
+                .launch_host(Box::new(move || {
+                    let p = pinned_bytes(&p2);
+                    // SAFETY: stream order: nothing else touches the pinned buffer now;
+                    // `small` was filled by the caller before the instruction was received
+                    // and nobody writes it meanwhile.
+                    i.small.with(|s| unsafe {
+                        std::ptr::copy_nonoverlapping((*s).as_ptr(), p, len)
+                    });
+                }))
+                .map_err(err)?;
+            // SAFETY: the engine orders this write after every earlier access of the
+            // tensor (and soft sync after their device work); pinned buffer: stream order.
+            unsafe { stream.copy(&pinned, 0, dst, offset, len) }.map_err(err)?;
+        }
+        Kind::Copy {
+            src_offset,
+            dst_offset,
+            len,
+        } => {
+            let src = &inputs.as_slice()[0];
+            let dst = &outputs.as_slice()[0];
+            // SAFETY: the engine orders this copy after the source's last writer and after
+            // every earlier access of the destination (soft sync: after their device work).
+            unsafe { stream.copy(&src.mem, src_offset, &dst.mem, dst_offset, len) }
+                .map_err(err)?;
+            if st.policy.done_at_launch() {
+                // Nobody observes this copy's completion: carry poison in stream order.
+                let (s2, d2, st2) = (src.clone(), dst.clone(), st.clone());
+                stream
+                    .launch_host(Box::new(move || {
+                        if let Some(f) = st2.dev.sticky.get().or_else(|| first_poison([&s2])) {
+                            d2.set_poison(&f);
+                        }
+                    }))
+                    .map_err(err)?;
+            }
+        }
+        Kind::Free => {
+            if let Some(b) = outputs.as_slice().first() {
+                dev.allocator.free_on(&b.mem, stream).map_err(err)?;
+            }
+        }
+        Kind::StreamWait { from } => {
+            let ev = from.dev.stream.record_event().map_err(err)?;
+            stream.wait_event(&*ev).map_err(err)?;
+            return Ok(Outcome::AtLaunch);
+        }
+        Kind::RecordEvent { slot } => {
+            let ev = stream.record_event().map_err(err)?;
+            return Ok(match slot {
+                Some(slot) => {
+                    let _ = slot.set(ev);
+                    Outcome::AtLaunch
+                }
+                None => Outcome::OnEvent(ev),
+            });
+        }
+        Kind::WaitEvent { slot } => {
+            let ev = slot
+                .get()
+                .ok_or_else(|| failure(instr, "soft sync: no event was recorded to wait for"))?;
+            stream.wait_event(&**ev).map_err(err)?;
+            return Ok(Outcome::AtLaunch);
+        }
+    }
+    if st.policy.done_at_launch() {
+        Ok(Outcome::AtLaunch)
+    } else {
+        Ok(Outcome::OnEvent(stream.record_event().map_err(err)?))
+    }
+}
+
+fn pinned_bytes(pinned: &Arc<dyn DeviceMemory>) -> *mut u8 {
+    pinned
+        .host_ptr()
+        .expect("ivm: a stream's pinned buffer must be host memory")
+        .as_ptr()
+}
+
+/// Queues `work` on `instr`'s device stream. It runs in stream order: refuses to run
+/// (poisoning its outputs) after a sticky failure of the stream or on poisoned operands,
+/// brackets its memory accesses with `begin_access`/`end_access`, and on a panic sets the
+/// stream's sticky failure and poisons its outputs.
+fn queue(
+    instr: &Instruction,
+    inputs: &Operands,
+    outputs: &Operands,
+    work: Queued,
+) -> crate::Result<()> {
+    let st: Arc<StreamShared> = instr.stream.clone();
+    let (name, id) = (instr.name, instr.id);
+    let (ins, outs) = (inputs.clone(), outputs.clone());
+    let f: HostFn = Box::new(move || {
+        let (ins, outs) = (ins.as_slice(), outs.as_slice());
+        let fail = |message: String, panicked: bool| Failure {
+            instruction: format!("{name}#{id}").into(),
+            message: message.into(),
+            panicked,
+        };
+        if let Some(f) = st.dev.sticky.get().or_else(|| first_poison(ins.iter().chain(outs))) {
+            poison_all(outs, &f);
+            return;
+        }
+        let all: Vec<&Arc<Blob>> = ins.iter().chain(outs).collect();
+        for (k, b) in all.iter().enumerate() {
+            if let Err(e) = b.mem.begin_access() {
+                for b in &all[..k] {
+                    b.mem.end_access();
+                }
+                let f = fail(e.to_string(), false);
+                st.dev.sticky.set(&f);
+                poison_all(outs, &f);
+                return;
+            }
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| match work {
+            Queued::Kernel(k) => k(&mut KernelCtx {
+                inputs: ins,
+                outputs: outs,
+                stream: None,
+            }),
+            // SAFETY: stream order plus the engine order give this callback the input
+            // (no concurrent writer); the builder always gives it its operand.
+            Queued::Read(cb) => cb(unsafe { ins[0].bytes() }),
+            // SAFETY: as above, exclusive access to the output.
+            Queued::Write(cb) => cb(unsafe { outs[0].bytes_mut() }),
+        }));
+        for b in &all {
+            b.mem.end_access();
+        }
+        if let Err(payload) = r {
+            let message = panic_message(&*payload);
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            let f = fail(message, true);
+            st.dev.sticky.set(&f);
+            poison_all(outs, &f);
+        }
+    });
+    instr.stream.dev.stream.launch_host(f)
+}

@@ -1,0 +1,794 @@
+//! The actors of a running graph, their threads, and the register protocol between them.
+//!
+//! Every actor has one counter, `done`: the iterations it has finished. For an edge
+//! `P → C`, `P.done − C.done` is the number of P's tokens C has not consumed yet. C fires
+//! iteration `i = C.done` once every predecessor has `done > i`, and P fires iteration
+//! `j = P.done` once every successor has `j − done < depth`. A produced blob has `depth`
+//! register slots; iteration `i` uses slot `i % depth`. So when P writes slot `j % depth`,
+//! every consumer has finished iteration `j − depth`, the last user of that slot, and
+//! when C reads slot `i % depth`, P has finished writing it:
+//!
+//! * P writes the slot, then stores `done` with Release; C loads it with Acquire before
+//!   reading (publishes the blob and the per-slot failure);
+//! * C finishes reading, then stores its `done` with Release; P loads it with Acquire
+//!   before overwriting the slot (orders C's reads before P's writes).
+//!
+//! Each actor's `done` is written only by the thread that runs the actor.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use ivm_core::notifier::Notifier;
+use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
+
+use super::{GraphBuilder, GraphCtx, GraphEvent, KernelBody, Phase, TraceFn, describe};
+use crate::error::{Error, Result};
+use crate::futex::FutexWait;
+use crate::lazy::{CriticalSectionInstance, JobInstance, LazyGraph, TryPop};
+use crate::shared::lock;
+
+/// A graph blob: `depth` register slots if an actor produces it, one (zero, read-only)
+/// slot otherwise.
+struct GBlob {
+    nbytes: usize,
+    slots: Box<[UnsafeCell<Box<[u64]>>]>,
+}
+
+// SAFETY: a slot is written only by the blob's producer actor while no consumer reads it,
+// and read by consumers only after the producer published it (the register protocol in
+// the module docs; each hand-over is a Release/Acquire pair on an actor's `done`).
+unsafe impl Sync for GBlob {}
+
+impl GBlob {
+    fn new(nbytes: usize, slots: usize) -> Self {
+        let words = nbytes.div_ceil(8);
+        Self {
+            nbytes,
+            slots: (0..slots)
+                .map(|_| UnsafeCell::new(vec![0u64; words].into_boxed_slice()))
+                .collect(),
+        }
+    }
+
+    fn slot_index(&self, iteration: usize) -> usize {
+        iteration % self.slots.len()
+    }
+
+    /// The slot of `iteration`.
+    ///
+    /// # Safety
+    /// The caller is a consumer firing `iteration` (its producer published the slot and
+    /// cannot overwrite it before the caller's `done` moves past `iteration`), or a
+    /// constant blob; the slice does not outlive the firing.
+    unsafe fn read(&self, iteration: usize) -> &[u8] {
+        let nbytes = self.nbytes;
+        // SAFETY: by the caller's contract no write to this slot runs concurrently; the
+        // box holds at least `nbytes` initialised bytes.
+        self.slots[self.slot_index(iteration)].with(|p| unsafe {
+            std::slice::from_raw_parts((*p).as_ptr().cast::<u8>(), nbytes)
+        })
+    }
+
+    /// The slot of `iteration`, mutably.
+    ///
+    /// # Safety
+    /// The caller is the blob's producer firing `iteration` (every consumer finished the
+    /// slot's previous iteration); the slice does not outlive the firing and is the only
+    /// one.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn write(&self, iteration: usize) -> &mut [u8] {
+        let nbytes = self.nbytes;
+        // SAFETY: by the caller's contract this is the only access to the slot.
+        self.slots[self.slot_index(iteration)].with_mut(|p| unsafe {
+            std::slice::from_raw_parts_mut((*p).as_mut_ptr().cast::<u8>(), nbytes)
+        })
+    }
+}
+
+/// The part of an actor every thread sees.
+struct ActorShared {
+    name: Arc<str>,
+    thread: usize,
+    preds: Vec<usize>,
+    succs: Vec<usize>,
+    /// Iterations finished (written by the actor's thread only).
+    done: AtomicUsize,
+    /// Per register slot: the failure of the iteration using it, as seen by this actor.
+    failures: Box<[Mutex<Option<Error>>]>,
+    /// Position among parameter kernels.
+    param: Option<usize>,
+}
+
+/// The part of an actor its thread owns.
+enum Local {
+    SourceTick,
+    Wait {
+        held: Vec<Arc<CriticalSectionInstance>>,
+    },
+    Input {
+        op: usize,
+        blob: usize,
+    },
+    Output {
+        op: usize,
+        blob: usize,
+    },
+    Compute {
+        reads: Vec<usize>,
+        writes: Vec<usize>,
+        body: KernelBody,
+    },
+    Callback {
+        held: Vec<Arc<CriticalSectionInstance>>,
+    },
+    Notifier,
+}
+
+struct LocalActor {
+    id: usize,
+    kind: Local,
+}
+
+pub(crate) struct Shared {
+    job: Arc<str>,
+    lazy: LazyGraph,
+    depth: usize,
+    blobs: Vec<GBlob>,
+    actors: Vec<ActorShared>,
+    notifiers: Vec<Arc<Notifier<FutexWait>>>,
+    param_kernels: usize,
+    /// `iteration * param_kernels + position` of the parameter kernel whose turn it is.
+    param_turn: AtomicUsize,
+    /// Job instances of started iterations, oldest first (source tick pushes, callback
+    /// notifier pops).
+    jobs: Mutex<VecDeque<(usize, Arc<JobInstance>)>>,
+    stop: AtomicBool,
+    trace: Option<TraceFn>,
+}
+
+/// A running graph: its actors' threads and its [`LazyGraph`]. Launch it with
+/// [`InstructionsBuilder::launch_lazy_job`](crate::InstructionsBuilder::launch_lazy_job)
+/// passing [`Graph::lazy`]. See the [module docs](super).
+pub struct Graph {
+    shared: Arc<Shared>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("job", &self.shared.job)
+            .field("actors", &self.shared.actors.len())
+            .field("threads", &self.shared.notifiers.len())
+            .field("iterations_done", &self.iterations_done())
+            .finish()
+    }
+}
+
+impl Graph {
+    /// The description the VM launches.
+    pub fn lazy(&self) -> &LazyGraph {
+        &self.shared.lazy
+    }
+
+    /// The job name.
+    pub fn job_name(&self) -> &str {
+        &self.shared.job
+    }
+
+    /// Number of actor threads.
+    pub fn num_threads(&self) -> usize {
+        self.shared.notifiers.len()
+    }
+
+    /// Iterations whose callback notifier has run (finished runs, failed or not).
+    pub fn iterations_done(&self) -> u64 {
+        let last = self
+            .shared
+            .actors
+            .last()
+            .expect("a graph has at least its protocol actors");
+        // Acquire: a caller that sees n finished runs sees their effects.
+        last.done.load(Ordering::Acquire) as u64
+    }
+
+    /// The names of the actors, with the thread each runs on.
+    pub fn actors(&self) -> Vec<(String, usize)> {
+        self.shared
+            .actors
+            .iter()
+            .map(|a| (a.name.to_string(), a.thread))
+            .collect()
+    }
+
+    /// Stops the graph: closes its buffers, lets each thread finish the kernel it is
+    /// running, joins the threads, and fails every unfinished run with
+    /// [`Error::GraphClosed`]. Idempotent; also run on drop.
+    pub fn shutdown(&self) {
+        let s = &self.shared;
+        // Release: a thread that sees `stop` exits after its current firing.
+        s.stop.store(true, Ordering::Release);
+        s.lazy.close();
+        for n in &s.notifiers {
+            n.close();
+        }
+        let handles = std::mem::take(&mut *lock(&self.handles));
+        for h in handles {
+            if h.thread().id() == std::thread::current().id() {
+                // Dropped from one of its own kernels: the thread exits by itself.
+                continue;
+            }
+            let _ = h.join();
+        }
+        let jobs = std::mem::take(&mut *lock(&s.jobs));
+        for (_, job) in jobs {
+            job.finish(Err(Error::GraphClosed {
+                job: s.job.to_string(),
+            }));
+        }
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn dedup(v: &mut Vec<usize>) {
+    v.sort_unstable();
+    v.dedup();
+}
+
+/// Checks `b`, lays out the actors and starts the threads.
+pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
+    let lazy = describe(&b)?;
+    let nblobs = b.blobs.len();
+    let nthreads = b.threads.max(2);
+    // Producer of each blob: actor index, filled below.
+    let mut producer: Vec<Option<usize>> = vec![None; nblobs];
+    let check_blob = |b: &GraphBuilder, x: usize, what: &str| -> Result<()> {
+        if x >= nblobs {
+            return Err(b.invalid(format!("{what}: unknown blob #{x}")));
+        }
+        Ok(())
+    };
+
+    // Actor layout: 0 source tick, 1 wait, inputs, kernels, outputs, callback, notifier.
+    const SOURCE: usize = 0;
+    const WAIT: usize = 1;
+    let mut names: Vec<Arc<str>> = vec!["source-tick".into(), "wait".into()];
+    let mut threads: Vec<usize> = vec![0, 0];
+    let mut preds: Vec<Vec<usize>> = vec![vec![], vec![SOURCE]];
+    let mut locals: Vec<Local> = vec![Local::SourceTick, Local::Wait { held: Vec::new() }];
+    let mut interface_actors = Vec::new();
+
+    for (op, i) in b.inputs.iter().enumerate() {
+        check_blob(&b, i.blob, &format!("input `{}`", i.name))?;
+        if !i.valid {
+            continue;
+        }
+        let id = names.len();
+        producer[i.blob] = Some(id);
+        names.push(format!("input/{}", i.name).into());
+        threads.push(0);
+        preds.push(vec![WAIT]);
+        locals.push(Local::Input { op, blob: i.blob });
+        interface_actors.push(id);
+    }
+    let invalid_input_blobs: Vec<usize> = b
+        .inputs
+        .iter()
+        .filter(|i| !i.valid)
+        .map(|i| i.blob)
+        .collect();
+
+    let mut kernel_actors = Vec::new();
+    let mut param_kernels = 0;
+    let mut param_of: Vec<Option<usize>> = vec![None, None];
+    param_of.resize(names.len(), None);
+    let kernels = std::mem::take(&mut b.kernels);
+    let mut rr = 0;
+    for k in kernels {
+        let id = names.len();
+        let what = format!("kernel `{}`", k.name);
+        let mut p = Vec::new();
+        for &r in &k.reads {
+            check_blob(&b, r, &what)?;
+            match producer[r] {
+                Some(a) => p.push(a),
+                None if invalid_input_blobs.contains(&r) => {}
+                None => {
+                    return Err(b.invalid(format!(
+                        "{what} reads blob `{}`, which no earlier kernel or input writes",
+                        b.blobs[r].name
+                    )));
+                }
+            }
+        }
+        for (n, &w) in k.writes.iter().enumerate() {
+            check_blob(&b, w, &what)?;
+            if k.reads.contains(&w) || k.writes[..n].contains(&w) {
+                return Err(b.invalid(format!(
+                    "{what} writes blob `{}` twice or also reads it",
+                    b.blobs[w].name
+                )));
+            }
+            if producer[w].is_some() || invalid_input_blobs.contains(&w) {
+                return Err(b.invalid(format!(
+                    "{what} writes blob `{}`, which is already written elsewhere",
+                    b.blobs[w].name
+                )));
+            }
+            producer[w] = Some(id);
+        }
+        if p.is_empty() {
+            p.push(WAIT);
+        }
+        dedup(&mut p);
+        let thread = match k.thread {
+            Some(t) if (1..nthreads).contains(&t) => t,
+            Some(t) => {
+                return Err(b.invalid(format!(
+                    "{what} on thread {t}: kernels run on threads 1..{nthreads}"
+                )));
+            }
+            None => {
+                let t = 1 + rr % (nthreads - 1);
+                rr += 1;
+                t
+            }
+        };
+        names.push(k.name.clone());
+        threads.push(thread);
+        preds.push(p);
+        param_of.push(k.params.then(|| {
+            param_kernels += 1;
+            param_kernels - 1
+        }));
+        locals.push(Local::Compute {
+            reads: k.reads,
+            writes: k.writes,
+            body: k.body,
+        });
+        kernel_actors.push(id);
+    }
+
+    for (op, o) in b.outputs.iter().enumerate() {
+        check_blob(&b, o.blob, &format!("output `{}`", o.name))?;
+        if !o.valid {
+            continue;
+        }
+        if producer[o.blob].is_none() && !invalid_input_blobs.contains(&o.blob) {
+            return Err(b.invalid(format!(
+                "output `{}` copies blob `{}`, which nothing writes",
+                o.name, b.blobs[o.blob].name
+            )));
+        }
+        let id = names.len();
+        let mut p = vec![WAIT];
+        p.extend(producer[o.blob]);
+        dedup(&mut p);
+        names.push(format!("output/{}", o.name).into());
+        threads.push(0);
+        preds.push(p);
+        param_of.push(None);
+        locals.push(Local::Output { op, blob: o.blob });
+        interface_actors.push(id);
+    }
+
+    let callback = names.len();
+    names.push("callback".into());
+    threads.push(0);
+    preds.push(if interface_actors.is_empty() {
+        vec![WAIT]
+    } else {
+        interface_actors.clone()
+    });
+    param_of.push(None);
+    locals.push(Local::Callback { held: Vec::new() });
+
+    // Successors, then the notifier after the callback and every sink.
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); names.len()];
+    for (a, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            succs[p].push(a);
+        }
+    }
+    let notifier = names.len();
+    let mut np = vec![callback];
+    np.extend(kernel_actors.iter().copied().filter(|&k| succs[k].is_empty()));
+    for &p in &np {
+        succs[p].push(notifier);
+    }
+    names.push("callback-notifier".into());
+    threads.push(0);
+    preds.push(np);
+    param_of.push(None);
+    succs.push(Vec::new());
+    locals.push(Local::Notifier);
+    param_of.resize(names.len(), None);
+
+    let depth = b.depth.max(1);
+    let blobs = b
+        .blobs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| GBlob::new(d.nbytes, if producer[i].is_some() { depth } else { 1 }))
+        .collect();
+    let actors: Vec<ActorShared> = names
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| ActorShared {
+            name,
+            thread: threads[i],
+            preds: std::mem::take(&mut preds[i]),
+            succs: std::mem::take(&mut succs[i]),
+            done: AtomicUsize::new(0),
+            failures: (0..depth).map(|_| Mutex::new(None)).collect(),
+            param: param_of[i],
+        })
+        .collect();
+    let notifiers: Vec<Arc<Notifier<FutexWait>>> =
+        (0..nthreads).map(|_| Arc::new(Notifier::new())).collect();
+
+    // Buffers wake the thread of the actor that pops them.
+    let bufs = lazy.buffers();
+    let wake = |t: usize| {
+        let n = notifiers[t].clone();
+        move || {
+            let _ = n.notify();
+        }
+    };
+    bufs.source_tick.set_listener(wake(actors[SOURCE].thread));
+    bufs.wait.set_listener(wake(actors[WAIT].thread));
+    bufs.callback.set_listener(wake(actors[callback].thread));
+    bufs.callback_notifier
+        .set_listener(wake(actors[notifier].thread));
+    for (a, l) in locals.iter().enumerate() {
+        match l {
+            Local::Input { op, .. } => {
+                if let Some(buf) = &bufs.inputs[*op] {
+                    buf.set_listener(wake(actors[a].thread));
+                }
+            }
+            Local::Output { op, .. } => {
+                if let Some(buf) = &bufs.outputs[*op] {
+                    buf.set_listener(wake(actors[a].thread));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    let shared = Arc::new(Shared {
+        job: b.job.clone().into(),
+        lazy,
+        depth,
+        blobs,
+        actors,
+        notifiers,
+        param_kernels,
+        param_turn: AtomicUsize::new(0),
+        jobs: Mutex::new(VecDeque::new()),
+        stop: AtomicBool::new(false),
+        trace: b.trace.take(),
+    });
+
+    let mut per_thread: Vec<Vec<LocalActor>> = (0..nthreads).map(|_| Vec::new()).collect();
+    for (id, kind) in locals.into_iter().enumerate() {
+        per_thread[shared.actors[id].thread].push(LocalActor { id, kind });
+    }
+    let graph = Graph {
+        shared: shared.clone(),
+        handles: Mutex::new(Vec::new()),
+    };
+    for (t, actors) in per_thread.into_iter().enumerate() {
+        let s = shared.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("graph-{}-t{t}", shared.job))
+            .spawn(move || thread_loop(&s, t, actors))
+            .map_err(|e| Error::Spawn(e.to_string()))?;
+        lock(&graph.handles).push(h);
+    }
+    Ok(graph)
+}
+
+fn thread_loop(s: &Shared, t: usize, mut actors: Vec<LocalActor>) {
+    let notifier = &s.notifiers[t];
+    loop {
+        // Acquire: pairs with `shutdown`'s Release store.
+        if s.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let mut any = false;
+        for a in actors.iter_mut() {
+            if try_fire(s, a) {
+                any = true;
+            }
+        }
+        if any {
+            continue;
+        }
+        // Whatever makes one of our actors ready afterwards notifies us; a notification
+        // that arrived during the scan is still pending, so this returns at once.
+        if notifier.wait_and_clear().is_err() {
+            break;
+        }
+    }
+    // Held critical-section instances drop here: unfinished ones fail their records.
+    drop(actors);
+}
+
+impl Shared {
+    fn notify(&self, actor: usize) {
+        let _ = self.notifiers[self.actors[actor].thread].notify();
+    }
+
+    fn trace(&self, actor: usize, iteration: usize, phase: Phase, failed: bool) {
+        if let Some(f) = &self.trace {
+            let ev = GraphEvent {
+                actor: self.actors[actor].name.clone(),
+                iteration: iteration as u64,
+                phase,
+                failed,
+            };
+            let _ = catch_unwind(AssertUnwindSafe(|| f(&ev)));
+        }
+    }
+
+    fn failure_name(&self, actor: usize) -> String {
+        format!("graph `{}` kernel `{}`", self.job, self.actors[actor].name)
+    }
+}
+
+/// Pops one item of `buf` into `held` until it holds `n`; whether it does.
+fn fill(
+    buf: &crate::lazy::Buffer<Arc<CriticalSectionInstance>>,
+    held: &mut Vec<Arc<CriticalSectionInstance>>,
+    n: usize,
+) -> bool {
+    while held.len() < n {
+        match buf.try_pop() {
+            TryPop::Item(x) => held.push(x),
+            TryPop::Empty | TryPop::Closed => return false,
+        }
+    }
+    true
+}
+
+/// Fires actor `a` once if it is ready. Returns whether it fired.
+fn try_fire(s: &Shared, a: &mut LocalActor) -> bool {
+    let me = &s.actors[a.id];
+    // Relaxed: only this thread writes our own counter.
+    let it = me.done.load(Ordering::Relaxed);
+    for &p in &me.preds {
+        // Acquire: pairs with the predecessor's Release store of `done`; publishes the
+        // slot of iteration `it` and its failure.
+        if s.actors[p].done.load(Ordering::Acquire).wrapping_sub(it) == 0 {
+            return false;
+        }
+    }
+    for &c in &me.succs {
+        // Acquire: pairs with the successor's Release store of `done`; its reads of the
+        // slot we are about to overwrite happened before.
+        if it.wrapping_sub(s.actors[c].done.load(Ordering::Acquire)) >= s.depth {
+            return false;
+        }
+    }
+    if let Some(p) = me.param {
+        let turn = it.wrapping_mul(s.param_kernels).wrapping_add(p);
+        // Acquire: pairs with the previous parameter kernel's Release increment; its
+        // parameter accesses happened before ours.
+        if s.param_turn.load(Ordering::Acquire) != turn {
+            return false;
+        }
+    }
+    let bufs = s.lazy.buffers();
+    // External input, taken only once everything else is ready (so a popped item is
+    // always used at once).
+    let mut job: Option<Arc<JobInstance>> = None;
+    let mut cs: Option<Arc<CriticalSectionInstance>> = None;
+    let ready = match &mut a.kind {
+        Local::SourceTick => match bufs.source_tick.try_pop() {
+            TryPop::Item(j) => {
+                job = Some(j);
+                true
+            }
+            _ => false,
+        },
+        Local::Notifier => match bufs.callback_notifier.try_pop() {
+            TryPop::Item(j) => {
+                job = Some(j);
+                true
+            }
+            _ => false,
+        },
+        Local::Wait { held } => fill(&bufs.wait, held, 2),
+        Local::Callback { held } => fill(&bufs.callback, held, 2),
+        Local::Input { op, .. } => match bufs.inputs[*op].as_ref().map(|b| b.try_pop()) {
+            Some(TryPop::Item(x)) => {
+                cs = Some(x);
+                true
+            }
+            _ => false,
+        },
+        Local::Output { op, .. } => match bufs.outputs[*op].as_ref().map(|b| b.try_pop()) {
+            Some(TryPop::Item(x)) => {
+                cs = Some(x);
+                true
+            }
+            _ => false,
+        },
+        Local::Compute { .. } => true,
+    };
+    if !ready {
+        return false;
+    }
+
+    let slot = it % s.depth;
+    let upstream: Option<Error> = me
+        .preds
+        .iter()
+        .find_map(|&p| lock(&s.actors[p].failures[slot]).clone());
+    s.trace(a.id, it, Phase::Start, upstream.is_some());
+    let result: Option<Error> = match &mut a.kind {
+        Local::SourceTick => {
+            let j = job.take().expect("source tick fired with a job instance");
+            lock(&s.jobs).push_back((it, j));
+            None
+        }
+        Local::Wait { held } => {
+            held.clear();
+            upstream
+        }
+        Local::Input { op, blob } => {
+            let cs = cs.take().expect("input kernel fired with an instance");
+            match upstream {
+                Some(e) => {
+                    cs.fail_op(*op, e.clone());
+                    Some(e)
+                }
+                None => {
+                    // SAFETY: we produce this blob and fire iteration `it`; every consumer
+                    // finished iteration `it - depth` (checked above).
+                    let dst = unsafe { s.blobs[*blob].write(it) };
+                    cs.copy_input(*op, dst).err()
+                }
+            }
+        }
+        Local::Output { op, blob } => {
+            let cs = cs.take().expect("output kernel fired with an instance");
+            match upstream {
+                Some(e) => {
+                    cs.fail_op(*op, e.clone());
+                    Some(e)
+                }
+                None => {
+                    // SAFETY: the producer of this blob published iteration `it` (checked
+                    // above) and cannot overwrite it before our `done` moves on.
+                    let src = unsafe { s.blobs[*blob].read(it) };
+                    cs.copy_output(*op, src).err()
+                }
+            }
+        }
+        Local::Compute {
+            reads,
+            writes,
+            body,
+        } => match upstream {
+            Some(e) => Some(e),
+            None => run_kernel(s, a.id, it, reads, writes, body),
+        },
+        Local::Callback { held } => {
+            for cs in held.drain(..) {
+                match &upstream {
+                    Some(e) => cs.finish_with_error(e),
+                    None => cs.finish(),
+                }
+            }
+            upstream
+        }
+        Local::Notifier => {
+            let j = job.take().expect("notifier fired with a job instance");
+            let started = lock(&s.jobs).pop_front();
+            debug_assert!(
+                started
+                    .as_ref()
+                    .is_some_and(|(i, sj)| *i == it && Arc::ptr_eq(sj, &j)),
+                "ivm graph: callback notifier out of step with the source tick"
+            );
+            drop(started);
+            j.finish(match &upstream {
+                Some(e) => Err(e.clone()),
+                None => Ok(()),
+            });
+            upstream
+        }
+    };
+    let failed = result.is_some();
+    *lock(&me.failures[slot]) = result;
+    s.trace(a.id, it, Phase::End, failed);
+    if me.param.is_some() {
+        // Release: publishes our parameter accesses to the next parameter kernel.
+        s.param_turn.fetch_add(1, Ordering::Release);
+    }
+    // Release: publishes the slot we wrote, our failure entry, and (to producers) that we
+    // are done reading their slots of iteration `it`.
+    me.done.store(it.wrapping_add(1), Ordering::Release);
+    for &p in &me.preds {
+        s.notify(p);
+    }
+    for &c in &me.succs {
+        s.notify(c);
+    }
+    if me.param.is_some() && s.param_kernels > 0 {
+        let next = (me.param.unwrap_or(0) + 1) % s.param_kernels;
+        if let Some(n) = s.actors.iter().position(|x| x.param == Some(next)) {
+            s.notify(n);
+        }
+    }
+    true
+}
+
+/// Runs a compute kernel's body for iteration `it`; its failure, if it panicked.
+fn run_kernel(
+    s: &Shared,
+    id: usize,
+    it: usize,
+    reads: &[usize],
+    writes: &[usize],
+    body: &mut KernelBody,
+) -> Option<Error> {
+    let me = &s.actors[id];
+    let job = if me.param.is_some() {
+        lock(&s.jobs)
+            .iter()
+            .find(|(i, _)| *i == it)
+            .map(|(_, j)| j.clone())
+    } else {
+        None
+    };
+    let ins: Vec<&[u8]> = reads
+        .iter()
+        // SAFETY: each read blob's producer published iteration `it` (or it is a
+        // constant); nobody overwrites it before our `done` moves on.
+        .map(|&r| unsafe { s.blobs[r].read(it) })
+        .collect();
+    let outs: Vec<&mut [u8]> = writes
+        .iter()
+        // SAFETY: we produce these (distinct) blobs and fire iteration `it`; every
+        // consumer finished the slot's previous iteration.
+        .map(|&w| unsafe { s.blobs[w].write(it) })
+        .collect();
+    let mut ctx = GraphCtx {
+        kernel: &me.name,
+        iteration: it as u64,
+        reads: ins,
+        writes: outs,
+        job: job.as_deref(),
+    };
+    match catch_unwind(AssertUnwindSafe(|| body(&mut ctx))) {
+        Ok(()) => None,
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            Some(Error::KernelPanicked {
+                instruction: s.failure_name(id),
+                message,
+            })
+        }
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

@@ -1,0 +1,354 @@
+//! What the VM hands a graph runtime per run: critical-section instances (one for the
+//! inputs, one for the outputs) and a job instance.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::error::Error;
+use crate::lazy::record::{EndEvent, SharedEventRecord};
+use crate::shared::lock;
+use crate::tensor::Blob;
+
+/// Which side of a run a [`CriticalSectionInstance`] covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CsKind {
+    /// The run's inputs: the graph copies eager tensors into its blobs.
+    Input,
+    /// The run's outputs: the graph copies its blobs into eager tensors.
+    Output,
+}
+
+/// One interface op of a critical section.
+pub(crate) struct CsOp {
+    pub(crate) name: Arc<str>,
+    pub(crate) blob: Arc<Blob>,
+    pub(crate) record: Arc<SharedEventRecord>,
+}
+
+/// One run's critical section over its input (or output) tensors, published by a
+/// critical-section begin instruction into the job's buffers: one entry per valid
+/// interface op, plus the wait and callback buffers.
+///
+/// Between its begin instruction and the end instruction of an op, the graph runtime may
+/// access that op's eager tensor: the VM holds every conflicting eager instruction back
+/// until the op's end record is done. [`copy_input`](Self::copy_input) /
+/// [`copy_output`](Self::copy_output) do the copy and initialise the op's record in one
+/// step, so no copy can start after the record was set. [`finish`](Self::finish)
+/// initialises whatever is still empty. Dropped unfinished, it fails every empty record
+/// with [`Error::GraphClosed`], so no end instruction waits forever.
+pub struct CriticalSectionInstance {
+    kind: CsKind,
+    job: Arc<str>,
+    ops: Box<[CsOp]>,
+}
+
+impl fmt::Debug for CriticalSectionInstance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CriticalSectionInstance")
+            .field("kind", &self.kind)
+            .field("job", &self.job)
+            .field(
+                "ops",
+                &self.ops.iter().map(|o| &*o.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl CriticalSectionInstance {
+    pub(crate) fn new(kind: CsKind, job: Arc<str>, ops: Vec<CsOp>) -> Self {
+        Self {
+            kind,
+            job,
+            ops: ops.into_boxed_slice(),
+        }
+    }
+
+    /// Inputs or outputs.
+    pub fn kind(&self) -> CsKind {
+        self.kind
+    }
+
+    /// The job name.
+    pub fn job_name(&self) -> &str {
+        &self.job
+    }
+
+    /// Number of interface ops (valid or not), in the graph's declaration order.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether the graph declares no interface op on this side.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The name of interface op `i`.
+    pub fn op_name(&self, i: usize) -> &str {
+        &self.ops[i].name
+    }
+
+    /// Bytes of the eager tensor of op `i`.
+    pub fn nbytes(&self, i: usize) -> usize {
+        self.ops[i].blob.nbytes
+    }
+
+    /// The end record of op `i`.
+    pub fn record(&self, i: usize) -> &Arc<SharedEventRecord> {
+        &self.ops[i].record
+    }
+
+    fn size_error(&self, i: usize, expected: usize) -> Error {
+        Error::InterfaceSizeMismatch {
+            job: self.job.to_string(),
+            name: self.ops[i].name.to_string(),
+            expected,
+            got: self.ops[i].blob.nbytes,
+        }
+    }
+
+    fn device_only(&self, i: usize) -> Error {
+        Error::InvalidGraph {
+            job: self.job.to_string(),
+            message: format!(
+                "interface op `{}`: the eager tensor's memory is not host-accessible \
+                 (device-only memory is not supported by host copies)",
+                self.ops[i].name
+            ),
+        }
+    }
+
+    fn already(&self, i: usize) -> Error {
+        Error::InvalidGraph {
+            job: self.job.to_string(),
+            message: format!(
+                "interface op `{}`: its end record was already initialised",
+                self.ops[i].name
+            ),
+        }
+    }
+
+    /// Copies the eager input tensor of op `i` into `dst` and initialises the op's end
+    /// record (done at once: the copy is synchronous). A tensor without memory (0 bytes)
+    /// copies nothing and gets a done event.
+    ///
+    /// # Errors
+    /// Not an input instance, `dst` of another size than the tensor
+    /// ([`Error::InterfaceSizeMismatch`]; the record then fails with it), a poisoned
+    /// tensor ([`Error::Poisoned`]; likewise), or the record was already initialised.
+    pub fn copy_input(&self, i: usize, dst: &mut [u8]) -> Result<(), Error> {
+        self.copy(i, CsKind::Input, dst.len(), |src| {
+            dst.copy_from_slice(src);
+        })
+    }
+
+    /// Copies `src` into the eager output tensor of op `i` and initialises the op's end
+    /// record (done at once). A tensor without memory gets a done event.
+    ///
+    /// # Errors
+    /// As [`copy_input`](Self::copy_input), for an output instance.
+    pub fn copy_output(&self, i: usize, src: &[u8]) -> Result<(), Error> {
+        let op = &self.ops[i];
+        let mut res = Ok(());
+        let ran = op.record.init_with(|| {
+            if self.kind != CsKind::Output {
+                res = Err(self.wrong_kind());
+                return EndEvent::Failed(self.wrong_kind());
+            }
+            if op.blob.nbytes == 0 {
+                return EndEvent::Done;
+            }
+            if op.blob.mem.host_ptr().is_none() {
+                let e = self.device_only(i);
+                res = Err(e.clone());
+                return EndEvent::Failed(e);
+            }
+            if src.len() != op.blob.nbytes {
+                let e = self.size_error(i, src.len());
+                res = Err(e.clone());
+                return EndEvent::Failed(e);
+            }
+            if let Some(p) = op.blob.poison() {
+                let e = p.poison_error();
+                res = Err(e.clone());
+                return EndEvent::Failed(e);
+            }
+            // SAFETY: the output begin instruction of this run has run (it published us)
+            // and this op's end instruction, which writes the tensor, cannot be done
+            // before the record we are initialising: the engine runs no other body
+            // accessing the tensor in between (engine-ordered invariant, extended over
+            // the critical section). The record's lock makes this copy and the
+            // initialisation one step, so no copy happens after the record is set.
+            unsafe { op.blob.bytes_mut() }.copy_from_slice(src);
+            EndEvent::Done
+        });
+        if !ran {
+            return Err(self.already(i));
+        }
+        res
+    }
+
+    fn wrong_kind(&self) -> Error {
+        Error::InvalidGraph {
+            job: self.job.to_string(),
+            message: format!("copy on a {:?} critical section", self.kind),
+        }
+    }
+
+    fn copy(
+        &self,
+        i: usize,
+        kind: CsKind,
+        len: usize,
+        f: impl FnOnce(&[u8]),
+    ) -> Result<(), Error> {
+        let op = &self.ops[i];
+        let mut res = Ok(());
+        let ran = op.record.init_with(|| {
+            if self.kind != kind {
+                res = Err(self.wrong_kind());
+                return EndEvent::Failed(self.wrong_kind());
+            }
+            if op.blob.nbytes == 0 {
+                return EndEvent::Done;
+            }
+            if op.blob.mem.host_ptr().is_none() {
+                let e = self.device_only(i);
+                res = Err(e.clone());
+                return EndEvent::Failed(e);
+            }
+            if len != op.blob.nbytes {
+                let e = self.size_error(i, len);
+                res = Err(e.clone());
+                return EndEvent::Failed(e);
+            }
+            if let Some(p) = op.blob.poison() {
+                let e = p.poison_error();
+                res = Err(e.clone());
+                return EndEvent::Failed(e);
+            }
+            // SAFETY: the input begin instruction of this run has run and this op's end
+            // instruction (a reader of the tensor) is not done before the record we are
+            // initialising, so no eager writer of the tensor runs meanwhile
+            // (engine-ordered invariant, extended over the critical section); the
+            // record's lock makes the copy and the initialisation one step.
+            f(unsafe { op.blob.bytes() });
+            EndEvent::Done
+        });
+        if !ran {
+            return Err(self.already(i));
+        }
+        res
+    }
+
+    /// Fails op `i`'s record with `err` unless it is already initialised.
+    pub fn fail_op(&self, i: usize, err: Error) -> bool {
+        self.ops[i].record.try_init(EndEvent::Failed(err))
+    }
+
+    /// The run's callback: initialises every record not yet initialised with a done event
+    /// (init-once: initialised records keep their event), so every end instruction
+    /// completes.
+    pub fn finish(&self) {
+        for op in self.ops.iter() {
+            op.record.try_init(EndEvent::Done);
+        }
+    }
+
+    /// Like [`finish`](Self::finish), failing every record not yet initialised with `err`.
+    pub fn finish_with_error(&self, err: &Error) {
+        for op in self.ops.iter() {
+            op.record.try_init(EndEvent::Failed(err.clone()));
+        }
+    }
+
+    /// Whether every record is initialised.
+    pub fn is_finished(&self) -> bool {
+        self.ops.iter().all(|o| o.record.is_initialised())
+    }
+}
+
+impl Drop for CriticalSectionInstance {
+    fn drop(&mut self) {
+        let err = Error::GraphClosed {
+            job: self.job.to_string(),
+        };
+        self.finish_with_error(&err);
+    }
+}
+
+/// What happens when a job instance finishes (the launch instruction's completion).
+pub(crate) type JobFinish = Box<dyn FnOnce(Result<(), Error>) + Send>;
+
+/// One run of a lazy job, pushed by the launch instruction into the job's source-tick
+/// buffer (the graph starts an iteration) and callback-notifier buffer (the graph
+/// finishes it at the end of the iteration). Finishing it marks the launch instruction
+/// done. Dropped unfinished, it finishes with [`Error::GraphClosed`].
+pub struct JobInstance {
+    job: Arc<str>,
+    params: Box<[Arc<Blob>]>,
+    on_finish: Mutex<Option<JobFinish>>,
+}
+
+impl fmt::Debug for JobInstance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobInstance")
+            .field("job", &self.job)
+            .field("params", &self.params.len())
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}
+
+impl JobInstance {
+    pub(crate) fn new(job: Arc<str>, params: Vec<Arc<Blob>>, on_finish: JobFinish) -> Self {
+        Self {
+            job,
+            params: params.into_boxed_slice(),
+            on_finish: Mutex::new(Some(on_finish)),
+        }
+    }
+
+    /// The job name.
+    pub fn job_name(&self) -> &str {
+        &self.job
+    }
+
+    /// Number of parameter tensors.
+    pub fn num_params(&self) -> usize {
+        self.params.len()
+    }
+
+    /// Parameter `i`'s blob (graph runtime only; see `graph`'s safety argument).
+    pub(crate) fn param(&self, i: usize) -> &Arc<Blob> {
+        &self.params[i]
+    }
+
+    /// Finishes the run (the first call wins; later calls do nothing). Returns whether
+    /// this call finished it.
+    pub fn finish(&self, result: Result<(), Error>) -> bool {
+        let f = lock(&self.on_finish).take();
+        match f {
+            Some(f) => {
+                f(result);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether [`finish`](Self::finish) was called.
+    pub fn is_finished(&self) -> bool {
+        lock(&self.on_finish).is_none()
+    }
+}
+
+impl Drop for JobInstance {
+    fn drop(&mut self) {
+        let err = Error::GraphClosed {
+            job: self.job.to_string(),
+        };
+        self.finish(Err(err));
+    }
+}

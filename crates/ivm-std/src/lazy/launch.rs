@@ -1,0 +1,508 @@
+//! The VM side of a lazy-job launch: the instructions
+//! [`InstructionsBuilder::launch_lazy_job`] emits, their bodies, how they complete, and
+//! the launcher's queue.
+//!
+//! Instructions of the critical-section and launcher streams complete *later* than their
+//! body returns: a critical-section end is done when its end record is, a launch when the
+//! graph's callback notifier finishes its job instance. Their bodies are *deferred*: the
+//! executor hands the body a [`Completion`] instead of marking the instruction done, and
+//! whoever holds the completion finishes the instruction (sets `DONE` with Release and
+//! unparks the scheduler, which never polls for it). A completion dropped unused fails its
+//! instruction, so a lost run can never leave an instruction lively forever.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+
+use ivm_core::sync::{AtomicU32, Ordering};
+use ivm_core::wait::Wait;
+
+use crate::builder::InstructionsBuilder;
+use crate::error::{Error, Failure, Result};
+use crate::futex::FutexWait;
+use crate::instruction::{Instruction, Kind, status};
+use crate::lazy::{
+    CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
+};
+use crate::shared::{NEXT_BLOB_ID, lock};
+use crate::stream::{Device, StreamId, StreamShared, StreamType};
+use crate::tensor::{Blob, Tensor};
+
+/// A deferred instruction body (see the module docs).
+pub(crate) type DeferredFn = Box<dyn FnOnce(Completion) + Send>;
+
+/// The right to finish one instruction whose body is deferred.
+pub(crate) struct Completion {
+    instr: Option<Arc<Instruction>>,
+}
+
+impl Completion {
+    /// Finishes the instruction: done, or failed with `failure` (its outputs poisoned).
+    pub(crate) fn complete(mut self, result: Result<(), Failure>) {
+        if let Some(i) = self.instr.take() {
+            finish(&i, result);
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(i) = self.instr.take() {
+            let f = Failure {
+                instruction: i.label().into(),
+                message: "the instruction's body ended without completing it (it panicked)"
+                    .into(),
+                panicked: true,
+            };
+            finish(&i, Err(f));
+        }
+    }
+}
+
+fn finish(instr: &Arc<Instruction>, result: Result<(), Failure>) {
+    let mut bits = status::DONE;
+    if let Err(f) = result {
+        // SAFETY: the executor's borrow of the body ended before the deferred body got
+        // this completion (`run_deferred`), the deferred body holds no borrow of it, and
+        // the engine touches it again only after DONE: this completion owns the body and
+        // `failure` until the store below (ownership step 3).
+        let body = unsafe { instr.body() };
+        for b in body.outputs.as_slice() {
+            b.set_poison(&f);
+        }
+        // SAFETY: as above.
+        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+        bits |= status::FAILED;
+    }
+    // Release: publishes the critical section's effects on the tensors (graph copies
+    // happen-before the record's initialisation, which happens-before this) and the
+    // poison/`failure` above to the engine's Acquire read of DONE.
+    instr.status.fetch_or(bits, Ordering::Release);
+    if let Some(w) = &instr.waiter {
+        w.finished();
+    }
+    // After DONE: the scheduler (or a single-thread caller) may release it now.
+    instr.stream.dev.wake.unpark();
+}
+
+/// Runs `instr`'s deferred body, if it has one (the executor, after marking it
+/// launched). Returns whether it did; the instruction is then completed by whoever holds
+/// its [`Completion`].
+pub(crate) fn run_deferred(instr: &Arc<Instruction>) -> bool {
+    let f = {
+        // SAFETY: the executor owns the body until DONE (ownership step 3); this borrow
+        // ends before the completion exists.
+        let body = unsafe { instr.body_mut() };
+        match body.deferred.take() {
+            Some(f) => f,
+            None => return false,
+        }
+    };
+    let c = Completion {
+        instr: Some(instr.clone()),
+    };
+    // A panic drops the completion during unwinding, which fails the instruction.
+    let _ = catch_unwind(AssertUnwindSafe(move || f(c)));
+    true
+}
+
+/// The failure an eager instruction records for a lazy-job error: a graph kernel's
+/// failure keeps the kernel's name, anything else is attributed to `instr`.
+pub(crate) fn failure_of(e: &Error, instr: &str) -> Failure {
+    match e {
+        Error::KernelPanicked {
+            instruction,
+            message,
+        }
+        | Error::Poisoned {
+            instruction,
+            message,
+        } => Failure {
+            instruction: instruction.as_str().into(),
+            message: message.as_str().into(),
+            panicked: false,
+        },
+        other => Failure {
+            instruction: instr.into(),
+            message: other.to_string().into(),
+            panicked: false,
+        },
+    }
+}
+
+/// The launcher stream's queue: the graph of every run launched and not yet finished, in
+/// launch order. A launch of another graph waits until it is empty.
+#[derive(Default)]
+pub(crate) struct LauncherQueue {
+    graphs: Mutex<QueueInner>,
+    /// Bumped under the mutex on every dequeue; a waiting launch sleeps on it.
+    seq: AtomicU32,
+}
+
+#[derive(Default)]
+struct QueueInner {
+    ids: VecDeque<usize>,
+    sleepers: u32,
+}
+
+impl LauncherQueue {
+    /// Blocks until the queue holds no run of another graph than `graph`, then enqueues
+    /// `graph` (one step under the lock).
+    pub(crate) fn wait_and_enqueue(&self, graph: usize) {
+        let mut g = lock(&self.graphs);
+        while g.ids.iter().any(|&x| x != graph) {
+            g.sleepers += 1;
+            // Relaxed: read under the mutex; every dequeue bumps it under the mutex.
+            let seen = self.seq.load(Ordering::Relaxed);
+            drop(g);
+            FutexWait::wait(&self.seq, seen, None);
+            g = lock(&self.graphs);
+            g.sleepers -= 1;
+        }
+        g.ids.push_back(graph);
+    }
+
+    /// A run of `graph` finished: takes it off the queue.
+    pub(crate) fn dequeue(&self, graph: usize) {
+        let mut g = lock(&self.graphs);
+        if let Some(p) = g.ids.iter().position(|&x| x == graph) {
+            g.ids.remove(p);
+        }
+        // Relaxed: ordered by the mutex (see `Buffer`).
+        self.seq.fetch_add(1, Ordering::Relaxed);
+        let wake = g.sleepers > 0;
+        drop(g);
+        if wake {
+            FutexWait::wake_all(&self.seq);
+        }
+    }
+}
+
+/// Per-VM lazy-job state: the launcher's queue and the transport dependence (a memoryless
+/// blob every launch writes).
+pub(crate) struct VmLazy {
+    pub(crate) queue: Arc<LauncherQueue>,
+    pub(crate) transport: Arc<Blob>,
+}
+
+impl VmLazy {
+    pub(crate) fn new(vm_id: usize) -> Self {
+        Self {
+            queue: Arc::new(LauncherQueue::default()),
+            transport: Arc::new(Blob::new(
+                vm_id,
+                NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                Device::CPU,
+                0,
+            )),
+        }
+    }
+}
+
+impl LazyGraph {
+    /// A critical-section begin's body: builds the run's instance over `blobs` and
+    /// `records` (one per interface op, in declaration order) and publishes it into the
+    /// wait and callback buffers and each valid op's buffer. If the graph is closed, the
+    /// instance is dropped and its records fail with [`Error::GraphClosed`].
+    pub(crate) fn begin(
+        &self,
+        kind: CsKind,
+        blobs: Vec<Arc<Blob>>,
+        records: Vec<Arc<SharedEventRecord>>,
+    ) {
+        let ifaces = match kind {
+            CsKind::Input => &self.inner.inputs,
+            CsKind::Output => &self.inner.outputs,
+        };
+        let ops = ifaces
+            .iter()
+            .zip(blobs)
+            .zip(records)
+            .map(|((i, blob), record)| CsOp {
+                name: i.name.as_str().into(),
+                blob,
+                record,
+            })
+            .collect();
+        let cs = Arc::new(CriticalSectionInstance::new(
+            kind,
+            self.inner.job.clone(),
+            ops,
+        ));
+        let bufs = &self.inner.buffers;
+        let per_op = match kind {
+            CsKind::Input => &bufs.inputs,
+            CsKind::Output => &bufs.outputs,
+        };
+        let mut ok = bufs.wait.push(cs.clone()).is_ok() && bufs.callback.push(cs.clone()).is_ok();
+        for b in per_op.iter().flatten() {
+            ok = ok && b.push(cs.clone()).is_ok();
+        }
+        if !ok {
+            cs.finish_with_error(&Error::GraphClosed {
+                job: self.inner.job.to_string(),
+            });
+        }
+    }
+
+    /// The launch's body, after the queue step: pushes `job` to the callback-notifier,
+    /// then the source-tick buffer. If the graph is closed, `job` finishes with
+    /// [`Error::GraphClosed`].
+    pub(crate) fn push_job(&self, job: Arc<JobInstance>) {
+        let bufs = &self.inner.buffers;
+        let ok = bufs.callback_notifier.push(job.clone()).is_ok()
+            && bufs.source_tick.push(job.clone()).is_ok();
+        if !ok {
+            job.finish(Err(Error::GraphClosed {
+                job: self.inner.job.to_string(),
+            }));
+        }
+    }
+}
+
+fn new_instr(
+    name: &'static str,
+    stream: &Arc<StreamShared>,
+    inputs: &[&Arc<Blob>],
+    outputs: &[&Arc<Blob>],
+    deferred: DeferredFn,
+) -> Arc<Instruction> {
+    let mut instr = Instruction::new(name, stream.clone(), Kind::Noop);
+    instr.stream_sequential = stream.id.stream_type == StreamType::CriticalSection;
+    {
+        // SAFETY: not shared yet; the builder owns the body (ownership step 1).
+        let body = unsafe { instr.body_mut() };
+        for b in inputs {
+            body.inputs.push((*b).clone());
+        }
+        for b in outputs {
+            body.outputs.push((*b).clone());
+        }
+        body.deferred = Some(deferred);
+    }
+    Arc::new(instr)
+}
+
+impl InstructionsBuilder<'_> {
+    /// Launches one run of the lazy job `graph` (DESIGN.md "Lazy jobs and critical
+    /// sections"): `inputs` are copied into the graph's input blobs, the graph's output
+    /// blobs into `outputs`, and the graph's kernels use `parameters` in place.
+    ///
+    /// After soft-syncing every tensor onto the critical-section stream, it emits, in
+    /// order: the *input critical-section begin* (reads `inputs`), the *output
+    /// critical-section begin* (writes `outputs`), *launch lazy job* on the lazy-job
+    /// launcher stream (writes `parameters` and the transport dependence), then one
+    /// *critical-section end* per input (reads it) and per output (writes it), each done
+    /// when the graph has finished with that tensor. Begins and ends write the
+    /// critical-section stream's schedule dependence, so the ends retire in this order.
+    ///
+    /// Eager work that reads output `k` waits for every input's end and for outputs
+    /// `..=k` — not for the rest of the graph; eager work that touches a parameter waits
+    /// for the whole run. Runs of one graph pipeline; a run of another graph starts once
+    /// every run launched before it has finished.
+    ///
+    /// # Errors
+    /// [`Error::InterfaceCountMismatch`] when the numbers of tensors differ from the
+    /// graph's names; [`Error::InterfaceSizeMismatch`] when a tensor's size differs from
+    /// its interface's (valid interfaces) or parameter's; [`Error::AliasedOperand`] when a
+    /// tensor appears among the outputs twice, or among the outputs or parameters and
+    /// anywhere else; [`Error::ForeignObject`]; stream creation errors.
+    pub fn launch_lazy_job(
+        &mut self,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        parameters: &[&Tensor],
+        graph: &LazyGraph,
+    ) -> Result<()> {
+        let g = &graph.inner;
+        let job = g.job.to_string();
+        for (what, expected, got) in [
+            ("inputs", g.inputs.len(), inputs.len()),
+            ("outputs", g.outputs.len(), outputs.len()),
+            ("parameters", g.params.len(), parameters.len()),
+        ] {
+            if expected != got {
+                return Err(Error::InterfaceCountMismatch {
+                    job,
+                    what,
+                    expected,
+                    got,
+                });
+            }
+        }
+        let vm = self.vm();
+        for t in inputs.iter().chain(outputs).chain(parameters) {
+            vm.check_tensor(t)?;
+        }
+        let sizes = g
+            .inputs
+            .iter()
+            .zip(inputs)
+            .chain(g.outputs.iter().zip(outputs))
+            .filter(|(i, _)| i.valid)
+            .map(|(i, t)| (&i.name, i.nbytes, t))
+            .chain(
+                g.params
+                    .iter()
+                    .zip(parameters)
+                    .map(|(p, t)| (&p.name, p.nbytes, t)),
+            );
+        for (name, expected, t) in sizes {
+            if t.nbytes() != expected {
+                return Err(Error::InterfaceSizeMismatch {
+                    job,
+                    name: name.clone(),
+                    expected,
+                    got: t.nbytes(),
+                });
+            }
+        }
+        // A written tensor (output, parameter) may appear nowhere else: the graph would
+        // access it from two kernels at once.
+        let written: Vec<&Tensor> = outputs.iter().chain(parameters).copied().collect();
+        for (k, w) in written.iter().enumerate() {
+            let b = w.blob();
+            if written[..k]
+                .iter()
+                .chain(inputs)
+                .any(|t| Arc::ptr_eq(t.blob(), b))
+            {
+                return Err(Error::AliasedOperand);
+            }
+        }
+
+        let cs = vm.stream(StreamId {
+            device: Device::CPU,
+            stream_type: StreamType::CriticalSection,
+            thread_id: 0,
+        })?;
+        let launcher = vm.stream(StreamId {
+            device: Device::CPU,
+            stream_type: StreamType::LazyJobLauncher,
+            thread_id: 0,
+        })?;
+        let lazy = vm.lazy();
+
+        // 1. Soft sync every tensor onto the critical-section stream.
+        let all: Vec<&Tensor> = inputs
+            .iter()
+            .chain(outputs)
+            .chain(parameters)
+            .copied()
+            .collect();
+        self.soft_sync_onto(&all, &cs);
+
+        let blobs = |ts: &[&Tensor]| -> Vec<Arc<Blob>> { ts.iter().map(|t| t.blob().clone()).collect() };
+        let records = |ifaces: &[crate::lazy::Interface]| -> Vec<Arc<SharedEventRecord>> {
+            ifaces
+                .iter()
+                .map(|i| {
+                    let r = Arc::new(SharedEventRecord::new());
+                    if !i.valid {
+                        // Invalid interfaces: done at once.
+                        r.try_init(EndEvent::Done);
+                    }
+                    r
+                })
+                .collect()
+        };
+        let in_blobs = blobs(inputs);
+        let out_blobs = blobs(outputs);
+        let param_blobs = blobs(parameters);
+        let in_records = records(&g.inputs);
+        let out_records = records(&g.outputs);
+
+        // 2. Input and output critical-section begins.
+        {
+            let (gr, b, r) = (graph.clone(), in_blobs.clone(), in_records.clone());
+            let refs: Vec<&Arc<Blob>> = in_blobs.iter().collect();
+            self.push_instr(new_instr(
+                "input_critical_section_begin",
+                &cs,
+                &refs,
+                &[],
+                Box::new(move |c| {
+                    gr.begin(CsKind::Input, b, r);
+                    c.complete(Ok(()));
+                }),
+            ));
+        }
+        {
+            let (gr, b, r) = (graph.clone(), out_blobs.clone(), out_records.clone());
+            let refs: Vec<&Arc<Blob>> = out_blobs.iter().collect();
+            self.push_instr(new_instr(
+                "output_critical_section_begin",
+                &cs,
+                &[],
+                &refs,
+                Box::new(move |c| {
+                    gr.begin(CsKind::Output, b, r);
+                    c.complete(Ok(()));
+                }),
+            ));
+        }
+
+        // 3. Launch lazy job, on the launcher stream.
+        {
+            let mut writes: Vec<&Arc<Blob>> = param_blobs.iter().collect();
+            writes.push(&lazy.transport);
+            let (gr, queue, params) = (graph.clone(), lazy.queue.clone(), param_blobs.clone());
+            let t: Vec<&Tensor> = parameters.to_vec();
+            self.soft_sync_onto(&t, &launcher);
+            self.push_instr(new_instr(
+                "launch_lazy_job",
+                &launcher,
+                &[],
+                &writes,
+                Box::new(move |c| {
+                    let id = gr.id();
+                    queue.wait_and_enqueue(id);
+                    let label = format!("launch_lazy_job `{}`", gr.job_name());
+                    let q = queue.clone();
+                    let job = Arc::new(JobInstance::new(
+                        gr.inner.job.clone(),
+                        params,
+                        Box::new(move |r| {
+                            q.dequeue(id);
+                            c.complete(r.map_err(|e| failure_of(&e, &label)));
+                        }),
+                    ));
+                    gr.push_job(job);
+                }),
+            ));
+        }
+
+        // 4. One end per input, then per output, each done when its record is.
+        let ends = in_blobs
+            .iter()
+            .zip(&in_records)
+            .map(|(b, r)| (b, r, false))
+            .chain(out_blobs.iter().zip(&out_records).map(|(b, r)| (b, r, true)));
+        for (b, r, write) in ends {
+            let (name, ins, outs): (&'static str, Vec<&Arc<Blob>>, Vec<&Arc<Blob>>) = if write {
+                ("output_critical_section_end", vec![], vec![b])
+            } else {
+                ("input_critical_section_end", vec![b], vec![])
+            };
+            let r = r.clone();
+            let label = format!("{name} `{}`", g.job);
+            self.push_instr(new_instr(
+                name,
+                &cs,
+                &ins,
+                &outs,
+                Box::new(move |c| {
+                    r.on_done(move |res| c.complete(res.map_err(|e| failure_of(&e, &label))));
+                }),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl crate::shared::VmShared {
+    /// The VM's lazy-job state, created on first use.
+    pub(crate) fn lazy(&self) -> &VmLazy {
+        self.lazy.get_or_init(|| VmLazy::new(self.id))
+    }
+}

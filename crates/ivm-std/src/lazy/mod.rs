@@ -1,0 +1,391 @@
+//! Lazy jobs: compiled graphs run by a graph runtime, launched from the eager VM through
+//! critical sections (DESIGN.md "Lazy jobs and critical sections").
+//!
+//! A [`LazyGraph`] describes a job to the VM: its name, its input and output interface
+//! ops (name, size of the graph blob, valid flag), its parameters, and the named buffers
+//! through which the VM hands each run to the graph runtime:
+//!
+//! | buffer | pushed by | popped by |
+//! |---|---|---|
+//! | `{job}/input/{op}`, one per valid input op | input critical-section begin | the op's input kernel |
+//! | `{job}/output/{op}`, one per valid output op | output critical-section begin | the op's output kernel |
+//! | `{job}/wait` | both begins (input, then output) | the wait kernel |
+//! | `{job}/callback` | both begins | the callback kernel (`finish`) |
+//! | `{job}/source-tick` | launch lazy job | the source tick (starts an iteration) |
+//! | `{job}/callback-notifier` | launch lazy job | the callback notifier (finishes the launch) |
+//!
+//! [`crate::graph`] is a graph runtime that serves these buffers;
+//! [`InstructionsBuilder::launch_lazy_job`](crate::InstructionsBuilder::launch_lazy_job)
+//! emits the instructions of one run.
+
+mod buffer;
+mod instance;
+pub(crate) mod launch;
+mod record;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+pub use buffer::{Buffer, BufferClosed, TryPop};
+pub use instance::{CriticalSectionInstance, CsKind, JobInstance};
+pub use record::{AlreadyInitialised, EndEvent, RecordResult, SharedEventRecord};
+
+pub(crate) use instance::CsOp;
+
+use crate::error::{Error, Result};
+
+/// Default capacity of a job's buffers, in runs.
+pub const DEFAULT_BUFFER_RUNS: usize = 2;
+
+/// One interface op of a lazy graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    /// The op name (unique among the graph's inputs, and among its outputs).
+    pub name: String,
+    /// Bytes of the graph blob behind it; the eager tensor must have as many.
+    pub nbytes: usize,
+    /// Whether the graph reads (input) or writes (output) it at all. An invalid interface
+    /// gets no buffer and its end record is done at once.
+    pub valid: bool,
+}
+
+/// A parameter of a lazy graph: an eager tensor the graph's kernels use in place (the
+/// launch instruction writes it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    /// The parameter name (unique).
+    pub name: String,
+    /// Bytes the graph expects.
+    pub nbytes: usize,
+}
+
+type CsBuffer = Buffer<Arc<CriticalSectionInstance>>;
+type JobBuffer = Buffer<Arc<JobInstance>>;
+
+/// The named buffers of one job (see the [module docs](self)).
+pub struct JobBuffers {
+    /// `{job}/wait`: both critical sections of every run.
+    pub wait: CsBuffer,
+    /// `{job}/callback`: both critical sections of every run.
+    pub callback: CsBuffer,
+    /// `{job}/input/{op}` per input op, `None` for an invalid one.
+    pub inputs: Vec<Option<CsBuffer>>,
+    /// `{job}/output/{op}` per output op, `None` for an invalid one.
+    pub outputs: Vec<Option<CsBuffer>>,
+    /// `{job}/source-tick`: one job instance per run.
+    pub source_tick: JobBuffer,
+    /// `{job}/callback-notifier`: one job instance per run.
+    pub callback_notifier: JobBuffer,
+}
+
+impl fmt::Debug for JobBuffers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+impl JobBuffers {
+    fn cs_buffers(&self) -> impl Iterator<Item = &CsBuffer> {
+        [&self.wait, &self.callback]
+            .into_iter()
+            .chain(self.inputs.iter().flatten())
+            .chain(self.outputs.iter().flatten())
+    }
+
+    fn job_buffers(&self) -> impl Iterator<Item = &JobBuffer> {
+        [&self.source_tick, &self.callback_notifier].into_iter()
+    }
+
+    /// Every buffer name.
+    pub fn names(&self) -> Vec<&str> {
+        self.cs_buffers()
+            .map(Buffer::name)
+            .chain(self.job_buffers().map(Buffer::name))
+            .collect()
+    }
+
+    /// Closes every buffer and fails what was left inside with [`Error::GraphClosed`].
+    pub fn close(&self) {
+        for b in self.cs_buffers() {
+            drop(b.close());
+        }
+        for b in self.job_buffers() {
+            drop(b.close());
+        }
+    }
+
+    /// Whether the buffers were closed.
+    pub fn is_closed(&self) -> bool {
+        self.source_tick.is_closed()
+    }
+}
+
+/// Process-unique graph ids (the launcher tells graphs apart by id). Not part of any
+/// synchronisation protocol: a plain std atomic, used with Relaxed.
+static NEXT_GRAPH_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+pub(crate) struct LazyInner {
+    pub(crate) id: usize,
+    pub(crate) job: Arc<str>,
+    pub(crate) inputs: Vec<Interface>,
+    pub(crate) outputs: Vec<Interface>,
+    pub(crate) params: Vec<Param>,
+    pub(crate) buffers: JobBuffers,
+}
+
+/// The description of a lazy job that the VM launches: job name, interface ops, parameters
+/// and the job's named buffers. Cheap to clone (shared). Build one with
+/// [`LazyGraph::builder`], or get the one of a [`crate::graph::Graph`].
+///
+/// # Examples
+///
+/// ```
+/// use ivm_std::lazy::LazyGraph;
+///
+/// let g = LazyGraph::builder("train_step")
+///     .input("x", 16)
+///     .output("loss", 8)
+///     .param("w", 16)
+///     .build()?;
+/// assert_eq!(g.job_name(), "train_step");
+/// assert!(g.buffers().names().contains(&"train_step/input/x"));
+/// assert!(LazyGraph::builder("bad").input("x", 8).input("x", 8).build().is_err());
+/// # Ok::<(), ivm_std::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct LazyGraph {
+    pub(crate) inner: Arc<LazyInner>,
+}
+
+impl fmt::Debug for LazyGraph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyGraph")
+            .field("job", &self.inner.job)
+            .field("inputs", &self.inner.inputs)
+            .field("outputs", &self.inner.outputs)
+            .field("params", &self.inner.params)
+            .finish()
+    }
+}
+
+impl PartialEq for LazyGraph {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+impl Eq for LazyGraph {}
+
+impl LazyGraph {
+    /// Starts describing the job `job_name`.
+    pub fn builder(job_name: impl Into<String>) -> LazyGraphBuilder {
+        LazyGraphBuilder {
+            job: job_name.into(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            params: Vec::new(),
+            runs: DEFAULT_BUFFER_RUNS,
+        }
+    }
+
+    /// A process-unique id of this graph.
+    pub fn id(&self) -> usize {
+        self.inner.id
+    }
+
+    /// The job name.
+    pub fn job_name(&self) -> &str {
+        &self.inner.job
+    }
+
+    /// The input interface ops, in order.
+    pub fn inputs(&self) -> &[Interface] {
+        &self.inner.inputs
+    }
+
+    /// The output interface ops, in order.
+    pub fn outputs(&self) -> &[Interface] {
+        &self.inner.outputs
+    }
+
+    /// The parameters, in order.
+    pub fn params(&self) -> &[Param] {
+        &self.inner.params
+    }
+
+    /// The job's named buffers.
+    pub fn buffers(&self) -> &JobBuffers {
+        &self.inner.buffers
+    }
+
+    /// Closes the job's buffers (graph runtime shutdown): later runs fail with
+    /// [`Error::GraphClosed`] instead of waiting.
+    pub fn close(&self) {
+        self.inner.buffers.close();
+    }
+}
+
+/// Builds a [`LazyGraph`].
+#[derive(Debug, Clone)]
+pub struct LazyGraphBuilder {
+    job: String,
+    inputs: Vec<Interface>,
+    outputs: Vec<Interface>,
+    params: Vec<Param>,
+    runs: usize,
+}
+
+impl LazyGraphBuilder {
+    /// A valid input op whose graph blob holds `nbytes`.
+    pub fn input(self, name: impl Into<String>, nbytes: usize) -> Self {
+        self.input_with(name, nbytes, true)
+    }
+
+    /// An input op with an explicit valid flag.
+    pub fn input_with(mut self, name: impl Into<String>, nbytes: usize, valid: bool) -> Self {
+        self.inputs.push(Interface {
+            name: name.into(),
+            nbytes,
+            valid,
+        });
+        self
+    }
+
+    /// A valid output op whose graph blob holds `nbytes`.
+    pub fn output(self, name: impl Into<String>, nbytes: usize) -> Self {
+        self.output_with(name, nbytes, true)
+    }
+
+    /// An output op with an explicit valid flag.
+    pub fn output_with(mut self, name: impl Into<String>, nbytes: usize, valid: bool) -> Self {
+        self.outputs.push(Interface {
+            name: name.into(),
+            nbytes,
+            valid,
+        });
+        self
+    }
+
+    /// A parameter of `nbytes`.
+    pub fn param(mut self, name: impl Into<String>, nbytes: usize) -> Self {
+        self.params.push(Param {
+            name: name.into(),
+            nbytes,
+        });
+        self
+    }
+
+    /// How many runs each buffer holds before a push blocks (default
+    /// [`DEFAULT_BUFFER_RUNS`], at least 1).
+    pub fn buffer_runs(mut self, runs: usize) -> Self {
+        self.runs = runs.max(1);
+        self
+    }
+
+    /// Checks the description and creates the buffers.
+    ///
+    /// # Errors
+    /// [`Error::DuplicateInterfaceName`] when an op name appears twice among the inputs,
+    /// among the outputs, or a parameter name twice.
+    pub fn build(self) -> Result<LazyGraph> {
+        let dup = |names: &mut dyn Iterator<Item = &String>| -> Result<()> {
+            let mut seen = HashSet::new();
+            for n in names {
+                if !seen.insert(n.as_str()) {
+                    return Err(Error::DuplicateInterfaceName {
+                        job: self.job.clone(),
+                        name: n.clone(),
+                    });
+                }
+            }
+            Ok(())
+        };
+        dup(&mut self.inputs.iter().map(|i| &i.name))?;
+        dup(&mut self.outputs.iter().map(|i| &i.name))?;
+        dup(&mut self.params.iter().map(|p| &p.name))?;
+        let job = &self.job;
+        let runs = self.runs;
+        let cs = |kind: &str, ops: &[Interface]| -> Vec<Option<CsBuffer>> {
+            ops.iter()
+                .map(|o| {
+                    o.valid
+                        .then(|| Buffer::new(format!("{job}/{kind}/{}", o.name), runs))
+                })
+                .collect()
+        };
+        let buffers = JobBuffers {
+            wait: Buffer::new(format!("{job}/wait"), 2 * runs),
+            callback: Buffer::new(format!("{job}/callback"), 2 * runs),
+            inputs: cs("input", &self.inputs),
+            outputs: cs("output", &self.outputs),
+            source_tick: Buffer::new(format!("{job}/source-tick"), runs),
+            callback_notifier: Buffer::new(format!("{job}/callback-notifier"), runs),
+        };
+        Ok(LazyGraph {
+            inner: Arc::new(LazyInner {
+                id: NEXT_GRAPH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                job: self.job.into(),
+                inputs: self.inputs,
+                outputs: self.outputs,
+                params: self.params,
+                buffers,
+            }),
+        })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_names_are_errors() {
+        for b in [
+            LazyGraph::builder("j").input("a", 1).input("a", 2),
+            LazyGraph::builder("j").output("o", 1).output_with("o", 1, false),
+            LazyGraph::builder("j").param("w", 1).param("w", 1),
+        ] {
+            match b.build() {
+                Err(Error::DuplicateInterfaceName { job, name }) => {
+                    assert_eq!(job, "j");
+                    assert!(name == "a" || name == "o" || name == "w");
+                }
+                other => panic!("expected DuplicateInterfaceName, got {other:?}"),
+            }
+        }
+        // The same name as an input and an output is fine (different buffers).
+        LazyGraph::builder("j").input("a", 1).output("a", 1).build().unwrap();
+    }
+
+    #[test]
+    fn buffers_are_named_per_valid_interface() {
+        let g = LazyGraph::builder("job")
+            .input("x", 8)
+            .input_with("unused", 8, false)
+            .output("y", 8)
+            .buffer_runs(3)
+            .build()
+            .unwrap();
+        let names = g.buffers().names();
+        assert_eq!(
+            names,
+            [
+                "job/wait",
+                "job/callback",
+                "job/input/x",
+                "job/output/y",
+                "job/source-tick",
+                "job/callback-notifier"
+            ]
+        );
+        assert!(g.buffers().inputs[1].is_none());
+        assert_eq!(g.buffers().source_tick.capacity(), 3);
+        assert_eq!(g.buffers().wait.capacity(), 6);
+        assert!(!g.buffers().is_closed());
+        g.close();
+        assert!(g.buffers().is_closed());
+        let g2 = g.clone();
+        assert_eq!(g, g2);
+        assert_ne!(g.id(), LazyGraph::builder("job").build().unwrap().id());
+    }
+}
