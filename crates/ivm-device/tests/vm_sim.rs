@@ -12,7 +12,10 @@ use ivm_std::{
 
 fn configs() -> Vec<(&'static str, Config)> {
     let mut v = Vec::new();
-    for (mode, base) in [("multi", Config::default()), ("single", Config::single_thread())] {
+    for (mode, base) in [
+        ("multi", Config::default()),
+        ("single", Config::single_thread()),
+    ] {
         for wait in [true, false] {
             let name = match (mode, wait) {
                 ("multi", true) => "multi/stream-wait",
@@ -103,9 +106,7 @@ fn a_tensor_dropped_while_another_stream_reads_it_is_freed_after_the_read() {
     for (name, cfg) in configs() {
         let sim = SimAdapter::new(SimConfig::random(1, 23));
         let vm = vm_with(cfg, &sim);
-        let s0 = vm
-            .stream(StreamId::default_for(sim_device(0)))
-            .unwrap();
+        let s0 = vm.stream(StreamId::default_for(sim_device(0))).unwrap();
         let s1 = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
         let y = vm.new_tensor_on(&s1, 8).unwrap();
         for round in 0..3u64 {
@@ -124,7 +125,10 @@ fn a_tensor_dropped_while_another_stream_reads_it_is_freed_after_the_read() {
         vm.sync().unwrap();
         let st = sim.allocator_stats(0).unwrap();
         assert_eq!(st.use_after_free, 0, "{name}: {st:?}");
-        assert_eq!(st.frees, 3, "{name}: every dropped tensor was freed: {st:?}");
+        assert_eq!(
+            st.frees, 3,
+            "{name}: every dropped tensor was freed: {st:?}"
+        );
         drop(y);
         drained(&vm);
         assert_eq!(sim.allocator_stats(0).unwrap().live_bytes, 0, "{name}");
@@ -251,7 +255,11 @@ fn an_async_kernel_failure_is_sticky_until_the_host_observes_it() {
         vm.sync().unwrap();
         vm.run(|bl| bl.call(&s1, &[], &[&c], |k| k.output_u64(0)[0] = 5))
             .unwrap();
-        assert_eq!(read_u64(&vm, &c).unwrap(), 5, "{name}: the stream works again");
+        assert_eq!(
+            read_u64(&vm, &c).unwrap(),
+            5,
+            "{name}: the stream works again"
+        );
         drop((a, b, c));
         drained(&vm);
     }

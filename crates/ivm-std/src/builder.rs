@@ -70,7 +70,12 @@ impl<'vm> InstructionsBuilder<'vm> {
         Ok(())
     }
 
-    fn check_operands(&self, stream: &Stream, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
+    fn check_operands(
+        &self,
+        stream: &Stream,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+    ) -> Result<()> {
         self.vm.check_stream(stream)?;
         for t in inputs.iter().chain(outputs) {
             self.vm.check_tensor(t)?;

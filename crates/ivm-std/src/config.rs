@@ -173,7 +173,11 @@ impl Config {
             c.stream_wait = match v {
                 0 => false,
                 1 => true,
-                _ => return Err(Error::Config(format!("IVM_STREAM_WAIT={v}: expected 0 or 1"))),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "IVM_STREAM_WAIT={v}: expected 0 or 1"
+                    )));
+                }
             };
         }
         c.validate()?;

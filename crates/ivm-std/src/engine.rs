@@ -19,7 +19,7 @@ use crate::error::{Diagnostic, LivelyInstruction};
 use crate::instruction::{self, Instruction, Kind, status};
 use crate::shared::{Probe, VmShared};
 use crate::slab::{IdxList, Links, NIL, Slab};
-use crate::stream::{Placement, StreamShared};
+use crate::stream::{Placement, StreamShared, StreamType};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum NodeState {
@@ -37,6 +37,10 @@ struct OutEdge {
     dst: u32,
     /// No longer counted in `dst.blocking` (source dispatched on `dst`'s stream).
     satisfied: bool,
+    /// A same-stream edge that dispatch order does not satisfy: `dst` waits for `src`'s
+    /// release (tensor edges between critical-section instructions, whose effects on the
+    /// tensor happen in the graph runtime between a begin and its end's record).
+    strict: bool,
 }
 
 /// Engine state of one lively instruction.
@@ -99,6 +103,9 @@ pub(crate) struct Engine {
     pending: VecDeque<Arc<Instruction>>,
     probes: Vec<Probe>,
     pending_window: usize,
+    /// Set while handling the tensor dependences of a critical-section instruction:
+    /// same-stream edges made then are strict (see `OutEdge::strict`).
+    strict: bool,
     /// Planted bug (feature `fuzzing`, equivalence-fuzzer tests only): see `planted_*`.
     #[cfg(feature = "fuzzing")]
     planted: crate::fuzzing::PlantedBug,
@@ -133,6 +140,7 @@ impl Engine {
             pending: VecDeque::new(),
             probes: Vec::new(),
             pending_window,
+            strict: false,
             #[cfg(feature = "fuzzing")]
             planted: crate::fuzzing::PlantedBug::None,
         }
@@ -270,12 +278,16 @@ impl Engine {
         }
         // SAFETY: the engine owns the body between receive and dispatch (ownership step 2).
         let body = unsafe { instr.body() };
+        // A critical-section instruction is done when the graph runtime is done with its
+        // tensors, not in stream order: its tensor edges on its own stream are strict.
+        self.strict = instr.stream.id.stream_type == StreamType::CriticalSection;
         for b in body.outputs.as_slice() {
             self.write(NonNull::from(&b.dep), n);
         }
         for b in body.inputs.as_slice() {
             self.read(NonNull::from(&b.dep), n);
         }
+        self.strict = false;
         if self.nodes[n].blocking == 0 {
             self.nodes[n].state = NodeState::Ready;
             self.ready.push_back(n);
@@ -342,17 +354,30 @@ impl Engine {
             return;
         }
         let same_stream = self.nodes[src].stream == self.nodes[dst].stream;
+        let strict = same_stream && self.strict;
         let s = &mut self.nodes[src];
-        if same_stream && s.state == NodeState::Dispatched {
+        if same_stream && !strict && s.state == NodeState::Dispatched {
             // The in-order stream already runs `src` before `dst`, and releases in order.
             return;
         }
-        if s.out.last().is_some_and(|e| e.dst == dst) {
+        if let Some(e) = s.out.last_mut()
+            && e.dst == dst
+        {
+            if strict && !e.strict {
+                // Upgrade (a schedule-dependence edge made just before), counting it as
+                // blocking again if dispatch had already satisfied it.
+                e.strict = true;
+                if e.satisfied {
+                    e.satisfied = false;
+                    self.nodes[dst].blocking += 1;
+                }
+            }
             return;
         }
         s.out.push(OutEdge {
             dst,
             satisfied: false,
+            strict,
         });
         self.edges += 1;
         let d = &mut self.nodes[dst];
@@ -391,7 +416,7 @@ impl Engine {
         let mut i = 0;
         while i < self.nodes[n].out.len() {
             let e = self.nodes[n].out[i];
-            if !e.satisfied && self.nodes[e.dst].stream == stream {
+            if !e.satisfied && !e.strict && self.nodes[e.dst].stream == stream {
                 self.nodes[n].out[i].satisfied = true;
                 let d = &mut self.nodes[e.dst];
                 d.blocking -= 1;

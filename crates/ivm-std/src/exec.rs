@@ -188,8 +188,7 @@ fn complete(instr: &Arc<Instruction>, data: bool) {
 fn finisher(instr: Arc<Instruction>, operands: Operands) -> HostFn {
     Box::new(move || {
         let dev = &instr.stream.dev;
-        let failure =
-            observe(dev, || instr.label()).or_else(|| first_poison(operands.as_slice()));
+        let failure = observe(dev, || instr.label()).or_else(|| first_poison(operands.as_slice()));
         if let Some(f) = failure {
             // SAFETY: this finisher owns `small` and `failure` from the launch until the
             // waiter's `finished` below (module docs); nobody else touches them meanwhile.
@@ -295,9 +294,8 @@ fn launch_kind(
                     // SAFETY: stream order: nothing else touches the pinned buffer now;
                     // `small` was filled by the caller before the instruction was received
                     // and nobody writes it meanwhile.
-                    i.small.with(|s| unsafe {
-                        std::ptr::copy_nonoverlapping((*s).as_ptr(), p, len)
-                    });
+                    i.small
+                        .with(|s| unsafe { std::ptr::copy_nonoverlapping((*s).as_ptr(), p, len) });
                 }))
                 .map_err(err)?;
             // SAFETY: the engine orders this write after every earlier access of the
@@ -313,8 +311,7 @@ fn launch_kind(
             let dst = &outputs.as_slice()[0];
             // SAFETY: the engine orders this copy after the source's last writer and after
             // every earlier access of the destination (soft sync: after their device work).
-            unsafe { stream.copy(&src.mem, src_offset, &dst.mem, dst_offset, len) }
-                .map_err(err)?;
+            unsafe { stream.copy(&src.mem, src_offset, &dst.mem, dst_offset, len) }.map_err(err)?;
             if st.policy.done_at_launch() {
                 // Nobody observes this copy's completion: carry poison in stream order.
                 let (s2, d2, st2) = (src.clone(), dst.clone(), st.clone());
@@ -389,7 +386,12 @@ fn queue(
             message: message.into(),
             panicked,
         };
-        if let Some(f) = st.dev.sticky.get().or_else(|| first_poison(ins.iter().chain(outs))) {
+        if let Some(f) = st
+            .dev
+            .sticky
+            .get()
+            .or_else(|| first_poison(ins.iter().chain(outs)))
+        {
             poison_all(outs, &f);
             return;
         }

@@ -326,6 +326,17 @@ impl<'a> KernelCtx<'a> {
         self.outputs[i].mem.device_ptr()
     }
 
+    /// The memory of input `i` (for kernels that enqueue copies on
+    /// [`device_stream`](Self::device_stream)).
+    pub fn input_memory(&self, i: usize) -> &'a Arc<dyn crate::device::DeviceMemory> {
+        &self.inputs[i].mem
+    }
+
+    /// The memory of output `i`.
+    pub fn output_memory(&self, i: usize) -> &'a Arc<dyn crate::device::DeviceMemory> {
+        &self.outputs[i].mem
+    }
+
     /// The device stream the kernel runs on. On a [`KernelMode::Launcher`] device (cuda)
     /// the kernel enqueues its device work here; it is `None` for kernels that run inside
     /// the device queue ([`KernelMode::Queued`], the sim).

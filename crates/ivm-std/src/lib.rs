@@ -64,7 +64,8 @@ pub use engine::DebugCounters;
 pub use error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use instruction::KernelCtx;
 pub use stream::{
-    CpuStreamPolicy, Device, DeviceKind, Placement, Stream, StreamId, StreamPolicy, StreamType,
+    CpuStreamPolicy, Device, DeviceKind, DeviceStreamPolicy, Placement, Stream, StreamId,
+    StreamPolicy, StreamType,
 };
 pub use sync_access::RING_MAX;
 pub use tensor::Tensor;

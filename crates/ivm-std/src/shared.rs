@@ -24,8 +24,8 @@ use crate::futex::FutexWait;
 use crate::instruction::{Instruction, Kind, PendingTag};
 use crate::soft_sync::{self, Use};
 use crate::stream::{
-    Device, DeviceCtx, DeviceKind, DeviceStreamPolicy, Placement, Stream, StreamId, StreamPolicy,
-    StreamShared, StreamType, Sticky,
+    Device, DeviceCtx, DeviceKind, DeviceStreamPolicy, Placement, Sticky, Stream, StreamId,
+    StreamPolicy, StreamShared, StreamType,
 };
 use crate::tensor::{Blob, Tensor};
 use crate::worker::{ThreadCtx, worker_loop};
@@ -467,7 +467,15 @@ impl VmShared {
             self.flying.fetch_add(1, Ordering::Relaxed);
             wake |= self.pending.push(i);
         };
-        soft_sync::before_use(self, [Use { last: last_used, blob }], home, &mut push);
+        soft_sync::before_use(
+            self,
+            [Use {
+                last: last_used,
+                blob,
+            }],
+            home,
+            &mut push,
+        );
         let instr = Instruction::new("release_tensor", home.clone(), Kind::Free);
         // SAFETY: not shared yet; we own the body (ownership step 1).
         unsafe { instr.body_mut() }.outputs.push(blob.clone());

@@ -160,9 +160,10 @@ pub enum Placement {
 /// The engine launches an instruction (runs its body on the stream's thread) and then
 /// asks the policy whether it is done. On a compute stream an instruction is done at
 /// launch (the device queue orders the stream); streams whose work completes later (copy
-/// streams on an asynchronous device, critical sections) answer `false` from
-/// [`done_at_launch`](Self::done_at_launch) and signal completion later (the device issue
-/// defines how; the scheduler is woken through ivm-core's parking protocol).
+/// streams on an asynchronous device) answer `false` from
+/// [`done_at_launch`](Self::done_at_launch): an event is recorded after each instruction
+/// and its [`on_complete`](crate::Event::on_complete) callback marks the instruction done
+/// and wakes the scheduler through ivm-core's parking protocol (see [`crate::device`]).
 pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
     /// The stream type this policy serves.
     fn stream_type(&self) -> StreamType;

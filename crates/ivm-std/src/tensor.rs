@@ -118,7 +118,6 @@ impl Blob {
     }
 }
 
-
 /// A user handle on a tensor (cheap to clone). When the last handle drops, the VM enqueues
 /// a release instruction (never blocking, never subject to backpressure); the memory is
 /// freed once every instruction that uses it has been released.

@@ -13,7 +13,9 @@ use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use crate::builder::InstructionsBuilder;
 use crate::config::{Config, Mode};
+use crate::cpu::{CpuAdapter, HostMemory};
 use crate::dependence::Dependence;
+use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::engine::{DebugCounters, Engine};
 use crate::error::{Error, Result};
 use crate::futex::FutexWait;
@@ -21,8 +23,6 @@ use crate::instruction::{Instruction, Kind};
 use crate::shared::{
     NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside, lock,
 };
-use crate::cpu::{CpuAdapter, HostMemory};
-use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::stream::{
     CpuStreamPolicy, Device, DeviceCtx, DeviceKind, Stream, StreamId, StreamShared, StreamType,
 };
@@ -271,7 +271,13 @@ impl VirtualMachine {
         Ok(r)
     }
 
-    /// Waits until every instruction received before this call has been released.
+    /// Waits until every instruction received before this call has been released and the
+    /// device work of every asynchronous device stream has completed.
+    ///
+    /// # Errors
+    /// Besides the usual ones: a sticky asynchronous failure of a device stream (a kernel
+    /// that failed after its instruction was done at launch), reported once and cleared,
+    /// or an error the device reported.
     pub fn sync(&self) -> Result<()> {
         self.shared.check_caller()?;
         let mut instr = Instruction::new("sync", self.shared.barrier_stream.clone(), Kind::Noop);

@@ -331,7 +331,11 @@ impl SimStream {
     fn push(&self, op: Op) {
         let (launch, kernel, copy) = self.state.latencies;
         let (ready, latency) = {
-            let mut rng = self.state.rng.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut rng = self
+                .state
+                .rng
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let l = launch.draw(&mut rng);
             let k = match op {
                 Op::Host(_) => kernel.draw(&mut rng),
@@ -372,13 +376,21 @@ impl SimStream {
     }
 }
 
+thread_local! {
+    /// Set on sim stream threads.
+    static ON_SIM_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 impl Drop for SimStream {
     fn drop(&mut self) {
         self.state.lock().closed = true;
         self.state.cv.notify_all();
-        // The last handle may go on the stream's own thread (inside a host closure that
-        // held it): that thread drains and exits by itself.
-        if std::thread::current().id() != self.thread_id
+        // The last handle may go on a sim thread (inside a host closure that held it):
+        // joining there could wait for an event that thread itself has yet to reach, so
+        // the stream's thread then drains and exits by itself.
+        let on_sim = ON_SIM_THREAD.with(std::cell::Cell::get);
+        if !on_sim
+            && std::thread::current().id() != self.thread_id
             && let Some(h) = self
                 .thread
                 .lock()
@@ -393,6 +405,7 @@ impl Drop for SimStream {
 /// The stream's thread: runs items in order, sleeping while the queue is empty, until a
 /// launch latency has passed, for the item's own latency, and on device-side waits.
 fn run(state: &StreamState) {
+    ON_SIM_THREAD.with(|c| c.set(true));
     loop {
         let item = {
             let mut q = state.lock();
@@ -463,13 +476,7 @@ fn copy_now(
         // SAFETY: ranges checked at enqueue; both memories are alive (we hold their Arcs)
         // and not freed (begin_access succeeded); the enqueuer guaranteed nothing else
         // touches the ranges until this copy completes; `copy` allows overlap.
-        unsafe {
-            std::ptr::copy(
-                s.as_ptr().add(src_offset),
-                d.as_ptr().add(dst_offset),
-                len,
-            )
-        };
+        unsafe { std::ptr::copy(s.as_ptr().add(src_offset), d.as_ptr().add(dst_offset), len) };
     }
     dst.end_access();
     src.end_access();

@@ -22,13 +22,19 @@ fn query_is_false_while_work_is_queued_before_the_record() {
     s.launch_host(Box::new(|| std::thread::sleep(Duration::from_millis(30))))
         .unwrap();
     let e = s.record_event().unwrap();
-    assert!(!e.query(), "done right after record with work queued before it");
+    assert!(
+        !e.query(),
+        "done right after record with work queued before it"
+    );
     let fired = Arc::new(AtomicBool::new(false));
     let f2 = fired.clone();
     e.on_complete(Box::new(move || f2.store(true, SeqCst)));
     e.synchronize().unwrap();
     assert!(e.query());
-    assert!(fired.load(SeqCst), "on_complete ran when the event completed");
+    assert!(
+        fired.load(SeqCst),
+        "on_complete ran when the event completed"
+    );
     // Registered after completion: runs at once.
     let f3 = Arc::new(AtomicBool::new(false));
     let f4 = f3.clone();
@@ -70,7 +76,10 @@ fn device_side_wait_holds_back_the_waiting_queue() {
     let eb = b.record_event().unwrap();
     assert!(!eb.query(), "b must be held back by the wait");
     b.synchronize().unwrap();
-    assert!(seen.load(SeqCst), "b ran its closure before a's event completed");
+    assert!(
+        seen.load(SeqCst),
+        "b ran its closure before a's event completed"
+    );
 }
 
 #[test]
@@ -86,8 +95,14 @@ fn waiting_on_an_event_of_another_device_is_an_error() {
         .create_stream(0, StreamType::Compute)
         .unwrap();
     let ec = cpu.record_event().unwrap();
-    assert!(matches!(s0.wait_event(&*ec), Err(Error::ForeignEvent { .. })));
-    assert!(matches!(cpu.wait_event(&*e1), Err(Error::ForeignEvent { .. })));
+    assert!(matches!(
+        s0.wait_event(&*ec),
+        Err(Error::ForeignEvent { .. })
+    ));
+    assert!(matches!(
+        cpu.wait_event(&*e1),
+        Err(Error::ForeignEvent { .. })
+    ));
     assert!(sim.new_stream(2).is_err());
 }
 
@@ -100,8 +115,14 @@ fn copies_check_sizes_and_devices() {
     let h: Arc<dyn DeviceMemory> = Arc::new(HostMemory::from_bytes(&[9; 8]));
     // SAFETY: nothing else touches these memories.
     unsafe {
-        assert!(matches!(s.copy(&h, 0, &a0, 4, 8), Err(Error::OutOfBounds { .. })));
-        assert!(matches!(s.copy(&h, 0, &a1, 0, 8), Err(Error::DeviceMismatch(_))));
+        assert!(matches!(
+            s.copy(&h, 0, &a0, 4, 8),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            s.copy(&h, 0, &a1, 0, 8),
+            Err(Error::DeviceMismatch(_))
+        ));
         s.copy(&h, 0, &a0, 0, 8).unwrap();
     }
     s.synchronize().unwrap();
@@ -126,7 +147,11 @@ fn the_allocator_poisons_freed_memory_and_reports_a_free_before_a_read() {
     unsafe { reader.copy(&mem, 0, &out, 0, 16) }.unwrap();
     alloc.free_on(&mem, &*freer).unwrap();
     freer.synchronize().unwrap();
-    assert_eq!(bytes(&mem), vec![POISON_BYTE; 16], "freed memory is poisoned");
+    assert_eq!(
+        bytes(&mem),
+        vec![POISON_BYTE; 16],
+        "freed memory is poisoned"
+    );
     reader.synchronize().unwrap();
     let err = reader.take_error().expect("the late read is refused");
     assert!(err.contains("use after free"), "{err}");

@@ -65,11 +65,13 @@ fn launch(g: &Graph, ins: &[&Arc<Blob>], outs: &[&Arc<Blob>], params: &[&Arc<Blo
         CsKind::Input,
         ins.iter().map(|b| (*b).clone()).collect(),
         inputs.clone(),
+        true,
     );
     lazy.begin(
         CsKind::Output,
         outs.iter().map(|b| (*b).clone()).collect(),
         outputs.clone(),
+        true,
     );
     let job: JobResult = Arc::default();
     let j2 = job.clone();
@@ -77,7 +79,7 @@ fn launch(g: &Graph, ins: &[&Arc<Blob>], outs: &[&Arc<Blob>], params: &[&Arc<Blo
         lazy.job_name().into(),
         params.iter().map(|b| (*b).clone()).collect(),
         Box::new(move |r| *j2.lock().unwrap() = Some(r)),
-    )));
+    )), true);
     Run {
         inputs,
         outputs,

@@ -189,6 +189,37 @@ impl<T> Buffer<T> {
         Ok(())
     }
 
+    /// Appends `item` even if the buffer is full (the VM side in single-thread mode, where
+    /// blocking the only VM thread could deadlock; the count is still bounded by the VM's
+    /// instructions in flight).
+    ///
+    /// # Errors
+    /// [`BufferClosed`] (with the item) if the buffer is closed.
+    pub fn force_push(&self, item: T) -> Result<(), BufferClosed<T>> {
+        let mut g = lock(&self.inner);
+        if g.closed {
+            return Err(BufferClosed(item));
+        }
+        g.items.push_back(item);
+        let wake = self.changed(&g);
+        drop(g);
+        self.wake(wake);
+        self.notify_listener();
+        Ok(())
+    }
+
+    /// [`push`](Self::push) when `block`, [`force_push`](Self::force_push) otherwise.
+    ///
+    /// # Errors
+    /// [`BufferClosed`] (with the item) if the buffer is or gets closed first.
+    pub fn push_with(&self, item: T, block: bool) -> Result<(), BufferClosed<T>> {
+        if block {
+            self.push(item)
+        } else {
+            self.force_push(item)
+        }
+    }
+
     /// Appends `item` if there is room and the buffer is open; hands it back otherwise.
     pub fn try_push(&self, item: T) -> Result<(), T> {
         let mut g = lock(&self.inner);
@@ -270,6 +301,13 @@ mod tests {
         b.push(2).unwrap();
         assert_eq!(b.try_push(3), Err(3));
         assert_eq!(b.len(), 2);
+        b.force_push(3).unwrap();
+        assert_eq!(b.len(), 3);
+        assert_eq!(b.try_pop(), TryPop::Item(1));
+        assert_eq!(b.try_pop(), TryPop::Item(2));
+        b.push_with(1, true).unwrap();
+        b.push_with(2, false).unwrap();
+        assert_eq!(b.try_pop(), TryPop::Item(3));
         assert_eq!(b.try_pop(), TryPop::Item(1));
         assert_eq!(b.pop(), Ok(2));
         assert_eq!(b.try_pop(), TryPop::Empty);

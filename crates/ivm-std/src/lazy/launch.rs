@@ -14,12 +14,10 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
-use ivm_core::sync::{AtomicU32, Ordering};
-use ivm_core::wait::Wait;
+use ivm_core::sync::Ordering;
 
 use crate::builder::InstructionsBuilder;
 use crate::error::{Error, Failure, Result};
-use crate::futex::FutexWait;
 use crate::instruction::{Instruction, Kind, status};
 use crate::lazy::{
     CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
@@ -130,50 +128,72 @@ pub(crate) fn failure_of(e: &Error, instr: &str) -> Failure {
     }
 }
 
+/// What a launch does once the launcher's queue lets it go: enqueue is done, push the
+/// job instance (`true`: on the launcher thread, may block on a full buffer; `false`: on
+/// the thread of a finishing run, must not block).
+type Admit = Box<dyn FnOnce(bool) + Send>;
+
 /// The launcher stream's queue: the graph of every run launched and not yet finished, in
-/// launch order. A launch of another graph waits until it is empty.
+/// launch order, and the launches waiting for it. A launch of another graph than the ones
+/// queued waits until the queue is empty; runs of the same graph pipeline. Waiting blocks
+/// no thread: a waiting launch is parked here and admitted by the run whose finish
+/// empties the queue.
 #[derive(Default)]
 pub(crate) struct LauncherQueue {
-    graphs: Mutex<QueueInner>,
-    /// Bumped under the mutex on every dequeue; a waiting launch sleeps on it.
-    seq: AtomicU32,
+    inner: Mutex<QueueInner>,
 }
 
 #[derive(Default)]
 struct QueueInner {
-    ids: VecDeque<usize>,
-    sleepers: u32,
+    /// Graph ids of runs admitted and not finished, oldest first.
+    running: VecDeque<usize>,
+    /// Launches not admitted yet, in launch order.
+    waiting: VecDeque<(usize, Admit)>,
+}
+
+impl QueueInner {
+    fn admits(&self, graph: usize) -> bool {
+        self.running.iter().all(|&g| g == graph)
+    }
 }
 
 impl LauncherQueue {
-    /// Blocks until the queue holds no run of another graph than `graph`, then enqueues
-    /// `graph` (one step under the lock).
-    pub(crate) fn wait_and_enqueue(&self, graph: usize) {
-        let mut g = lock(&self.graphs);
-        while g.ids.iter().any(|&x| x != graph) {
-            g.sleepers += 1;
-            // Relaxed: read under the mutex; every dequeue bumps it under the mutex.
-            let seen = self.seq.load(Ordering::Relaxed);
+    /// Admits a launch of `graph` now (enqueueing the graph, then running `admit` on this
+    /// thread) if no run of another graph is queued and no launch waits; parks it
+    /// otherwise.
+    pub(crate) fn submit(&self, graph: usize, admit: Admit) {
+        let mut g = lock(&self.inner);
+        if g.waiting.is_empty() && g.admits(graph) {
+            // Enqueue *before* the job instance is pushed: a fast graph may finish the run
+            // (and dequeue it) as soon as its source tick sees it.
+            g.running.push_back(graph);
             drop(g);
-            FutexWait::wait(&self.seq, seen, None);
-            g = lock(&self.graphs);
-            g.sleepers -= 1;
+            admit(true);
+        } else {
+            g.waiting.push_back((graph, admit));
         }
-        g.ids.push_back(graph);
     }
 
-    /// A run of `graph` finished: takes it off the queue.
+    /// A run of `graph` finished: takes it off the queue and admits the launches that
+    /// may go now, in launch order.
     pub(crate) fn dequeue(&self, graph: usize) {
-        let mut g = lock(&self.graphs);
-        if let Some(p) = g.ids.iter().position(|&x| x == graph) {
-            g.ids.remove(p);
+        let mut g = lock(&self.inner);
+        if let Some(p) = g.running.iter().position(|&x| x == graph) {
+            g.running.remove(p);
         }
-        // Relaxed: ordered by the mutex (see `Buffer`).
-        self.seq.fetch_add(1, Ordering::Relaxed);
-        let wake = g.sleepers > 0;
+        let mut admitted = Vec::new();
+        while let Some(&(next, _)) = g.waiting.front() {
+            if !g.admits(next) {
+                break;
+            }
+            g.running.push_back(next);
+            if let Some((_, a)) = g.waiting.pop_front() {
+                admitted.push(a);
+            }
+        }
         drop(g);
-        if wake {
-            FutexWait::wake_all(&self.seq);
+        for a in admitted {
+            a(false);
         }
     }
 }
@@ -209,6 +229,7 @@ impl LazyGraph {
         kind: CsKind,
         blobs: Vec<Arc<Blob>>,
         records: Vec<Arc<SharedEventRecord>>,
+        block: bool,
     ) {
         let ifaces = match kind {
             CsKind::Input => &self.inner.inputs,
@@ -234,9 +255,10 @@ impl LazyGraph {
             CsKind::Input => &bufs.inputs,
             CsKind::Output => &bufs.outputs,
         };
-        let mut ok = bufs.wait.push(cs.clone()).is_ok() && bufs.callback.push(cs.clone()).is_ok();
+        let mut ok = bufs.wait.push_with(cs.clone(), block).is_ok()
+            && bufs.callback.push_with(cs.clone(), block).is_ok();
         for b in per_op.iter().flatten() {
-            ok = ok && b.push(cs.clone()).is_ok();
+            ok = ok && b.push_with(cs.clone(), block).is_ok();
         }
         if !ok {
             cs.finish_with_error(&Error::GraphClosed {
@@ -246,12 +268,12 @@ impl LazyGraph {
     }
 
     /// The launch's body, after the queue step: pushes `job` to the callback-notifier,
-    /// then the source-tick buffer. If the graph is closed, `job` finishes with
-    /// [`Error::GraphClosed`].
-    pub(crate) fn push_job(&self, job: Arc<JobInstance>) {
+    /// then the source-tick buffer (blocking while full if `block`). If the graph is
+    /// closed, `job` finishes with [`Error::GraphClosed`].
+    pub(crate) fn push_job(&self, job: Arc<JobInstance>, block: bool) {
         let bufs = &self.inner.buffers;
-        let ok = bufs.callback_notifier.push(job.clone()).is_ok()
-            && bufs.source_tick.push(job.clone()).is_ok();
+        let ok = bufs.callback_notifier.push_with(job.clone(), block).is_ok()
+            && bufs.source_tick.push_with(job.clone(), block).is_ok();
         if !ok {
             job.finish(Err(Error::GraphClosed {
                 job: self.inner.job.to_string(),
@@ -382,6 +404,9 @@ impl InstructionsBuilder<'_> {
             thread_id: 0,
         })?;
         let lazy = vm.lazy();
+        // Bodies may block on a full buffer only on their own VM threads: in single-thread
+        // mode they run in the caller's engine step, which the graph may be waiting for.
+        let block = !vm.single_thread();
 
         // 1. Soft sync every tensor onto the critical-section stream.
         let all: Vec<&Tensor> = inputs
@@ -422,7 +447,7 @@ impl InstructionsBuilder<'_> {
                 &refs,
                 &[],
                 Box::new(move |c| {
-                    gr.begin(CsKind::Input, b, r);
+                    gr.begin(CsKind::Input, b, r, block);
                     c.complete(Ok(()));
                 }),
             ));
@@ -436,7 +461,7 @@ impl InstructionsBuilder<'_> {
                 &[],
                 &refs,
                 Box::new(move |c| {
-                    gr.begin(CsKind::Output, b, r);
+                    gr.begin(CsKind::Output, b, r, block);
                     c.complete(Ok(()));
                 }),
             ));
@@ -456,18 +481,22 @@ impl InstructionsBuilder<'_> {
                 &writes,
                 Box::new(move |c| {
                     let id = gr.id();
-                    queue.wait_and_enqueue(id);
-                    let label = format!("launch_lazy_job `{}`", gr.job_name());
                     let q = queue.clone();
-                    let job = Arc::new(JobInstance::new(
-                        gr.inner.job.clone(),
-                        params,
-                        Box::new(move |r| {
-                            q.dequeue(id);
-                            c.complete(r.map_err(|e| failure_of(&e, &label)));
+                    queue.submit(
+                        id,
+                        Box::new(move |on_launcher| {
+                            let label = format!("launch_lazy_job `{}`", gr.job_name());
+                            let job = Arc::new(JobInstance::new(
+                                gr.inner.job.clone(),
+                                params,
+                                Box::new(move |r| {
+                                    q.dequeue(id);
+                                    c.complete(r.map_err(|e| failure_of(&e, &label)));
+                                }),
+                            ));
+                            gr.push_job(job, on_launcher && block);
                         }),
-                    ));
-                    gr.push_job(job);
+                    );
                 }),
             ));
         }

@@ -1,0 +1,660 @@
+//! Training a real model through ivm: a two-layer MLP classifier on the red-wine quality
+//! dataset (`linfa-datasets`, shipped inside the crate), trained three ways with the same
+//! seeds and the same `ndarray` kernels:
+//!
+//! 1. **plain**: the kernels called directly in one thread, no VM — the baseline;
+//! 2. **eager**: every op (gather, matmul, bias add, ReLU, softmax cross-entropy, their
+//!    gradients, Adam) is an ivm instruction naming what it reads and writes; the loss is
+//!    read after every step with `sync_read_small_mem` (the `.item()` of a training loop);
+//! 3. **lazy**: forward, backward and update are one compiled graph (`ivm_std::graph`)
+//!    launched every step through critical sections (inputs: the batch; outputs: the
+//!    loss; parameters: weights and optimiser state), the loss read every step.
+//!
+//! The per-step losses (and the final weights) of every mode must be bit-identical; the
+//! example checks it and exits non-zero if not. A logistic-regression baseline is trained
+//! the same way (plain) and its test accuracy reported beside the MLP's.
+//!
+//! ```sh
+//! cargo run --release --example train                       # all three modes
+//! cargo run --release --example train -- --epochs 1 --quiet  # what CI runs
+//! cargo run --release --example train -- --mode eager --device sim:20
+//! ```
+//!
+//! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`,
+//! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy`, `--quiet`,
+//! `--trace PATH` (default: `ivm-train-trace.json` in the temp directory) or `--no-trace`.
+//!
+//! The last epoch of every mode is recorded as spans (kernels on the threads that ran
+//! them, the graph runtime's actors, the caller's submit and loss read) and written as one
+//! Chrome/Perfetto trace, with a per-step breakdown of where the time went.
+//! VM settings come from the `IVM_*` environment variables (`Config::from_env`).
+
+mod data;
+mod kernels;
+mod modes;
+mod program;
+mod trace;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ivm::ivm_device::sim::{Latency, SimAdapter, SimConfig};
+use ivm::ivm_std::{Config, Device, DeviceKind, Stream, StreamId, StreamType, VirtualMachine};
+
+use kernels::Adam;
+use modes::{Batch, Eager, Lazy, Plain, TrainRows, Trainer, Weights};
+use program::Program;
+
+/// Where the VM runs the kernels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum DeviceArg {
+    Cpu,
+    /// The simulated accelerator with this launch latency.
+    Sim(Duration),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Eager,
+    /// Eager on the sim device with the batch copies on the compute stream (no overlap).
+    EagerOneStream,
+    Lazy,
+}
+
+impl Mode {
+    /// The trace's process id of this mode.
+    fn pid(self) -> u32 {
+        match self {
+            Mode::Plain => 1,
+            Mode::Eager => 2,
+            Mode::Lazy => 3,
+            Mode::EagerOneStream => 4,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Eager => "eager",
+            Mode::Lazy => "lazy",
+            Mode::EagerOneStream => "eager-1s",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Args {
+    epochs: usize,
+    batch: usize,
+    hidden: usize,
+    lr: f32,
+    seed: u64,
+    device: DeviceArg,
+    modes: Vec<Mode>,
+    quiet: bool,
+    trace: Option<std::path::PathBuf>,
+}
+
+const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] \
+[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        epochs: 100,
+        batch: 64,
+        hidden: 256,
+        lr: 3e-3,
+        seed: 42,
+        device: DeviceArg::Cpu,
+        modes: vec![Mode::Plain, Mode::Eager, Mode::Lazy],
+        quiet: false,
+        trace: Some(std::env::temp_dir().join("ivm-train-trace.json")),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let (flag, inline) = match flag.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (flag, None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+            v.parse()
+                .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
+        }
+        match flag.as_str() {
+            "--epochs" => a.epochs = num(&flag, value(&flag)?)?,
+            "--batch-size" => a.batch = num(&flag, value(&flag)?)?,
+            "--hidden" => a.hidden = num(&flag, value(&flag)?)?,
+            "--lr" => a.lr = num(&flag, value(&flag)?)?,
+            "--seed" => a.seed = num(&flag, value(&flag)?)?,
+            "--quiet" | "-q" => a.quiet = true,
+            "--trace" => a.trace = Some(value(&flag)?.into()),
+            "--no-trace" => a.trace = None,
+            "--device" => {
+                let v = value(&flag)?;
+                a.device = match v.as_str() {
+                    "cpu" => DeviceArg::Cpu,
+                    s if s.starts_with("sim") => {
+                        let us = s
+                            .strip_prefix("sim:")
+                            .map(|n| num::<u64>("--device sim:<latency_us>", n.to_string()))
+                            .transpose()?
+                            .unwrap_or(5);
+                        DeviceArg::Sim(Duration::from_micros(us))
+                    }
+                    _ => return Err(format!("--device: `{v}`: expected cpu or sim:<latency_us>")),
+                }
+            }
+            "--mode" => {
+                let v = value(&flag)?;
+                a.modes = match v.as_str() {
+                    "all" => vec![Mode::Plain, Mode::Eager, Mode::Lazy],
+                    "plain" => vec![Mode::Plain],
+                    "eager" => vec![Mode::Eager],
+                    "lazy" => vec![Mode::Lazy],
+                    _ => return Err(format!("--mode: `{v}`: expected all, plain, eager or lazy")),
+                }
+            }
+            "--help" | "-h" => return Err(USAGE.to_string()),
+            _ => return Err(format!("unknown flag `{flag}`\n{USAGE}")),
+        }
+    }
+    if a.epochs == 0 || a.batch == 0 || a.hidden == 0 {
+        return Err("--epochs, --batch-size and --hidden must be positive".into());
+    }
+    Ok(a)
+}
+
+/// What one training run produced.
+struct Run {
+    mode: Mode,
+    losses: Vec<f32>,
+    /// Wall time of the training loop only.
+    elapsed: Duration,
+    /// Wall time of the last epoch.
+    last_epoch: Duration,
+    weights: Weights,
+    accuracy: f64,
+    read_lat: Vec<Duration>,
+}
+
+struct Setup<'a> {
+    args: &'a Args,
+    rows: TrainRows,
+    test: &'a data::Split,
+    steps_per_epoch: usize,
+}
+
+fn progress(args: &Args, label: &str, total: u64) -> ProgressBar {
+    let visible = !args.quiet && std::io::stdout().is_terminal();
+    let pb = if visible {
+        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
+    if let Ok(style) = ProgressStyle::with_template(
+        "{prefix:>14} [{bar:30}] {pos:>6}/{len} steps {per_sec:>12} {msg}",
+    ) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+fn train(
+    setup: &Setup<'_>,
+    mode: Mode,
+    label: &str,
+    prog: &Program,
+    trainer: &mut dyn Trainer,
+    trace_pid: Option<u32>,
+) -> ivm::ivm_std::Result<Run> {
+    let a = setup.args;
+    let spe = setup.steps_per_epoch;
+    let pb = progress(a, label, (a.epochs * spe) as u64);
+    let mut losses = Vec::with_capacity(a.epochs * spe);
+    let t0 = Instant::now();
+    let mut last_epoch = Duration::ZERO;
+    let rows = setup.rows.y.len();
+    let mut next_order: Arc<[u32]> = data::epoch_order(rows, a.seed, 0).into();
+    for epoch in 0..a.epochs {
+        let last = epoch + 1 == a.epochs;
+        if let (true, Some(pid)) = (last, trace_pid) {
+            trainer.sync()?;
+            trace::start(pid);
+        }
+        let e0 = Instant::now();
+        let order = next_order;
+        next_order = data::epoch_order(rows, a.seed, epoch + 1).into();
+        for s in 0..spe {
+            let batch = Batch {
+                order: order.clone(),
+                start: s * prog.batch,
+            };
+            let next = if s + 1 < spe {
+                Some(Batch {
+                    order: order.clone(),
+                    start: (s + 1) * prog.batch,
+                })
+            } else {
+                (!last).then(|| Batch {
+                    order: next_order.clone(),
+                    start: 0,
+                })
+            };
+            losses.push(trainer.step(&batch, next.as_ref())?);
+        }
+        last_epoch = e0.elapsed();
+        if last && trace_pid.is_some() {
+            trainer.sync()?;
+            trace::stop();
+        }
+        pb.inc(spe as u64);
+        let tail = &losses[losses.len() - spe..];
+        pb.set_message(format!(
+            "epoch {:>3} loss {:.4}",
+            epoch + 1,
+            tail.iter().sum::<f32>() / spe as f32
+        ));
+    }
+    let elapsed = t0.elapsed();
+    pb.finish_and_clear();
+    let weights = trainer.weights()?;
+    let accuracy = program::accuracy(&prog.layers, &weights, &setup.test.x, &setup.test.y);
+    Ok(Run {
+        mode,
+        losses,
+        elapsed,
+        last_epoch,
+        weights,
+        accuracy,
+        read_lat: trainer.read_latencies().to_vec(),
+    })
+}
+
+/// A VM for `device`: its compute stream, and (for the sim) its host-to-device stream.
+fn new_vm(device: DeviceArg) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Option<Stream>)> {
+    let config = Config::from_env()?;
+    match device {
+        DeviceArg::Cpu => {
+            let vm = VirtualMachine::new(config)?;
+            let s = vm.default_stream();
+            Ok((vm, s, None))
+        }
+        DeviceArg::Sim(latency) => {
+            let sim = SimAdapter::new(SimConfig {
+                devices: 1,
+                launch_latency: Latency::fixed(latency),
+                kernel_latency: Latency::ZERO,
+                copy_latency: Latency::fixed(latency),
+                seed: 7,
+            });
+            let vm = VirtualMachine::with_adapters(config, vec![sim])?;
+            let dev = Device {
+                kind: DeviceKind::Sim,
+                index: 0,
+            };
+            let s = vm.stream(StreamId::default_for(dev))?;
+            // The h2d stream on a worker of its own: soft sync then orders compute after
+            // a copy with an event recorded on the h2d stream right behind that copy (a
+            // record instruction on the h2d stream), not behind whatever the h2d queue
+            // holds when the copy completes (a stream wait from the shared worker).
+            let h2d = vm.stream(StreamId {
+                device: dev,
+                stream_type: StreamType::HostToDevice,
+                thread_id: 1,
+            })?;
+            Ok((vm, s, Some(h2d)))
+        }
+    }
+}
+
+fn run_mode(setup: &Setup<'_>, mode: Mode, prog: &Arc<Program>) -> ivm::ivm_std::Result<Run> {
+    let pid = setup.args.trace.as_ref().map(|_| mode.pid());
+    match mode {
+        Mode::Plain => {
+            let mut t = Plain::new(prog.clone(), setup.rows.clone());
+            train(setup, mode, "mlp plain", prog, &mut t, pid)
+        }
+        Mode::Eager | Mode::EagerOneStream => {
+            let (vm, s, h2d) = new_vm(setup.args.device)?;
+            // On the sim, the batches are copied from the host: on the h2d stream
+            // (overlapping compute), or on the compute stream itself.
+            let copy = match mode {
+                Mode::EagerOneStream => h2d.map(|_| s.clone()),
+                _ => h2d,
+            };
+            let label = format!("mlp {}", mode.name());
+            let mut t = Eager::new(&vm, s, prog.clone(), &setup.rows, copy)?;
+            let r = train(setup, mode, &label, prog, &mut t, pid);
+            drop(t);
+            vm.shutdown()?;
+            r
+        }
+        Mode::Lazy => {
+            let (vm, s, _) = new_vm(setup.args.device)?;
+            let mut t = Lazy::new(&vm, s, prog.clone(), &setup.rows)?;
+            let r = train(setup, mode, "mlp lazy", prog, &mut t, pid);
+            drop(t);
+            vm.shutdown()?;
+            r
+        }
+    }
+}
+
+/// The per-step breakdown of each mode's last epoch, from the trace.
+fn where_time_goes(runs: &[Run], spe: usize) {
+    println!();
+    println!("where the last epoch's time goes, µs per step (from the trace):");
+    println!(
+        "| mode     | wall | kernels | graph protocol | h2d copies | caller run (build+submit) | caller waits in read | wall - kernels |"
+    );
+    println!(
+        "|----------|-----:|--------:|---------------:|-----------:|--------------------------:|---------------------:|---------------:|"
+    );
+    for r in runs {
+        let c = trace::per_step(r.mode.pid(), spe);
+        let get = |k| c.get(&k).copied().unwrap_or(0.0);
+        let wall = r.last_epoch.as_secs_f64() * 1e6 / spe as f64;
+        let kernels = get(trace::Cat::Kernel);
+        println!(
+            "| {:<8} | {wall:>4.0} | {kernels:>7.1} | {:>14.1} | {:>10.1} | {:>25.1} | {:>20.1} | {:>14.1} |",
+            r.mode.name(),
+            get(trace::Cat::Protocol),
+            get(trace::Cat::Copy),
+            get(trace::Cat::Submit),
+            get(trace::Cat::Read),
+            wall - kernels
+        );
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+/// Compares every run's losses and weights with the first run's, bit for bit.
+fn check_determinism(runs: &[Run]) -> Result<String, String> {
+    let Some(reference) = runs.first() else {
+        return Ok("no run".into());
+    };
+    if runs.len() < 2 {
+        return Ok(format!(
+            "only {} ran: nothing to compare (use --mode all)",
+            reference.mode.name()
+        ));
+    }
+    for r in &runs[1..] {
+        if r.losses.len() != reference.losses.len() {
+            return Err(format!(
+                "{} ran {} steps, {} ran {}",
+                r.mode.name(),
+                r.losses.len(),
+                reference.mode.name(),
+                reference.losses.len()
+            ));
+        }
+        if let Some((i, (a, b))) = reference
+            .losses
+            .iter()
+            .zip(&r.losses)
+            .enumerate()
+            .find(|(_, (a, b))| a.to_bits() != b.to_bits())
+        {
+            return Err(format!(
+                "step {i}: {} loss {a:e} ({:#010x}) but {} loss {b:e} ({:#010x})",
+                reference.mode.name(),
+                a.to_bits(),
+                r.mode.name(),
+                b.to_bits()
+            ));
+        }
+        let same = reference
+            .weights
+            .iter()
+            .zip(&r.weights)
+            .all(|((wa, ba), (wb, bb))| {
+                let eq = |x: &[f32], y: &[f32]| {
+                    x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+                };
+                eq(wa, wb) && eq(ba, bb)
+            });
+        if !same {
+            return Err(format!(
+                "the final weights of {} and {} differ",
+                reference.mode.name(),
+                r.mode.name()
+            ));
+        }
+    }
+    let names: Vec<_> = runs.iter().map(|r| r.mode.name()).collect();
+    Ok(format!(
+        "per-step losses ({} steps) and final weights bit-identical across {}",
+        reference.losses.len(),
+        names.join(", ")
+    ))
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match real_main(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("train: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
+    let t_load = Instant::now();
+    let data = data::load(args.seed, 0.2);
+    let load_time = t_load.elapsed();
+    let features = data.features;
+    let classes = data.classes;
+    let steps_per_epoch = data.train.rows / args.batch;
+    if steps_per_epoch == 0 {
+        eprintln!(
+            "--batch-size {} is larger than the {} training rows",
+            args.batch, data.train.rows
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let adam = Adam {
+        lr: args.lr,
+        ..Adam::default()
+    };
+    let mlp = Arc::new(Program::classifier(
+        &[features, args.hidden, classes],
+        args.batch,
+        adam,
+        args.seed,
+    ));
+    let logreg = Arc::new(Program::classifier(
+        &[features, classes],
+        args.batch,
+        adam,
+        args.seed,
+    ));
+    let device = match args.device {
+        DeviceArg::Cpu => "cpu".to_string(),
+        DeviceArg::Sim(l) => format!("sim (launch and copy latency {} µs)", l.as_micros()),
+    };
+    println!(
+        "winequality (red): {} train / {} test rows, {features} features, {classes} classes \
+         (quality {}..={}), loaded in {:.0} ms",
+        data.train.rows,
+        data.test.rows,
+        data.min_quality,
+        data.min_quality + classes - 1,
+        load_time.as_secs_f64() * 1e3
+    );
+    println!(
+        "model: MLP {features}-{}-{classes} ({} parameters), Adam lr {}, batch {}, {} epochs x {} \
+         steps, {} ops per step, device {device}",
+        args.hidden,
+        mlp.num_params(),
+        args.lr,
+        args.batch,
+        args.epochs,
+        steps_per_epoch,
+        mlp.ops.len() + 2,
+    );
+    let setup = Setup {
+        args,
+        rows: TrainRows {
+            x: Arc::new(data.train.x.clone()),
+            y: Arc::new(data.train.y.clone()),
+            width: features,
+        },
+        test: &data.test,
+        steps_per_epoch,
+    };
+
+    let mut modes = args.modes.clone();
+    if matches!(args.device, DeviceArg::Sim(_)) && modes.contains(&Mode::Eager) {
+        let at = modes
+            .iter()
+            .position(|&m| m == Mode::Eager)
+            .map_or(0, |i| i + 1);
+        modes.insert(at, Mode::EagerOneStream);
+    }
+    let mut runs = Vec::new();
+    for &mode in &modes {
+        runs.push(run_mode(&setup, mode, &mlp)?);
+    }
+    let mut lr_plain = Plain::new(logreg.clone(), setup.rows.clone());
+    let baseline = train(
+        &setup,
+        Mode::Plain,
+        "logreg plain",
+        &logreg,
+        &mut lr_plain,
+        None,
+    )?;
+
+    let plain_rate = runs
+        .iter()
+        .find(|r| r.mode == Mode::Plain)
+        .map(|r| r.losses.len() as f64 / r.elapsed.as_secs_f64());
+    println!();
+    println!(
+        "| model  | mode     | steps | time (s) | steps/s | vs plain | last-epoch (ms) | final loss | test acc |"
+    );
+    println!(
+        "|--------|----------|------:|---------:|--------:|---------:|----------------:|-----------:|---------:|"
+    );
+    let row = |model: &str, r: &Run| {
+        let rate = r.losses.len() as f64 / r.elapsed.as_secs_f64();
+        let vs = match (plain_rate, r.mode) {
+            (Some(_), Mode::Plain) | (None, _) => "-".to_string(),
+            (Some(p), _) => format!("{:+.1} %", (p / rate - 1.0) * 100.0),
+        };
+        let spe = setup.steps_per_epoch;
+        let last = &r.losses[r.losses.len() - spe..];
+        println!(
+            "| {model:<6} | {:<8} | {:>5} | {:>8.3} | {:>7.0} | {vs:>8} | {:>15.2} | {:>10.4} | {:>7.1} % |",
+            r.mode.name(),
+            r.losses.len(),
+            r.elapsed.as_secs_f64(),
+            rate,
+            r.last_epoch.as_secs_f64() * 1e3,
+            last.iter().sum::<f32>() / spe as f32,
+            r.accuracy * 100.0
+        );
+    };
+    for r in &runs {
+        row("mlp", r);
+    }
+    row("logreg", &baseline);
+    println!();
+    println!("\"vs plain\": extra wall time per step relative to plain (the VM's share).");
+    let rate_of = |m: Mode| {
+        runs.iter()
+            .find(|r| r.mode == m)
+            .map(|r| r.losses.len() as f64 / r.elapsed.as_secs_f64())
+    };
+    if let (Some(two), Some(one)) = (rate_of(Mode::Eager), rate_of(Mode::EagerOneStream)) {
+        println!(
+            "sim: batches copied from the host on an h2d stream overlapping compute (eager) vs on \
+             the compute stream (eager-1s): {:.2}x the steps/s",
+            two / one
+        );
+    }
+
+    let with_reads: Vec<&Run> = runs.iter().filter(|r| !r.read_lat.is_empty()).collect();
+    if !with_reads.is_empty() {
+        println!();
+        println!("sync_read_small_mem of the loss, per step (waits for the step's kernels):");
+        println!("| mode     | reads | p50 (µs) | p90 (µs) | p99 (µs) | max (µs) |");
+        println!("|----------|------:|---------:|---------:|---------:|---------:|");
+        for r in with_reads {
+            let mut l = r.read_lat.clone();
+            l.sort_unstable();
+            println!(
+                "| {:<8} | {:>5} | {:>8.1} | {:>8.1} | {:>8.1} | {:>8.1} |",
+                r.mode.name(),
+                l.len(),
+                percentile(&l, 0.5),
+                percentile(&l, 0.9),
+                percentile(&l, 0.99),
+                percentile(&l, 1.0)
+            );
+        }
+    }
+    println!();
+    if let Some(mlp_run) = runs.first() {
+        let verdict = if mlp_run.accuracy >= baseline.accuracy {
+            "at least"
+        } else {
+            "BELOW"
+        };
+        println!(
+            "accuracy: MLP {:.1} % vs logistic regression {:.1} % ({verdict} the baseline)",
+            mlp_run.accuracy * 100.0,
+            baseline.accuracy * 100.0
+        );
+    }
+    if let Some(path) = &args.trace {
+        where_time_goes(&runs, setup.steps_per_epoch);
+        let procs: Vec<(u32, &str)> = runs.iter().map(|r| (r.mode.pid(), r.mode.name())).collect();
+        match trace::write(path, &procs) {
+            Ok(n) => println!(
+                "trace of the last epoch ({n} spans, Chrome/Perfetto JSON): {}",
+                path.display()
+            ),
+            Err(e) => println!("trace: could not write {}: {e}", path.display()),
+        }
+    }
+    match check_determinism(&runs) {
+        Ok(msg) => {
+            println!("determinism: OK: {msg}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(msg) => {
+            eprintln!();
+            eprintln!("determinism: FAILED: {msg}");
+            eprintln!("the modes ran the same kernels on the same data and must agree bit for bit");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

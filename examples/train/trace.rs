@@ -1,0 +1,219 @@
+//! A small span recorder for the last epoch of each mode, written as a Chrome / Perfetto
+//! trace (`{"traceEvents": [...]}`, open it in ui.perfetto.dev or chrome://tracing).
+//!
+//! It records what the front end can see: each kernel on the thread that runs it (the
+//! VM's worker, the graph runtime's actor threads, or the caller in plain mode), every
+//! actor of the lazy graph, and on the caller the `run` (build + submit) and the loss
+//! read of each step. The gaps between kernels are the VM's (and the graph runtime's)
+//! time. Recording is off (one relaxed load per kernel) except while a mode runs its last
+//! epoch.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use ivm::ivm_std::graph::{GraphEvent, Phase};
+
+/// Recording on or off. Relaxed everywhere: the spans themselves go through the mutex,
+/// and a span recorded just before or after the switch is harmless.
+static ON: AtomicBool = AtomicBool::new(false);
+/// The process id spans are filed under (one per mode).
+static PID: AtomicU32 = AtomicU32::new(0);
+static EVENTS: Mutex<Vec<Span>> = Mutex::new(Vec::new());
+/// Start times of graph actors' firings in flight, by (actor, iteration).
+type Starts = HashMap<(Arc<str>, u64), f64>;
+static GRAPH_STARTS: Mutex<Option<Starts>> = Mutex::new(None);
+static T0: OnceLock<Instant> = OnceLock::new();
+
+/// What a span measures (for the summary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cat {
+    /// A numeric kernel (an op of the step, or the data loader's gather).
+    Kernel,
+    /// The lazy-job protocol actors of the graph runtime (ticks, wait, interface copies,
+    /// callbacks).
+    Protocol,
+    /// The caller building and submitting a step (`VirtualMachine::run`).
+    Submit,
+    /// The caller waiting in the loss read.
+    Read,
+    /// Host-to-device copies of a batch (between markers on the copy stream).
+    Copy,
+}
+
+/// One recorded span.
+#[derive(Debug, Clone)]
+pub struct Span {
+    pid: u32,
+    thread: String,
+    name: Arc<str>,
+    cat: Cat,
+    ts_us: f64,
+    dur_us: f64,
+}
+
+/// Microseconds since the first trace call.
+pub fn now_us() -> f64 {
+    T0.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e6
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Starts recording spans under process `pid`.
+pub fn start(pid: u32) {
+    now_us();
+    PID.store(pid, Ordering::Relaxed);
+    *lock(&GRAPH_STARTS) = Some(HashMap::new());
+    ON.store(true, Ordering::Relaxed);
+}
+
+/// Stops recording.
+pub fn stop() {
+    ON.store(false, Ordering::Relaxed);
+    *lock(&GRAPH_STARTS) = None;
+}
+
+fn thread_name() -> String {
+    let t = std::thread::current();
+    t.name()
+        .map_or_else(|| format!("{:?}", t.id()), str::to_string)
+}
+
+/// Whether recording is on.
+pub fn is_on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Records a span from `ts_us` to `end_us` (from [`now_us`]) when recording is on.
+pub fn record_span(name: &'static str, cat: Cat, ts_us: f64, end_us: f64) {
+    if is_on() {
+        record(Arc::from(name), cat, ts_us, end_us);
+    }
+}
+
+fn record(name: Arc<str>, cat: Cat, ts_us: f64, end_us: f64) {
+    let span = Span {
+        pid: PID.load(Ordering::Relaxed),
+        thread: thread_name(),
+        name,
+        cat,
+        ts_us,
+        dur_us: end_us - ts_us,
+    };
+    lock(&EVENTS).push(span);
+}
+
+/// Runs `f`, recording it as a span when recording is on.
+pub fn span<R>(name: &'static str, cat: Cat, f: impl FnOnce() -> R) -> R {
+    if !ON.load(Ordering::Relaxed) {
+        return f();
+    }
+    let t = now_us();
+    let r = f();
+    record(Arc::from(name), cat, t, now_us());
+    r
+}
+
+/// The lazy graph's trace sink: pairs each actor's start and end into a span.
+pub fn graph_event(e: &GraphEvent) {
+    if !ON.load(Ordering::Relaxed) {
+        return;
+    }
+    let t = now_us();
+    let key = (e.actor.clone(), e.iteration);
+    match e.phase {
+        Phase::Start => {
+            if let Some(m) = lock(&GRAPH_STARTS).as_mut() {
+                m.insert(key, t);
+            }
+        }
+        Phase::End => {
+            let start = lock(&GRAPH_STARTS).as_mut().and_then(|m| m.remove(&key));
+            if let Some(s) = start {
+                // Compute kernels are named `{index}:{op}`; the rest are protocol actors.
+                let cat = if e.actor.contains(':') {
+                    Cat::Kernel
+                } else {
+                    Cat::Protocol
+                };
+                record(e.actor.clone(), cat, s, t);
+            }
+        }
+    }
+}
+
+/// Microseconds per step spent in each category by process `pid`, over `steps` steps.
+pub fn per_step(pid: u32, steps: usize) -> HashMap<Cat, f64> {
+    let mut out = HashMap::new();
+    for s in lock(&EVENTS).iter().filter(|s| s.pid == pid) {
+        *out.entry(s.cat).or_insert(0.0) += s.dur_us;
+    }
+    for v in out.values_mut() {
+        *v /= steps.max(1) as f64;
+    }
+    out
+}
+
+fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// Writes every recorded span as a Chrome trace; `processes` names each pid.
+pub fn write(path: &std::path::Path, processes: &[(u32, &str)]) -> std::io::Result<usize> {
+    let events = lock(&EVENTS);
+    let mut tids: HashMap<(u32, &str), usize> = HashMap::new();
+    let mut out = String::from("{\"traceEvents\":[\n");
+    for &(pid, name) in processes {
+        let _ = writeln!(
+            out,
+            "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":\"{}\"}}}},",
+            escape(name)
+        );
+    }
+    for s in events.iter() {
+        let n = tids.len() + 1;
+        let tid = *tids.entry((s.pid, s.thread.as_str())).or_insert_with(|| {
+            let _ = writeln!(
+                out,
+                "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{},\"tid\":{n},\"args\":{{\"name\":\"{}\"}}}},",
+                s.pid,
+                escape(&s.thread)
+            );
+            n
+        });
+        let cat = match s.cat {
+            Cat::Kernel => "kernel",
+            Cat::Protocol => "protocol",
+            Cat::Submit => "submit",
+            Cat::Read => "read",
+            Cat::Copy => "copy",
+        };
+        let _ = writeln!(
+            out,
+            "{{\"ph\":\"X\",\"name\":\"{}\",\"cat\":\"{cat}\",\"pid\":{},\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3}}},",
+            escape(&s.name),
+            s.pid,
+            s.ts_us,
+            s.dur_us
+        );
+    }
+    // A final metadata record so that every real record can end with a comma.
+    out.push_str("{\"ph\":\"M\",\"name\":\"trace_end\",\"pid\":0,\"tid\":0,\"args\":{}}\n]}\n");
+    std::fs::write(path, out)?;
+    Ok(events.len())
+}
