@@ -405,26 +405,36 @@ impl<'vm> Device<'vm> {
                 (Some(_), None) => {}
             }
             for op in &d.prog.ops {
-                let n = op.reads.len();
-                let out = d.tensor(op.write, slot);
-                let mut ins: [&Tensor; 4] = [out; 4];
-                for (t, &i) in ins.iter_mut().zip(&op.reads) {
-                    *t = d.tensor(i, slot);
-                }
-                let (kernel, name) = (op.kernel.clone(), op.name);
-                b.call_named(op.name, &d.stream, &ins[..n], &[out], move |k| {
-                    let mut reads: [&[f32]; 4] = [&[]; 4];
-                    for (j, r) in reads.iter_mut().enumerate().take(n) {
-                        *r = f32s(k.input(j));
-                    }
-                    let out = f32s_mut(k.output(0));
-                    trace::span(name, Cat::Kernel, || kernel(&reads[..n], out));
-                })?;
+                d.push_op(b, op, slot)?;
             }
             if let (Some(_), Some(_)) = (&d.staging, next) {
                 d.handover(b, slot ^ 1)?;
             }
             Ok(())
+        })
+    }
+
+    /// One op as an instruction on the compute stream.
+    fn push_op(
+        &self,
+        b: &mut ivm::ivm_std::InstructionsBuilder<'_>,
+        op: &crate::program::Op,
+        slot: usize,
+    ) -> Result<()> {
+        let n = op.reads.len();
+        let out = self.tensor(op.write, slot);
+        let mut ins: [&Tensor; 4] = [out; 4];
+        for (t, &i) in ins.iter_mut().zip(&op.reads) {
+            *t = self.tensor(i, slot);
+        }
+        let (kernel, name) = (op.kernel.clone(), op.name);
+        b.call_named(op.name, &self.stream, &ins[..n], &[out], move |k| {
+            let mut reads: [&[f32]; 4] = [&[]; 4];
+            for (j, r) in reads.iter_mut().enumerate().take(n) {
+                *r = f32s(k.input(j));
+            }
+            let out = f32s_mut(k.output(0));
+            trace::span(name, Cat::Kernel, || kernel(&reads[..n], out));
         })
     }
 

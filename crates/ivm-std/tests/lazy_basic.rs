@@ -46,7 +46,12 @@ fn launches_mix_with_eager_work() {
     let vm = VirtualMachine::new(Config::default()).unwrap();
     let s = vm.default_stream();
     let graph = affine();
-    let (x, b, w, y) = (tensor(&vm, 3), tensor(&vm, 1), tensor(&vm, 2), tensor(&vm, 0));
+    let (x, b, w, y) = (
+        tensor(&vm, 3),
+        tensor(&vm, 1),
+        tensor(&vm, 2),
+        tensor(&vm, 0),
+    );
     for _ in 0..20 {
         vm.run(|bl| {
             bl.launch_lazy_job(&[&x, &b], &[&y], &[&w], graph.lazy())?;
@@ -81,7 +86,12 @@ fn launches_mix_with_eager_work() {
 fn bad_launches_are_errors() {
     let vm = VirtualMachine::new(Config::default()).unwrap();
     let graph = affine();
-    let (x, b, w, y) = (tensor(&vm, 3), tensor(&vm, 1), tensor(&vm, 2), tensor(&vm, 0));
+    let (x, b, w, y) = (
+        tensor(&vm, 3),
+        tensor(&vm, 1),
+        tensor(&vm, 2),
+        tensor(&vm, 0),
+    );
     let big = vm.new_tensor(16).unwrap();
     let launch = |i: &[&Tensor], o: &[&Tensor], p: &[&Tensor]| {
         vm.run(|bl| bl.launch_lazy_job(i, o, p, graph.lazy()))
@@ -97,11 +107,17 @@ fn bad_launches_are_errors() {
     ));
     assert!(matches!(
         launch(&[&x, &b], &[], &[&w]),
-        Err(Error::InterfaceCountMismatch { what: "outputs", .. })
+        Err(Error::InterfaceCountMismatch {
+            what: "outputs",
+            ..
+        })
     ));
     assert!(matches!(
         launch(&[&x, &b], &[&y], &[]),
-        Err(Error::InterfaceCountMismatch { what: "parameters", .. })
+        Err(Error::InterfaceCountMismatch {
+            what: "parameters",
+            ..
+        })
     ));
     match launch(&[&x, &big], &[&y], &[&w]) {
         Err(Error::InterfaceSizeMismatch {
@@ -158,7 +174,11 @@ fn invalid_interfaces_and_empty_tensors_complete_at_once() {
     vm.run(|bl| bl.launch_lazy_job(&[&xi, &ei], &[&un, &yo], &[], graph.lazy()))
         .unwrap();
     assert_eq!(read_u64(&vm, &yo).unwrap(), 9);
-    assert_eq!(read_u64(&vm, &un).unwrap(), 7, "an invalid output is untouched");
+    assert_eq!(
+        read_u64(&vm, &un).unwrap(),
+        7,
+        "an invalid output is untouched"
+    );
     drop((xi, ei, un, yo));
     assert_drained(&vm);
 }
@@ -195,10 +215,16 @@ fn graph_kernel_panic_reaches_every_waiting_eager_instruction() {
     );
     vm.run(|bl| {
         bl.launch_lazy_job(&[&xi], &[&go, &bo], &[&wp], graph.lazy())?;
-        bl.call_named("after_bad", &s, &[&bo], &[&after], |k| k.output_u64(0)[0] = 1)
+        bl.call_named("after_bad", &s, &[&bo], &[&after], |k| {
+            k.output_u64(0)[0] = 1
+        })
     })
     .unwrap();
-    assert_eq!(read_u64(&vm, &go).unwrap(), 13, "an unaffected output arrives");
+    assert_eq!(
+        read_u64(&vm, &go).unwrap(),
+        13,
+        "an unaffected output arrives"
+    );
     for t in [&bo, &wp, &after] {
         match read_u64(&vm, t) {
             Err(Error::Poisoned {
@@ -212,7 +238,12 @@ fn graph_kernel_panic_reaches_every_waiting_eager_instruction() {
         }
     }
     // The VM and the graph keep serving.
-    let (x2, w2, g2, b2) = (tensor(&vm, 1), tensor(&vm, 5), tensor(&vm, 0), tensor(&vm, 0));
+    let (x2, w2, g2, b2) = (
+        tensor(&vm, 1),
+        tensor(&vm, 5),
+        tensor(&vm, 0),
+        tensor(&vm, 0),
+    );
     vm.run(|bl| bl.launch_lazy_job(&[&x2], &[&g2, &b2], &[&w2], graph.lazy()))
         .unwrap();
     assert_eq!(read_u64(&vm, &b2).unwrap(), 1);
@@ -295,7 +326,12 @@ fn vm_shutdown_while_a_graph_runs_drains_it() {
 fn single_thread_mode_runs_lazy_jobs() {
     let vm = VirtualMachine::new(Config::single_thread()).unwrap();
     let graph = affine();
-    let (x, b, w, y) = (tensor(&vm, 3), tensor(&vm, 1), tensor(&vm, 2), tensor(&vm, 0));
+    let (x, b, w, y) = (
+        tensor(&vm, 3),
+        tensor(&vm, 1),
+        tensor(&vm, 2),
+        tensor(&vm, 0),
+    );
     for _ in 0..3 {
         vm.run(|bl| bl.launch_lazy_job(&[&x, &b], &[&y], &[&w], graph.lazy()))
             .unwrap();

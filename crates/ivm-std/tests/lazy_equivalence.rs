@@ -115,10 +115,7 @@ fn run_program(cfg: Config, seed: u64, launches: usize) {
                     0..=2 => {
                         // Graph A: two inputs (may repeat), two outputs elsewhere.
                         let o = distinct(&mut rng, 2, &[]);
-                        let i = [
-                            distinct(&mut rng, 1, &o)[0],
-                            distinct(&mut rng, 1, &o)[0],
-                        ];
+                        let i = [distinct(&mut rng, 1, &o)[0], distinct(&mut rng, 1, &o)[0]];
                         bl.launch_lazy_job(
                             &[&ts[i[0]], &ts[i[1]]],
                             &[&ts[o[0]], &ts[o[1]]],
@@ -180,7 +177,11 @@ fn run_program(cfg: Config, seed: u64, launches: usize) {
             let t = rng.below(NT + 2);
             let mut b = [0u8; 8];
             vm.sync_read_small_mem(&ts[t], &mut b).unwrap();
-            assert_eq!(u64::from_ne_bytes(b), model[t], "seed {seed}: tensor {t} mid-way");
+            assert_eq!(
+                u64::from_ne_bytes(b),
+                model[t],
+                "seed {seed}: tensor {t} mid-way"
+            );
         }
     }
     for (k, t) in ts.iter().enumerate() {

@@ -66,9 +66,8 @@ impl GBlob {
         let nbytes = self.nbytes;
         // SAFETY: by the caller's contract no write to this slot runs concurrently; the
         // box holds at least `nbytes` initialised bytes.
-        self.slots[self.slot_index(iteration)].with(|p| unsafe {
-            std::slice::from_raw_parts((*p).as_ptr().cast::<u8>(), nbytes)
-        })
+        self.slots[self.slot_index(iteration)]
+            .with(|p| unsafe { std::slice::from_raw_parts((*p).as_ptr().cast::<u8>(), nbytes) })
     }
 
     /// The slot of `iteration`, mutably.
@@ -145,6 +144,8 @@ pub(crate) struct Shared {
     /// notifier pops).
     jobs: Mutex<VecDeque<(usize, Arc<JobInstance>)>>,
     stop: AtomicBool,
+    /// Runs finished by the callback notifier (counted before the launch is finished).
+    runs_finished: AtomicUsize,
     trace: Option<TraceFn>,
 }
 
@@ -183,15 +184,12 @@ impl Graph {
         self.shared.notifiers.len()
     }
 
-    /// Iterations whose callback notifier has run (finished runs, failed or not).
+    /// Runs finished by the callback notifier (failed or not). A run is counted before
+    /// its launch instruction is marked done, so once eager code has seen a run's launch
+    /// complete, the count includes it.
     pub fn iterations_done(&self) -> u64 {
-        let last = self
-            .shared
-            .actors
-            .last()
-            .expect("a graph has at least its protocol actors");
-        // Acquire: a caller that sees n finished runs sees their effects.
-        last.done.load(Ordering::Acquire) as u64
+        // Relaxed: a count; the run's effects are published through the VM.
+        self.shared.runs_finished.load(Ordering::Relaxed) as u64
     }
 
     /// The names of the actors, with the thread each runs on.
@@ -399,7 +397,12 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
     }
     let notifier = names.len();
     let mut np = vec![callback];
-    np.extend(kernel_actors.iter().copied().filter(|&k| succs[k].is_empty()));
+    np.extend(
+        kernel_actors
+            .iter()
+            .copied()
+            .filter(|&k| succs[k].is_empty()),
+    );
     for &p in &np {
         succs[p].push(notifier);
     }
@@ -474,6 +477,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         param_turn: AtomicUsize::new(0),
         jobs: Mutex::new(VecDeque::new()),
         stop: AtomicBool::new(false),
+        runs_finished: AtomicUsize::new(0),
         trace: b.trace.take(),
     });
 
@@ -701,6 +705,9 @@ fn try_fire(s: &Shared, a: &mut LocalActor) -> bool {
                 "ivm graph: callback notifier out of step with the source tick"
             );
             drop(started);
+            // Relaxed: a count (see `Graph::iterations_done`); the job's completion below
+            // happens after it in this thread.
+            s.runs_finished.fetch_add(1, Ordering::Relaxed);
             j.finish(match &upstream {
                 Some(e) => Err(e.clone()),
                 None => Ok(()),

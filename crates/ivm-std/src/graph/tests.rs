@@ -75,11 +75,14 @@ fn launch(g: &Graph, ins: &[&Arc<Blob>], outs: &[&Arc<Blob>], params: &[&Arc<Blo
     );
     let job: JobResult = Arc::default();
     let j2 = job.clone();
-    lazy.push_job(Arc::new(JobInstance::new(
-        lazy.job_name().into(),
-        params.iter().map(|b| (*b).clone()).collect(),
-        Box::new(move |r| *j2.lock().unwrap() = Some(r)),
-    )), true);
+    lazy.push_job(
+        Arc::new(JobInstance::new(
+            lazy.job_name().into(),
+            params.iter().map(|b| (*b).clone()).collect(),
+            Box::new(move |r| *j2.lock().unwrap() = Some(r)),
+        )),
+        true,
+    );
     Run {
         inputs,
         outputs,
@@ -279,7 +282,11 @@ fn size_mismatch_at_copy_fails_the_op() {
     let run = launch(&graph, &[&xi], &[&xo], &[]);
     assert!(matches!(
         run.wait(),
-        Err(Error::InterfaceSizeMismatch { expected: 8, got: 16, .. })
+        Err(Error::InterfaceSizeMismatch {
+            expected: 8,
+            got: 16,
+            ..
+        })
     ));
     assert!(matches!(
         run.inputs[0].result(),
@@ -293,11 +300,15 @@ fn shutdown_fails_unfinished_runs_and_later_launches() {
     let mut g = GraphBuilder::new("stop");
     let x = g.input("x", 8);
     let y = g.blob("y", 8);
-    g.kernel("slow", &[x], &[y], |_| std::thread::sleep(Duration::from_millis(30)));
+    g.kernel("slow", &[x], &[y], |_| {
+        std::thread::sleep(Duration::from_millis(30))
+    });
     g.output("y", y);
     let graph = g.build().unwrap();
     let (xi, yo) = (blob(&[1; 8]), blob(&[0; 8]));
-    let runs: Vec<_> = (0..3).map(|_| launch(&graph, &[&xi], &[&yo], &[])).collect();
+    let runs: Vec<_> = (0..3)
+        .map(|_| launch(&graph, &[&xi], &[&yo], &[]))
+        .collect();
     std::thread::sleep(Duration::from_millis(10));
     graph.shutdown();
     for r in &runs {
@@ -365,13 +376,23 @@ fn bad_graphs_are_errors() {
     let mut g = GraphBuilder::new("ok");
     let y = g.blob("y", 8);
     let k = g.kernel("k", &[], &[y], |k| k.output(0).fill(1));
-    g.on_thread(k, 1).threads(2).pipeline_depth(3).buffer_runs(4);
+    g.on_thread(k, 1)
+        .threads(2)
+        .pipeline_depth(3)
+        .buffer_runs(4);
     g.output("y", y);
     let graph = g.build().unwrap();
     let names: Vec<String> = graph.actors().into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,
-        ["source-tick", "wait", "k", "output/y", "callback", "callback-notifier"]
+        [
+            "source-tick",
+            "wait",
+            "k",
+            "output/y",
+            "callback",
+            "callback-notifier"
+        ]
     );
     assert_eq!(graph.lazy().buffers().source_tick.capacity(), 4);
 }

@@ -154,7 +154,10 @@ impl<T> Buffer<T> {
 
     /// Sleeps until the sequence word moves past `seen` (or spuriously). `g` registered us
     /// as a sleeper; we deregister after waking.
-    fn sleep(&self, mut g: std::sync::MutexGuard<'_, Inner<T>>) -> std::sync::MutexGuard<'_, Inner<T>> {
+    fn sleep(
+        &self,
+        mut g: std::sync::MutexGuard<'_, Inner<T>>,
+    ) -> std::sync::MutexGuard<'_, Inner<T>> {
         g.sleepers += 1;
         // Relaxed: read under the mutex, so every change made before we registered is
         // included; a later change (made under the mutex after we unlock) bumps it.

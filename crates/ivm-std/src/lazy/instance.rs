@@ -196,13 +196,7 @@ impl CriticalSectionInstance {
         }
     }
 
-    fn copy(
-        &self,
-        i: usize,
-        kind: CsKind,
-        len: usize,
-        f: impl FnOnce(&[u8]),
-    ) -> Result<(), Error> {
+    fn copy(&self, i: usize, kind: CsKind, len: usize, f: impl FnOnce(&[u8])) -> Result<(), Error> {
         let op = &self.ops[i];
         let mut res = Ok(());
         let ran = op.record.init_with(|| {

@@ -48,8 +48,7 @@ impl Drop for Completion {
         if let Some(i) = self.instr.take() {
             let f = Failure {
                 instruction: i.label().into(),
-                message: "the instruction's body ended without completing it (it panicked)"
-                    .into(),
+                message: "the instruction's body ended without completing it (it panicked)".into(),
                 panicked: true,
             };
             finish(&i, Err(f));
@@ -149,6 +148,9 @@ struct QueueInner {
     running: VecDeque<usize>,
     /// Launches not admitted yet, in launch order.
     waiting: VecDeque<(usize, Admit)>,
+    /// A thread is running admitted launches' pushes: others leave the admitting to it,
+    /// so job instances reach the buffers in launch order.
+    admitting: bool,
 }
 
 impl QueueInner {
@@ -159,41 +161,64 @@ impl QueueInner {
 
 impl LauncherQueue {
     /// Admits a launch of `graph` now (enqueueing the graph, then running `admit` on this
-    /// thread) if no run of another graph is queued and no launch waits; parks it
-    /// otherwise.
+    /// thread) if no run of another graph is queued, no launch waits and nobody else is
+    /// admitting; parks it otherwise.
     pub(crate) fn submit(&self, graph: usize, admit: Admit) {
         let mut g = lock(&self.inner);
-        if g.waiting.is_empty() && g.admits(graph) {
+        if g.waiting.is_empty() && !g.admitting && g.admits(graph) {
             // Enqueue *before* the job instance is pushed: a fast graph may finish the run
             // (and dequeue it) as soon as its source tick sees it.
             g.running.push_back(graph);
+            g.admitting = true;
             drop(g);
             admit(true);
+            self.admit_waiting(lock(&self.inner), true);
         } else {
             g.waiting.push_back((graph, admit));
         }
     }
 
     /// A run of `graph` finished: takes it off the queue and admits the launches that
-    /// may go now, in launch order.
+    /// may go now, in launch order (unless another thread is admitting: it will).
     pub(crate) fn dequeue(&self, graph: usize) {
         let mut g = lock(&self.inner);
         if let Some(p) = g.running.iter().position(|&x| x == graph) {
             g.running.remove(p);
         }
-        let mut admitted = Vec::new();
-        while let Some(&(next, _)) = g.waiting.front() {
-            if !g.admits(next) {
-                break;
-            }
-            g.running.push_back(next);
-            if let Some((_, a)) = g.waiting.pop_front() {
-                admitted.push(a);
-            }
+        if g.admitting {
+            return;
         }
-        drop(g);
-        for a in admitted {
-            a(false);
+        self.admit_waiting(g, false);
+    }
+
+    /// Admits waiting launches in order while the queue lets them go, running their
+    /// pushes outside the lock; `on_launcher`: this is the launcher thread (may block).
+    fn admit_waiting<'a>(
+        &'a self,
+        mut g: std::sync::MutexGuard<'a, QueueInner>,
+        on_launcher: bool,
+    ) {
+        loop {
+            let mut batch = Vec::new();
+            while let Some(&(next, _)) = g.waiting.front() {
+                if !g.admits(next) {
+                    break;
+                }
+                g.running.push_back(next);
+                if let Some((_, a)) = g.waiting.pop_front() {
+                    batch.push(a);
+                }
+            }
+            if batch.is_empty() {
+                g.admitting = false;
+                return;
+            }
+            g.admitting = true;
+            drop(g);
+            for a in batch {
+                a(on_launcher);
+            }
+            g = lock(&self.inner);
         }
     }
 }
@@ -417,7 +442,8 @@ impl InstructionsBuilder<'_> {
             .collect();
         self.soft_sync_onto(&all, &cs);
 
-        let blobs = |ts: &[&Tensor]| -> Vec<Arc<Blob>> { ts.iter().map(|t| t.blob().clone()).collect() };
+        let blobs =
+            |ts: &[&Tensor]| -> Vec<Arc<Blob>> { ts.iter().map(|t| t.blob().clone()).collect() };
         let records = |ifaces: &[crate::lazy::Interface]| -> Vec<Arc<SharedEventRecord>> {
             ifaces
                 .iter()
@@ -506,7 +532,12 @@ impl InstructionsBuilder<'_> {
             .iter()
             .zip(&in_records)
             .map(|(b, r)| (b, r, false))
-            .chain(out_blobs.iter().zip(&out_records).map(|(b, r)| (b, r, true)));
+            .chain(
+                out_blobs
+                    .iter()
+                    .zip(&out_records)
+                    .map(|(b, r)| (b, r, true)),
+            );
         for (b, r, write) in ends {
             let (name, ins, outs): (&'static str, Vec<&Arc<Blob>>, Vec<&Arc<Blob>>) = if write {
                 ("output_critical_section_end", vec![], vec![b])

@@ -342,7 +342,9 @@ mod tests {
     fn duplicate_names_are_errors() {
         for b in [
             LazyGraph::builder("j").input("a", 1).input("a", 2),
-            LazyGraph::builder("j").output("o", 1).output_with("o", 1, false),
+            LazyGraph::builder("j")
+                .output("o", 1)
+                .output_with("o", 1, false),
             LazyGraph::builder("j").param("w", 1).param("w", 1),
         ] {
             match b.build() {
@@ -354,7 +356,11 @@ mod tests {
             }
         }
         // The same name as an input and an output is fine (different buffers).
-        LazyGraph::builder("j").input("a", 1).output("a", 1).build().unwrap();
+        LazyGraph::builder("j")
+            .input("a", 1)
+            .output("a", 1)
+            .build()
+            .unwrap();
     }
 
     #[test]

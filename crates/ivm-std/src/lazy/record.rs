@@ -33,10 +33,7 @@ impl fmt::Debug for EndEvent {
         match self {
             EndEvent::Done => f.write_str("Done"),
             EndEvent::Failed(e) => f.debug_tuple("Failed").field(e).finish(),
-            EndEvent::Device(e) => f
-                .debug_struct("Device")
-                .field("done", &e.query())
-                .finish(),
+            EndEvent::Device(e) => f.debug_struct("Device").field("done", &e.query()).finish(),
         }
     }
 }
@@ -124,9 +121,9 @@ impl SharedEventRecord {
         if self.init_with(|| event.take().expect("init_with calls its closure once")) {
             Ok(())
         } else {
-            Err(AlreadyInitialised(
-                event.expect("the closure did not run, so the event is still here"),
-            ))
+            Err(AlreadyInitialised(event.expect(
+                "the closure did not run, so the event is still here",
+            )))
         }
     }
 
