@@ -113,7 +113,10 @@ fn main() {
     }
     vm.sync().expect("sync");
     println!("lazy-job launches of an empty graph ({N} inputs, {N} outputs, {BYTES} B each)");
-    println!("  threads available: {:?}", std::thread::available_parallelism());
+    println!(
+        "  threads available: {:?}",
+        std::thread::available_parallelism()
+    );
     println!("  rate, reused tensors:     {reused:>10.0} launches/s ({launches} launches)");
     println!("  rate, rotating outputs:   {rotating:>10.0} launches/s ({launches} launches)");
     println!(

@@ -22,7 +22,7 @@ pub enum Mode {
 /// | variable | field | default |
 /// |---|---|---|
 /// | `IVM_MODE` (`multi` / `single`) | [`mode`](Self::mode) | `multi` |
-/// | `IVM_WORKER_POLL_US` | [`worker_poll_window`](Self::worker_poll_window) | 200 (0 below 4 cores) |
+/// | `IVM_WORKER_POLL_US` | [`worker_poll_window`](Self::worker_poll_window) | 200 (100 below 4 cores) |
 /// | `IVM_SCHEDULER_WINDOW_US` | [`scheduler_work_window`](Self::scheduler_work_window) | 1000 (0 below 4 cores) |
 /// | `IVM_HIGH_WATER` | [`high_water_mark`](Self::high_water_mark) | 65536 |
 /// | `IVM_LOW_WATER` | [`low_water_mark`](Self::low_water_mark) | 32768 |
@@ -31,6 +31,8 @@ pub enum Mode {
 /// | `IVM_PENDING_WINDOW` | [`pending_window`](Self::pending_window) | 256 |
 /// | `IVM_RING` | [`sync_ring_capacity`](Self::sync_ring_capacity) | 8 |
 /// | `IVM_STREAM_WAIT` (`1` / `0`) | [`stream_wait`](Self::stream_wait) | `1` |
+/// | `IVM_INLINE_SYNC` (`1` / `0`) | [`inline_sync_access`](Self::inline_sync_access) | `1` |
+/// | `IVM_TRACE` (`1` / `0`) | [`trace`](Self::trace) | `0` |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Multi-thread (scheduler + workers) or single-thread mode.
@@ -63,6 +65,15 @@ pub struct Config {
     /// one, make the other wait for it). When `false`, soft sync only records events that
     /// the scheduler observes on the host (OneFlow's `ONEFLOW_VM_ENABLE_STREAM_WAIT=0`).
     pub stream_wait: bool,
+    /// A small sync access (`sync_read_small_mem` / `sync_write_small_mem`) whose
+    /// instruction is ready when the engine handles it — every producer of the tensor
+    /// released, nothing else dispatched on the stream, a synchronous device, host-visible
+    /// memory — runs in the thread that drives the engine (usually the caller itself)
+    /// instead of being handed to the stream's worker: no thread wake at all. `false`
+    /// always hands it to the worker (the benchmarks use this to time the worker path).
+    pub inline_sync_access: bool,
+    /// Turns on [`crate::trace`] recording (process-wide) when the VM starts.
+    pub trace: bool,
     /// A bug planted in the engine, for the equivalence fuzzer's own tests (feature
     /// `fuzzing` only; default: none). Never set it.
     #[cfg(feature = "fuzzing")]
@@ -70,23 +81,26 @@ pub struct Config {
     pub planted: crate::fuzzing::PlantedBug,
 }
 
-/// Hardware threads below which the default spin windows are zero.
+/// Hardware threads below which the default scheduler window is zero and the default worker
+/// poll window shorter (see [`Config::default`]).
 pub const SPIN_WINDOW_MIN_CORES: usize = 4;
 
 impl Default for Config {
-    /// The defaults. The spin windows are DESIGN.md's (200 µs worker poll, 1 ms scheduler
-    /// window) on machines with at least [`SPIN_WINDOW_MIN_CORES`] hardware threads, and
-    /// zero (park as soon as idle) below: measured on a loaded 2-vCPU machine, the windows
-    /// made two VM threads spin on both cores and starve the caller (≈1 ms per sync read
-    /// and 100 000 streamed instructions with 4 concurrent readers in ≈50 s, against
-    /// ≈15–20 µs per read and <1 s with zero windows).
+    /// The defaults. The windows are DESIGN.md's (200 µs worker poll, 1 ms scheduler
+    /// window) on machines with at least [`SPIN_WINDOW_MIN_CORES`] hardware threads.
+    /// Below, the scheduler window is zero (callers and workers drive the engine
+    /// themselves, see `drive.rs`, so the scheduler thread has nothing to poll for) and the
+    /// worker polls for 100 µs, yielding its CPU after a few spins: measured on a loaded
+    /// 2-vCPU machine, a zero poll window made every cross-thread hand-over a futex wake
+    /// (a two-stream chain ran at ≈65 K instructions/s, ≈860 K/s with the window), while
+    /// pure-spin windows on three threads (caller, scheduler, worker) starved the caller.
     fn default() -> Self {
         let many_cores =
             std::thread::available_parallelism().map_or(1, usize::from) >= SPIN_WINDOW_MIN_CORES;
         let (poll, window) = if many_cores {
             (Duration::from_micros(200), Duration::from_millis(1))
         } else {
-            (Duration::ZERO, Duration::ZERO)
+            (Duration::from_micros(100), Duration::ZERO)
         };
         Self {
             mode: Mode::MultiThread,
@@ -99,6 +113,8 @@ impl Default for Config {
             pending_window: 256,
             sync_ring_capacity: 8,
             stream_wait: true,
+            inline_sync_access: true,
+            trace: false,
             #[cfg(feature = "fuzzing")]
             planted: crate::fuzzing::PlantedBug::None,
         }
@@ -179,6 +195,17 @@ impl Config {
                     )));
                 }
             };
+        }
+        let flag = |k: &str, v: u64| match v {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(Error::Config(format!("{k}={v}: expected 0 or 1"))),
+        };
+        if let Some(v) = num("IVM_INLINE_SYNC")? {
+            c.inline_sync_access = flag("IVM_INLINE_SYNC", v)?;
+        }
+        if let Some(v) = num("IVM_TRACE")? {
+            c.trace = flag("IVM_TRACE", v)?;
         }
         c.validate()?;
         Ok(c)

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use ivm_core::sync::Ordering;
 
 use crate::dependence::Dependence;
+use crate::drive::Driver;
 use crate::error::{Diagnostic, LivelyInstruction};
 use crate::instruction::{self, Instruction, Kind, status};
 use crate::shared::{Probe, VmShared};
@@ -106,6 +107,14 @@ pub(crate) struct Engine {
     /// Set while handling the tensor dependences of a critical-section instruction:
     /// same-stream edges made then are strict (see `OutEdge::strict`).
     strict: bool,
+    /// Who runs the current steps (`drive.rs`): probes and user barriers are the
+    /// scheduler thread's.
+    driver: Driver,
+    /// Set by a step when a non-scheduler driver met work reserved to the scheduler thread
+    /// (a submitted probe, a user barrier at the front).
+    needs_scheduler: bool,
+    /// Ready small sync accesses may run inline in the driver (`Config::inline_sync_access`).
+    inline_small: bool,
     /// Planted bug (feature `fuzzing`, equivalence-fuzzer tests only): see `planted_*`.
     #[cfg(feature = "fuzzing")]
     planted: crate::fuzzing::PlantedBug,
@@ -141,6 +150,9 @@ impl Engine {
             probes: Vec::new(),
             pending_window,
             strict: false,
+            driver: Driver::Scheduler,
+            needs_scheduler: false,
+            inline_small: false,
             #[cfg(feature = "fuzzing")]
             planted: crate::fuzzing::PlantedBug::None,
         }
@@ -148,6 +160,7 @@ impl Engine {
 
     /// Takes a received instruction (drained from the VM's pending queue).
     pub(crate) fn receive(&mut self, instr: Arc<Instruction>) {
+        crate::trace::record(&instr, crate::trace::Phase::Receive);
         self.pending.push_back(instr);
     }
 
@@ -168,6 +181,17 @@ impl Engine {
 
     pub(crate) fn has_probes(&self) -> bool {
         !self.probes.is_empty()
+    }
+
+    /// Who runs the next steps, and whether ready small sync accesses may run inline.
+    pub(crate) fn set_driver(&mut self, driver: Driver, inline_small: bool) {
+        self.driver = driver;
+        self.inline_small = inline_small;
+    }
+
+    /// The last step met work reserved to the scheduler thread (see `needs_scheduler`).
+    pub(crate) fn needs_scheduler(&self) -> bool {
+        self.needs_scheduler
     }
 
     fn barrier_at_front(&self) -> bool {
@@ -204,9 +228,14 @@ impl Engine {
     /// One scheduling step. Returns whether anything changed.
     pub(crate) fn step(&mut self, shared: &VmShared) -> bool {
         let mut progress = false;
+        self.needs_scheduler = false;
         if shared.probes_submitted() {
-            for p in shared.take_probes() {
-                self.probes.push(p);
+            if self.driver == Driver::Scheduler {
+                for p in shared.take_probes() {
+                    self.probes.push(p);
+                }
+            } else {
+                self.needs_scheduler = true;
             }
         }
         #[cfg(feature = "fuzzing")]
@@ -224,6 +253,7 @@ impl Engine {
         }
         if progress {
             shared.publish_counters(self.counters());
+            self.publish_stats(&shared.stats);
         }
         progress
     }
@@ -427,6 +457,12 @@ impl Engine {
             }
             i += 1;
         }
+        crate::trace::record(&instr, crate::trace::Phase::Dispatch);
+        if self.inline_small && self.can_run_inline(n, stream, &instr) {
+            // The driver runs it now (see `can_run_inline`): no hand-over, no wake.
+            instruction::execute(&instr);
+            return;
+        }
         let es = self.streams[stream as usize]
             .as_ref()
             .expect("ivm engine: unknown stream");
@@ -435,6 +471,41 @@ impl Engine {
             // Single-thread mode, or a stream that lives on the scheduler.
             _ => instruction::execute(&instr),
         }
+    }
+
+    /// Whether node `n` (just dispatched on `stream`, its instruction `instr`) may run in
+    /// the driving thread instead of on its stream's thread: a small sync access (8-odd
+    /// bytes copied, no user code) on a synchronous device, over host-visible memory, whose
+    /// every source is **released** (`in_edges == 0`: DONE, not merely dispatched — OneFlow
+    /// #7607) and whose stream has nothing else dispatched and unreleased (so no earlier
+    /// instruction of the stream, which got no edge to it, is still running).
+    ///
+    /// Why this stays correct when another thread submits a write to the same tensor at
+    /// that moment: the engine is held by this driver, so that write is handled either
+    /// before this access (then the access has an edge from it: `in_edges > 0`, no inline)
+    /// or after it (then the write has an edge from this access, which is released only
+    /// after it ran; a same-stream successor prescheduled by this dispatch is dispatched
+    /// only after `execute` below returned). Every other accessor of the tensor is ordered
+    /// by an edge, and a released source has finished (its DONE was read with Acquire).
+    fn can_run_inline(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
+        if instr.waiter.is_none() || instr.stream.dev.is_async() || self.nodes[n].in_edges != 0 {
+            return false;
+        }
+        let only = self.streams[stream as usize]
+            .as_ref()
+            .is_some_and(|es| es.running.len == 1 && es.running.head == n);
+        if !only {
+            return false;
+        }
+        // SAFETY: the engine owns the body until it hands the instruction to an executor
+        // (ownership step 2); we have not yet.
+        let body = unsafe { instr.body() };
+        let operand = match body.kind {
+            Kind::SmallRead { .. } => body.inputs.as_slice().first(),
+            Kind::SmallWrite { .. } => body.outputs.as_slice().first(),
+            _ => return false,
+        };
+        body.deferred.is_none() && operand.is_some_and(|b| b.mem.host_ptr().is_some())
     }
 
     // ---- 4. release --------------------------------------------------------------------
@@ -523,6 +594,7 @@ impl Engine {
             .instr
             .take()
             .expect("ivm engine: releasing a node without instruction");
+        crate::trace::record(&instr, crate::trace::Phase::Release);
         self.nodes.free(n);
         // Planted bug only (`OutOfOrderRelease`): released before it finished, so its
         // executor still owns the body; leave it alone.
@@ -580,6 +652,11 @@ impl Engine {
     fn run_barrier(&mut self, shared: &VmShared) -> bool {
         let mut any = false;
         while self.barrier_at_front() {
+            if self.driver != Driver::Scheduler && self.front_barrier_has_callback() {
+                // A user callback runs on the scheduler thread.
+                self.needs_scheduler = true;
+                break;
+            }
             let n = self
                 .barriers
                 .pop_front()
@@ -599,10 +676,21 @@ impl Engine {
         any
     }
 
+    /// Whether the barrier at the front carries a user callback (`sync()`'s does not).
+    fn front_barrier_has_callback(&self) -> bool {
+        let Some(&n) = self.barriers.front() else {
+            return false;
+        };
+        self.nodes[n].instr.as_ref().is_some_and(|i| {
+            // SAFETY: the engine owns a barrier's body until it runs it (ownership step 2).
+            matches!(unsafe { i.body() }.kind, Kind::Barrier(_))
+        })
+    }
+
     // ---- 6. probes ---------------------------------------------------------------------
 
     fn run_probes(&mut self) -> bool {
-        if self.probes.is_empty() {
+        if self.probes.is_empty() || self.driver != Driver::Scheduler {
             return false;
         }
         let mut probes = std::mem::take(&mut self.probes);
@@ -611,6 +699,10 @@ impl Engine {
             Probe::User(f) => !f(),
             Probe::Diagnose(slot) => {
                 slot.fulfil(self.diagnostic());
+                false
+            }
+            Probe::Dag(slot) => {
+                slot.fulfil(self.dag());
                 false
             }
         });
@@ -690,3 +782,6 @@ impl Drop for Engine {
 #[cfg(test)]
 #[path = "engine_tests.rs"]
 mod tests;
+
+#[path = "engine_surface.rs"]
+mod surface;

@@ -14,6 +14,14 @@ pub enum Error {
     /// The VM has been shut down (or is shutting down) and accepts no more work.
     #[error("ivm: the virtual machine is shut down")]
     ShutDown,
+    /// The VM was created in another process: this process is a `fork()` child that
+    /// inherited it. The VM's threads do not exist here, so every entry point refuses
+    /// (see [`crate::contract`]). Create a new VM in the child instead.
+    #[error("ivm: this virtual machine belongs to the parent of a fork(); create a new one in the child")]
+    Forked,
+    /// An argument that no call accepts (a zero timeout, for example).
+    #[error("ivm: invalid argument: {0}")]
+    InvalidArgument(String),
     /// A small-memory access of a size other than 1, 2, 4, 8 or 16 bytes.
     #[error("ivm: unsupported small-memory access size {0} (supported: 1, 2, 4, 8, 16 bytes)")]
     UnsupportedSize(usize),

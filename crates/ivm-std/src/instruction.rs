@@ -383,7 +383,11 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
 /// marks it done. The caller owns the body (step 3 of the ownership order).
 pub(crate) fn execute(instr: &Arc<Instruction>) {
+    crate::trace::record(instr, crate::trace::Phase::ComputeStart);
     if instr.stream.dev.is_async() {
+        // The launch is traced as a zero-length compute (its device work completes later;
+        // recording after `launch` could come after the engine's release record).
+        crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
         // The stream policies of asynchronous devices.
         crate::exec::launch(instr);
         return;
@@ -409,6 +413,8 @@ pub(crate) fn execute(instr: &Arc<Instruction>) {
         instr.failure.with_mut(|p| unsafe { *p = Some(f) });
         bits |= status::FAILED;
     }
+    // Before DONE: the engine's release record must come after it.
+    crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
     // Release: publishes the body's effects (tensor memory, `small`, `failure`, poison) to
     // whoever reads DONE with Acquire (the engine, before release and dependants).
     instr.status.fetch_or(bits, Ordering::Release);

@@ -29,24 +29,30 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod completion;
+pub mod contract;
 pub mod device;
 pub mod futex;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod graph;
 pub mod lazy;
+pub mod trace;
 
 mod builder;
 mod config;
 mod cpu;
 mod dependence;
+mod drive;
 mod engine;
 mod error;
+mod fork;
 mod exec;
 mod instruction;
 mod scheduler;
 mod shared;
 mod slab;
+pub mod stats;
 mod soft_sync;
 mod stream;
 mod sync_access;
@@ -61,12 +67,19 @@ pub use device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
 };
 pub use engine::DebugCounters;
+/// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use drive::Wake;
 pub use error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use instruction::KernelCtx;
+pub use lazy::LazyGraph;
 pub use stream::{
     CpuStreamPolicy, Device, DeviceKind, DeviceStreamPolicy, Placement, Stream, StreamId,
     StreamPolicy, StreamType,
 };
+pub use completion::{Completion, ReadSmallMem};
+pub use stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use sync_access::RING_MAX;
 pub use tensor::Tensor;
 pub use vm::VirtualMachine;

@@ -1,68 +1,95 @@
-//! The scheduler thread: owns the engine, drains the pending queue into it, steps it, and
-//! sleeps through ivm-core's parking protocol when it cannot make progress.
+//! The scheduler thread: the engine's driver of last resort (see `drive.rs`).
 //!
-//! After its last progress the scheduler keeps polling for `scheduler_work_window` while
-//! instructions are lively (a completion may come any moment); then it parks. An idle
-//! engine parks at once: only new input can wake it, and its producer unparks us. Before sleeping, `Parking::park` re-checks every input: the pending queue, a
-//! releasable instruction at the front of a running list (workers set DONE, then unpark),
-//! submitted probes and shutdown. While probes are registered it parks with a deadline (a
-//! probe is polled, it cannot wake anyone). It never busy-polls while an instruction runs
-//! for long.
+//! Callers and workers drive the engine themselves whenever it is free, so on the common
+//! paths this thread sleeps. It takes the engine when it is woken: a device completion,
+//! a probe or shutdown arrived while nobody drove, a driver handed over (step budget
+//! spent, a probe or user barrier to run: both belong to this thread), or shutdown. It then
+//! drives until the engine makes no progress, polls for `scheduler_work_window` while
+//! instructions are lively (many-core machines; a completion may come any moment), lets
+//! go of the engine and parks through ivm-core's parking protocol, re-checking before it
+//! sleeps whether input was marked on an engine nobody holds, or a probe was submitted.
+//! While probes are registered it parks with a deadline (a probe is polled, it cannot
+//! wake anyone). It never busy-polls while an instruction runs for long.
+//!
+//! At shutdown, once the engine is idle, it takes the engine out of its cell, closes the
+//! workers and exits **holding** the engine token, so that nobody drives again.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::engine::Engine;
+use ivm_core::wait::Wait;
+
+use crate::drive::Driver;
 use crate::futex::FutexWait;
 use crate::shared::{ReentryGuard, VmShared};
 
-pub(crate) fn scheduler_loop(shared: Arc<VmShared>, mut engine: Engine) {
+/// How often registered probes are polled when the scheduler has no work window.
+const PROBE_POLL: Duration = Duration::from_micros(100);
+
+pub(crate) fn scheduler_loop(shared: Arc<VmShared>) {
     let _reentry = ReentryGuard::enter(shared.id);
-    let mut consumer = shared.pending.consume();
+    let counters = shared.stats.thread(&format!("ivm{}-scheduler", shared.id));
+    let wake = &shared.parking;
     let window = shared.config.scheduler_work_window;
+    let probe_period = if window.is_zero() { PROBE_POLL } else { window };
     let mut last_progress = Instant::now();
-    // Idle polling backs off to `yield_now`, so that on a machine with few cores the
-    // scheduler's work window does not starve the caller or the workers.
+    let mut lively = false;
+    let mut probes = false;
+    // Window polling backs off to `yield_now`, so that on a machine with few cores it does
+    // not starve the caller or the workers.
     let backoff = ivm_core::sync::Backoff::new();
     loop {
-        let end = consumer.drain(|i| engine.receive(i));
-        let progress = engine.step(&shared);
-        if progress {
-            last_progress = Instant::now();
-            backoff.reset();
-            continue;
-        }
-        if !end.may_sleep() {
-            backoff.spin();
-            continue;
-        }
-        if shared.stop_requested() && engine.is_idle() && shared.pending.is_empty() {
-            break;
+        if wake.try_lock() {
+            // SAFETY: we hold the engine token; the reference ends before we let go.
+            let cell = unsafe { shared.cell.get() };
+            let engine = cell
+                .as_mut()
+                .expect("ivm: the engine stays in its cell until the scheduler exits");
+            engine.set_driver(Driver::Scheduler, shared.config.inline_sync_access);
+            let exit = loop {
+                shared.drain_pending(engine);
+                if engine.step(&shared) {
+                    last_progress = Instant::now();
+                    backoff.reset();
+                    continue;
+                }
+                if shared.stop_requested() && engine.is_idle() && shared.pending.is_empty() {
+                    break true;
+                }
+                lively = !engine.is_idle();
+                probes = engine.has_probes();
+                if wake.unlock() {
+                    break false;
+                }
+            };
+            if exit {
+                shared.publish_counters(engine.counters());
+                let engine = cell.take();
+                shared.close_workers();
+                drop(engine);
+                // Keep the token: nobody drives a VM that is gone.
+                return;
+            }
         }
         // Poll through the window only while something lively may complete; an idle
-        // engine can only get new input, whose producer unparks us.
-        if !engine.is_idle() && last_progress.elapsed() < window {
+        // engine can only get new input, whose producer drives or unparks us.
+        if lively && last_progress.elapsed() < window {
+            if wake.dirty_unlocked() {
+                continue;
+            }
             backoff.snooze();
             continue;
         }
-        let deadline = engine.has_probes().then(|| {
-            use ivm_core::wait::Wait;
-            FutexWait::now().saturating_add(window)
-        });
-        let _ = shared.parking.park(
-            || {
-                !shared.pending.is_empty()
-                    || engine.has_work()
-                    || shared.probes_submitted()
-                    || (shared.stop_requested() && engine.is_idle())
-            },
+        let deadline = probes.then(|| FutexWait::now().saturating_add(probe_period));
+        let parked = wake.park(
+            || wake.dirty_unlocked() || shared.probes_submitted(),
             deadline,
+        );
+        counters.record(
+            parked != ivm_core::parking::Park::HadInput,
+            parked == ivm_core::parking::Park::Unparked,
         );
         last_progress = Instant::now();
         backoff.reset();
     }
-    shared.publish_counters(engine.counters());
-    shared.close_workers();
-    drop(consumer);
-    drop(engine);
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use ivm_core::counter::BlockingCounter;
 use ivm_core::mpsc::MpscQueue;
 use ivm_core::notifier::Timed;
-use ivm_core::parking::Parking;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
@@ -65,6 +64,8 @@ pub(crate) enum Probe {
     User(Box<dyn FnMut() -> bool + Send>),
     /// Fills the slot with a diagnostic of the engine, once.
     Diagnose(Arc<DiagSlot>),
+    /// Fills the slot with a dump of the lively DAG, once (`stats.rs`).
+    Dag(Arc<crate::stats::DagSlot>),
 }
 
 pub(crate) struct DiagSlot {
@@ -115,7 +116,7 @@ pub(crate) struct VmShared {
     pub(crate) config: Config,
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
-    pub(crate) parking: Arc<Parking<FutexWait>>,
+    pub(crate) parking: Arc<crate::drive::Wake>,
     pub(crate) state: AtomicUsize,
     pub(crate) stop: AtomicBool,
     pub(crate) flying: AtomicUsize,
@@ -127,6 +128,9 @@ pub(crate) struct VmShared {
     pub(crate) probes_flag: AtomicBool,
     pub(crate) live: [AtomicUsize; 3],
     pub(crate) registry: Mutex<Registry>,
+    /// Multi-thread mode: the engine, driven by whoever holds the token in `parking`
+    /// (`drive.rs`). Empty in single-thread mode.
+    pub(crate) cell: crate::drive::EngineCell,
     /// Single-thread mode: the engine, driven by callers.
     pub(crate) engine: Option<Mutex<Engine>>,
     pub(crate) barrier_stream: Arc<StreamShared>,
@@ -137,6 +141,10 @@ pub(crate) struct VmShared {
     pub(crate) adapters: Vec<Arc<dyn DeviceAdapter>>,
     /// Some adapter supports events (soft sync can emit something).
     pub(crate) events: bool,
+    /// Fork policy: where the VM was created (see `fork.rs`).
+    pub(crate) birth: crate::fork::Birth,
+    /// Introspection counters (see `stats.rs`).
+    pub(crate) stats: crate::stats::StatsCells,
 }
 
 /// Leaves the submitting-callers count on drop.
@@ -160,6 +168,7 @@ impl VmShared {
     }
 
     pub(crate) fn enter(&self) -> Result<CallerToken<'_>> {
+        self.birth.check()?;
         // Acquire: pairs with shutdown's AcqRel fetch_or; if we miss SHUT, shutdown waits
         // for our token to go.
         let s = self.state.fetch_add(2, Ordering::Acquire);
@@ -176,6 +185,7 @@ impl VmShared {
 
     /// Rejects calls from this VM's own threads/kernels/callbacks and after shutdown.
     pub(crate) fn check_caller(&self) -> Result<()> {
+        self.birth.check()?;
         if inside(self.id) {
             return Err(Error::Reentrant);
         }
@@ -186,6 +196,7 @@ impl VmShared {
     }
 
     pub(crate) fn check_tensor(&self, t: &Tensor) -> Result<()> {
+        self.birth.check()?;
         if t.inner.vm.id != self.id {
             return Err(Error::ForeignObject("tensor"));
         }
@@ -193,6 +204,7 @@ impl VmShared {
     }
 
     pub(crate) fn check_stream(&self, s: &Stream) -> Result<()> {
+        self.birth.check()?;
         if s.shared.vm_id != self.id {
             return Err(Error::ForeignObject("stream"));
         }
@@ -265,11 +277,23 @@ impl VmShared {
         for i in list.drain(..) {
             wake |= self.pending.push(i);
         }
-        if wake {
-            self.parking.unpark();
-        }
+        self.pushed(wake);
         drop(token);
         Ok(())
+    }
+
+    /// After pushes to the pending queue (`was_empty`: one of them found it empty): the
+    /// engine must see them. Single-thread mode: the caller drives next; wake a parked
+    /// driver on the empty edge. Multi-thread mode: drive here if nobody holds the engine
+    /// and this is not a VM thread, else mark it / wake the scheduler (`drive.rs`).
+    pub(crate) fn pushed(&self, was_empty: bool) {
+        if self.single_thread() {
+            if was_empty {
+                self.parking.unpark();
+            }
+        } else {
+            self.after_push(!inside(self.id));
+        }
     }
 
     pub(crate) fn receive_one(&self, instr: Arc<Instruction>, backpressure: bool) -> Result<()> {
@@ -279,9 +303,8 @@ impl VmShared {
         }
         // Relaxed: as in `receive_list`.
         self.flying.fetch_add(1, Ordering::Relaxed);
-        if self.pending.push(instr) {
-            self.parking.unpark();
-        }
+        let was_empty = self.pending.push(instr);
+        self.pushed(was_empty);
         drop(token);
         Ok(())
     }
@@ -481,9 +504,7 @@ impl VmShared {
         unsafe { instr.body_mut() }.outputs.push(blob.clone());
         push(Arc::new(instr));
         let _ = n;
-        if wake {
-            self.parking.unpark();
-        }
+        self.pushed(wake);
         drop(token);
     }
 
@@ -594,6 +615,7 @@ impl VmShared {
     }
 
     pub(crate) fn stream(self: &Arc<Self>, id: StreamId) -> Result<Arc<StreamShared>> {
+        self.birth.check()?;
         let mut reg = lock(&self.registry);
         if let Some(s) = reg.streams.get(&id) {
             return Ok(s.clone());

@@ -4,13 +4,11 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use ivm_core::parking::Parking;
 use ivm_core::sync::{AtomicBool, Ordering};
 
 use crate::dependence::Dependence;
 use crate::device::{DeviceAllocator, DeviceStream, KernelMode};
 use crate::error::Failure;
-use crate::futex::FutexWait;
 use crate::worker::ThreadCtx;
 
 /// The kind of a device.
@@ -296,7 +294,7 @@ pub(crate) struct DeviceCtx {
     pub(crate) allocator: Arc<dyn DeviceAllocator>,
     pub(crate) mode: KernelMode,
     /// The VM's parking spot: completions unpark the scheduler (or a single-thread caller).
-    pub(crate) wake: Arc<Parking<FutexWait>>,
+    pub(crate) wake: Arc<crate::drive::Wake>,
     /// The VM runs in single-thread mode (callers drive the engine and park on `wake`).
     pub(crate) single_thread: bool,
     pub(crate) sticky: Sticky,
@@ -304,7 +302,7 @@ pub(crate) struct DeviceCtx {
 
 impl DeviceCtx {
     /// A cpu stream's device side.
-    pub(crate) fn cpu(wake: Arc<Parking<FutexWait>>, single_thread: bool) -> Self {
+    pub(crate) fn cpu(wake: Arc<crate::drive::Wake>, single_thread: bool) -> Self {
         Self {
             stream: Arc::new(crate::cpu::CpuStream::default()),
             allocator: Arc::new(crate::cpu::CpuAllocator),

@@ -89,15 +89,17 @@ fn small_instruction(
 }
 
 /// Takes an instruction for one small access: a ring entry this thread holds exclusively
-/// (reset in place, no allocation), a new ring entry, or, when all are in flight, a fresh
-/// instruction outside the ring.
+/// (reset in place, no allocation), a new ring entry while the ring is below its capacity
+/// (warm-up), or — when every entry is in flight — the first one the engine releases (so
+/// a steady state never allocates). Also returns how many of this ring's earlier accesses
+/// finished but are not released yet.
 fn take_small(
     shared: &VmShared,
     stream: &Arc<StreamShared>,
     kind: SmallKind,
     offset: usize,
     len: usize,
-) -> Arc<Instruction> {
+) -> (Arc<Instruction>, usize) {
     let cap = shared.config.sync_ring_capacity.min(RING_MAX);
     RING.with(|r| {
         let mut ring = r.borrow_mut();
@@ -122,19 +124,50 @@ fn take_small(
             }
         };
         let slot = &mut ring[pos];
-        for entry in slot.instrs.iter_mut() {
-            // `get_mut` checks strong == 1 and weak == 0 with Acquire, so the engine's and
-            // the executor's last uses happen before we reset it.
-            if let Some(m) = Arc::get_mut(entry) {
-                *m = small_instruction(stream, kind, offset, len);
-                return entry.clone();
+        let mut waiting_since: Option<std::time::Instant> = None;
+        loop {
+            // Our own earlier accesses that finished but are not released yet (they still
+            // count in `flying`; see `wait_small`).
+            let mut own_done = 0;
+            let mut free = None;
+            for (k, entry) in slot.instrs.iter_mut().enumerate() {
+                // `get_mut` checks strong == 1 and weak == 0 with Acquire, so the engine's
+                // and the executor's last uses happen before we reset it.
+                if Arc::get_mut(entry).is_some() {
+                    free.get_or_insert(k);
+                } else if entry.waiter.as_ref().is_some_and(|w| w.btb.is_done()) {
+                    own_done += 1;
+                }
             }
+            if let Some(k) = free {
+                let entry = &mut slot.instrs[k];
+                if let Some(m) = Arc::get_mut(entry) {
+                    *m = small_instruction(stream, kind, offset, len);
+                }
+                return (entry.clone(), own_done);
+            }
+            if slot.instrs.len() < cap {
+                // Warm-up: the ring grows to its capacity once.
+                let fresh = Arc::new(small_instruction(stream, kind, offset, len));
+                let _ = slot.instrs.push(fresh.clone());
+                return (fresh, own_done);
+            }
+            // Every entry is still held by the engine (finished, not yet released, or
+            // still running): wait for one instead of allocating, helping the engine
+            // release it when nobody drives it. After a whole timeout period (a stuck
+            // VM: the access itself will report it) fall back to a fresh instruction.
+            let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= shared.config.timeout_period {
+                let fresh = Arc::new(small_instruction(stream, kind, offset, len));
+                return (fresh, own_done);
+            }
+            if shared.single_thread() {
+                let _ = shared.drive();
+            } else {
+                shared.help();
+            }
+            std::thread::yield_now();
         }
-        let fresh = Arc::new(small_instruction(stream, kind, offset, len));
-        if slot.instrs.len() < cap {
-            let _ = slot.instrs.push(fresh.clone());
-        }
-        fresh
     })
 }
 
@@ -191,7 +224,7 @@ pub(crate) fn small_access(
     } else {
         SmallKind::Write
     };
-    let instr = take_small(shared, &stream, kind, offset, len);
+    let (instr, own_done) = take_small(shared, &stream, kind, offset, len);
     {
         // A ring entry is shared with the ring (count 2), so fill it through its cells,
         // which we own until the push below (ownership step 1).
@@ -213,7 +246,7 @@ pub(crate) fn small_access(
         abandon(&waited);
         return Err(e);
     }
-    if let Err(e) = wait(shared, &waited, true) {
+    if let Err(e) = wait_small(shared, &waited, true, own_done) {
         abandon(&waited);
         return Err(e);
     }
@@ -234,6 +267,27 @@ pub(crate) fn small_access(
 /// Waits until `instr` (received, with a waiter) is done. `skip`: apply the notify-skip
 /// rule (fewer than the threshold in flight → spin from the start).
 pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> Result<()> {
+    wait_small(shared, instr, skip, 0)
+}
+
+/// [`wait`], where `own_done` of the instructions in flight are this caller's own earlier
+/// accesses that finished and merely await their release: they do not count against the
+/// notify-skip threshold (a caller returns before the engine releases its access, so
+/// back-to-back accesses would otherwise always see two in flight and never skip).
+///
+/// Multi-thread mode: returns at once when the instruction already ran (inline, or a fast
+/// worker). With the skip it spins — yielding its CPU, so that a worker sharing the core
+/// runs — for up to `drive::CALLER_YIELD_SPIN` (long enough for a worker that was just
+/// woken to run: its completion then needs no second wake). Without it, it spins the same
+/// way only while the VM keeps releasing instructions (`drive::spin_while_progress`: the
+/// queue in front drains fast, a sleep would cost a wake per access). Then it falls back
+/// to the blocking-then-busy wait.
+fn wait_small(
+    shared: &VmShared,
+    instr: &Arc<Instruction>,
+    skip: bool,
+    own_done: usize,
+) -> Result<()> {
     let waiter = instr
         .waiter
         .as_ref()
@@ -244,8 +298,18 @@ pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> R
         shared.drive_until(|_| waiter.btb.is_done())?;
         return Ok(());
     }
-    if skip && shared.flying() < shared.config.skip_blocking_threshold {
+    if waiter.btb.is_done() {
+        // Acquire inside: the executor's writes are visible.
+        return Ok(());
+    }
+    let done = || waiter.btb.is_done();
+    if skip && shared.flying().saturating_sub(own_done) < shared.config.skip_blocking_threshold {
         waiter.btb.skip_blocking();
+        if crate::drive::spin_yield_until(done, crate::drive::CALLER_YIELD_SPIN) {
+            return Ok(());
+        }
+    } else if crate::drive::spin_while_progress(shared, done) {
+        return Ok(());
     }
     // Relaxed: a progress counter compared with itself; no data is read through it.
     let mut last = shared.finished.load(Ordering::Relaxed);

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use ivm_core::counter::BlockingCounter;
 use ivm_core::mpsc::MpscQueue;
-use ivm_core::parking::Parking;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use crate::builder::InstructionsBuilder;
@@ -103,7 +102,10 @@ impl VirtualMachine {
             all.push(a);
         }
         let events = all.iter().any(|a| a.supports_events());
-        let parking = Arc::new(Parking::new());
+        if config.trace {
+            crate::trace::set_enabled(true);
+        }
+        let parking = Arc::new(crate::drive::Wake::new());
         let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let single = config.mode == Mode::SingleThread;
         let barrier_stream = Arc::new(StreamShared {
@@ -122,6 +124,9 @@ impl VirtualMachine {
         let shared = Arc::new(VmShared {
             id,
             engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
+            cell: crate::drive::EngineCell::new(
+                (!single).then(|| Engine::new(config.pending_window)),
+            ),
             pending: MpscQueue::new(),
             parking,
             state: AtomicUsize::new(0),
@@ -148,6 +153,8 @@ impl VirtualMachine {
             lazy: OnceLock::new(),
             adapters: all,
             events,
+            birth: crate::fork::Birth::now(),
+            stats: crate::stats::StatsCells::new(),
             config,
         });
         let mut threads = Threads {
@@ -155,10 +162,10 @@ impl VirtualMachine {
             joined: false,
         };
         if !single {
-            let (s, engine) = (shared.clone(), Engine::new(shared.config.pending_window));
+            let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ivm{id}-scheduler"))
-                .spawn(move || crate::scheduler::scheduler_loop(s, engine))
+                .spawn(move || crate::scheduler::scheduler_loop(s))
                 .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.scheduler = Some(h);
         }
@@ -173,6 +180,12 @@ impl VirtualMachine {
 
     #[cfg(test)]
     pub(crate) fn shared(&self) -> &Arc<VmShared> {
+        &self.shared
+    }
+
+    /// The shared state, for the entry points defined in other modules (`stats.rs`,
+    /// `completion.rs`, `fork.rs`).
+    pub(crate) fn shared_state(&self) -> &Arc<VmShared> {
         &self.shared
     }
 
@@ -416,6 +429,8 @@ impl VirtualMachine {
     /// # Errors
     /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier.
     pub fn shutdown(&self) -> Result<()> {
+        // A fork child: the threads to join do not exist here (see `fork.rs`).
+        self.shared.birth.check()?;
         if inside(self.shared.id) {
             return Err(Error::Reentrant);
         }
@@ -463,6 +478,17 @@ impl VirtualMachine {
 
 impl Drop for VirtualMachine {
     fn drop(&mut self) {
+        if self.shared.birth.is_forked() {
+            // A fork child: leak the inherited state (joining threads that do not exist
+            // here would hang; their handles must not be detached either).
+            std::mem::forget(self.shared.clone());
+            let threads = self
+                .threads
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            std::mem::forget(threads.scheduler.take());
+            return;
+        }
         if inside(self.shared.id) {
             // Dropped on one of its own threads: cannot join ourselves. Stop accepting
             // work and let the threads wind down.

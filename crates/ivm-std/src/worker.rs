@@ -1,8 +1,9 @@
 //! Worker threads: one per thread context, running the instructions the engine hands them.
 //!
-//! A worker drains its queue, runs each instruction, marks it done and unparks the
-//! scheduler; then it keeps polling for the configured window (`worker_poll_window`) and
-//! only then blocks on its notifier. The engine notifies only when its push found the
+//! A worker drains its queue, runs each instruction, marks it done and has the engine
+//! release it (driving the engine itself when nobody holds it, see `drive.rs`); then it
+//! keeps polling for the configured window (`worker_poll_window`) and only then blocks on
+//! its notifier. The engine notifies only when its push found the
 //! queue empty (the MPSC was-empty protocol), and the notifier makes no wake call when the
 //! worker is not asleep.
 
@@ -67,13 +68,16 @@ impl ThreadCtx {
 /// The body of a worker thread.
 pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
     let _reentry = ReentryGuard::enter(shared.id);
+    let counters = shared.stats.thread(&ctx.name);
     let mut consumer = ctx.queue.consume();
     let poll = shared.config.worker_poll_window;
     let run = |instr: Arc<Instruction>| {
         instruction::execute(&instr);
         drop(instr);
-        // After DONE (Release inside `execute`): lets a parked scheduler release it.
-        shared.parking.unpark();
+        // After DONE (Release inside `execute`): the engine must release it. Releases it
+        // here (readying its successors, on any stream) when nobody holds the engine,
+        // else marks it for the holder (`drive.rs`).
+        shared.completed();
     };
     let mut idle_since: Option<Instant> = None;
     // Polling backs off to `yield_now` (few cores: do not starve the caller).
@@ -100,7 +104,9 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             backoff.snooze();
             continue;
         }
-        match ctx.notifier.wait_and_clear() {
+        let woken = ctx.notifier.wait_and_clear();
+        counters.record(true, woken.is_ok());
+        match woken {
             Ok(()) => {
                 idle_since = None;
                 backoff.reset();

@@ -149,6 +149,18 @@ fn bad_launches_are_errors() {
         launch(&[&x, &foreign], &[&y], &[&w]),
         Err(Error::ForeignObject(_))
     ));
+    // A graph serves one VM.
+    let (ox, ob, ow, oy) = (
+        tensor(&other, 1),
+        tensor(&other, 1),
+        tensor(&other, 1),
+        tensor(&other, 1),
+    );
+    assert!(matches!(
+        other.run(|bl| bl.launch_lazy_job(&[&ox, &ob], &[&oy], &[&ow], graph.lazy())),
+        Err(Error::InvalidGraph { .. })
+    ));
+    drop((ox, ob, ow, oy));
     drop((x, b, w, y, big, foreign));
     assert_drained(&vm);
 }

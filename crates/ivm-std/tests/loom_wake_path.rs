@@ -1,15 +1,22 @@
-//! Loom model of the VM's wake path at small scale, with the same ivm-core building
-//! blocks and the same order of operations as `scheduler.rs` / `worker.rs` /
-//! `sync_access.rs`:
+//! Loom model of the VM's wake path at small scale, with the VM's own engine token
+//! (`ivm_std::Wake`, hidden, `cfg(loom)` only) and the same ivm-core building blocks and
+//! order of operations as `drive.rs` / `scheduler.rs` / `worker.rs` / `sync_access.rs`:
 //!
-//! caller: push to the pending queue, unpark on the empty edge, (optionally) notify-skip,
-//! wait on the instruction's BTB, read the result;
-//! scheduler: drain pending, dispatch to the worker queue (notify on the empty edge),
-//! release when DONE, park through `Parking` re-checking pending + completions;
-//! worker: drain, run (BTB notify, write, DONE Release, BTB decrease), unpark the
-//! scheduler, block on its notifier.
+//! * caller: pushes its instruction to the pending queue, then `acquire_or_mark`: if it got
+//!   the engine it drives it (drain pending, dispatch to the worker queue with a notify on
+//!   the empty edge, release what is DONE, `unlock` until clean); then (optionally)
+//!   notify-skip, waits on the instruction's BTB and reads the result;
+//! * worker: runs the instruction (BTB notify, write, DONE Release, BTB decrease), then
+//!   `acquire_or_mark` and drives when it got the engine — or, in the device variant, only
+//!   `unpark()`s (as a device completion callback does);
+//! * scheduler: the driver of last resort: `try_lock` and drive; park through `Parking`
+//!   re-checking "input marked on an engine nobody holds"; at shutdown it exits once the
+//!   instruction is released.
 //!
-//! A completion races the scheduler's park in every interleaving. Run with
+//! The engine's state is a loom `UnsafeCell`: two threads driving at once would be a
+//! reported race. Every interleaving must release the instruction exactly once, let the
+//! caller see the worker's data, and terminate (no lost wake-up, no lost input).
+//! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_wake_path`.
 #![cfg(loom)]
 
@@ -21,8 +28,8 @@ use ivm_core::LoomWait;
 use ivm_core::btb::BlockingThenBusy;
 use ivm_core::mpsc::{self, MpscQueue};
 use ivm_core::notifier::Notifier;
-use ivm_core::parking::Parking;
 use ivm_core::sync::{AtomicBool, Ordering, UnsafeCell};
+use ivm_std::Wake;
 
 struct Job {
     pending: mpsc::Links<Job>,
@@ -64,20 +71,94 @@ macro_rules! linked {
 linked!(P, pending);
 linked!(W, worker);
 
-struct Vm {
-    pending: MpscQueue<Job, P>,
-    parking: Parking<LoomWait>,
-    worker_q: MpscQueue<Job, W>,
-    worker_n: Notifier<LoomWait>,
+/// What the engine owns: lively (dispatched, unreleased) jobs and the release count.
+#[derive(Default)]
+struct Engine {
+    lively: Vec<Arc<Job>>,
+    released: usize,
 }
 
-fn model(skip: bool, planted_no_unpark: bool) {
+struct Vm {
+    pending: MpscQueue<Job, P>,
+    wake: Wake,
+    engine: UnsafeCell<Engine>,
+    worker_q: MpscQueue<Job, W>,
+    worker_n: Notifier<LoomWait>,
+    stop: AtomicBool,
+}
+
+// SAFETY: `engine` is touched only by the holder of the token in `wake` (loom reports a
+// race otherwise: that is what the model checks).
+unsafe impl Sync for Vm {}
+// SAFETY: as above.
+unsafe impl Send for Vm {}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// The worker drives after its completion (`acquire_or_mark`).
+    WorkerDrives,
+    /// The worker only `unpark()`s (a device completion callback).
+    DeviceCompletion,
+    /// Planted: the worker neither marks nor unparks after its completion.
+    PlantedNoMark,
+}
+
+/// One engine step by the token holder; returns whether anything changed.
+fn step(vm: &Vm) -> bool {
+    // SAFETY: the caller holds the engine token (loom checks it through the cell).
+    vm.engine.with_mut(|e| {
+        let e = unsafe { &mut *e };
+        let mut progress = false;
+        let mut consumer = vm.pending.consume();
+        // Inconsistent needs no retry: the producer marks after its push (drive.rs).
+        let _ = consumer.drain(|j| {
+            progress = true;
+            e.lively.push(j.clone());
+            if vm.worker_q.push(j) {
+                let _ = vm.worker_n.notify();
+            }
+        });
+        drop(consumer);
+        let before = e.lively.len();
+        // Acquire: pairs with the worker's Release DONE.
+        e.lively.retain(|j| !j.done.load(Ordering::Acquire));
+        e.released += before - e.lively.len();
+        progress | (before != e.lively.len())
+    })
+}
+
+fn released(vm: &Vm) -> usize {
+    // SAFETY: the caller holds the engine token.
+    vm.engine.with(|e| unsafe { (*e).released })
+}
+
+/// A caller's or worker's drive (`VmShared::drive_as`): step until clean, hand over to
+/// the scheduler at shutdown.
+fn drive(vm: &Vm) {
+    loop {
+        let progress = step(vm);
+        if vm.stop.load(Ordering::Acquire) {
+            vm.wake.unlock_to_scheduler();
+            return;
+        }
+        if progress {
+            continue;
+        }
+        if vm.wake.unlock() {
+            return;
+        }
+    }
+}
+
+fn model(skip: bool, variant: Variant) {
     loom::model(move || {
         let vm = Arc::new(Vm {
             pending: MpscQueue::new(),
-            parking: Parking::new(),
+            wake: Wake::new(),
+            engine: UnsafeCell::new(Engine::default()),
             worker_q: MpscQueue::new(),
             worker_n: Notifier::new(),
+            stop: AtomicBool::new(false),
         });
         let job = Arc::new(Job {
             pending: mpsc::Links::new(),
@@ -87,59 +168,58 @@ fn model(skip: bool, planted_no_unpark: bool) {
             btb: BlockingThenBusy::new(),
         });
 
+        // The scheduler thread (`scheduler.rs`).
         let v = vm.clone();
         let scheduler = loom::thread::spawn(move || {
-            let mut consumer = v.pending.consume();
-            let mut lively: Vec<Arc<Job>> = Vec::new();
-            let mut released = 0;
-            while released < 1 {
-                let mut progress = false;
-                let end = consumer.drain(|j| {
-                    progress = true;
-                    lively.push(j.clone());
-                    if v.worker_q.push(j) {
-                        let _ = v.worker_n.notify();
+            loop {
+                if v.wake.try_lock() {
+                    let exit = loop {
+                        if step(&v) {
+                            continue;
+                        }
+                        if v.stop.load(Ordering::Acquire) && released(&v) == 1 {
+                            break true;
+                        }
+                        if v.wake.unlock() {
+                            break false;
+                        }
+                    };
+                    if exit {
+                        return; // keeps the token
                     }
-                });
-                // Release: Acquire read of DONE (the worker's Release).
-                let before = lively.len();
-                lively.retain(|j| !j.done.load(Ordering::Acquire));
-                released += before - lively.len();
-                progress |= before != lively.len();
-                if progress || released == 1 {
-                    continue;
                 }
-                if !end.may_sleep() {
-                    // A push is half done: never sleep here (as `scheduler.rs`).
-                    ivm_core::sync::spin_loop();
-                    continue;
-                }
-                let l = &lively;
-                let _ = v.parking.park(
-                    || !v.pending.is_empty() || l.iter().any(|j| j.done.load(Ordering::Acquire)),
-                    None,
-                );
+                let _ = v.wake.park(|| v.wake.dirty_unlocked(), None);
             }
         });
 
+        // The worker thread (`worker.rs`): one instruction, then exit.
         let v = vm.clone();
         let worker = loom::thread::spawn(move || {
             let mut consumer = v.worker_q.consume();
-            let mut ran = 0;
             loop {
+                let mut ran = false;
                 let end = consumer.drain(|j| {
                     let _ = j.btb.notify();
                     // SAFETY: the worker owns `data` between dispatch and DONE.
                     j.data.with_mut(|p| unsafe { *p = 42 });
+                    // Release: publishes `data` to the engine's Acquire.
                     j.done.store(true, Ordering::Release);
                     j.btb.decrease();
                     drop(j);
-                    if !planted_no_unpark {
-                        v.parking.unpark();
+                    match variant {
+                        Variant::WorkerDrives => {
+                            if v.wake.acquire_or_mark() {
+                                drive(&v);
+                            }
+                        }
+                        Variant::DeviceCompletion => {
+                            v.wake.unpark();
+                        }
+                        Variant::PlantedNoMark => {}
                     }
-                    ran += 1;
+                    ran = true;
                 });
-                if ran == 1 {
+                if ran {
                     break;
                 }
                 if !end.may_sleep() {
@@ -150,9 +230,10 @@ fn model(skip: bool, planted_no_unpark: bool) {
             }
         });
 
-        // The caller.
-        if vm.pending.push(job.clone()) {
-            vm.parking.unpark();
+        // The caller (`shared.rs` receive + `drive.rs` after_push + `sync_access.rs`).
+        vm.pending.push(job.clone());
+        if vm.wake.acquire_or_mark() {
+            drive(&vm);
         }
         if skip {
             job.btb.skip_blocking();
@@ -160,26 +241,37 @@ fn model(skip: bool, planted_no_unpark: bool) {
         job.btb.wait_until_done(Duration::MAX, || false).unwrap();
         // SAFETY: the wait acquired the worker's Release decrease.
         assert_eq!(job.data.with(|p| unsafe { *p }), 42);
-        scheduler.join().unwrap();
+        // Shutdown (`vm.rs`): stop, then unpark (marks the word).
+        vm.stop.store(true, Ordering::Release);
+        vm.wake.unpark();
         worker.join().unwrap();
+        scheduler.join().unwrap();
+        // The scheduler exited holding the token after the release; read it through the
+        // cell (joins order everything before us).
+        assert_eq!(released(&vm), 1, "released exactly once");
     });
 }
 
 #[test]
 fn wake_path_blocking() {
-    model(false, false);
+    model(false, Variant::WorkerDrives);
 }
 
 #[test]
 fn wake_path_notify_skip() {
-    model(true, false);
+    model(true, Variant::WorkerDrives);
 }
 
-/// A worker that forgets to unpark the scheduler after a completion: the scheduler can
-/// park after checking for completions and never wake (the caller is fine: it waits on
-/// its BTB), so shutdown would hang. Loom must find it.
+#[test]
+fn wake_path_device_completion() {
+    model(false, Variant::DeviceCompletion);
+}
+
+/// A completion that neither marks the engine nor unparks the scheduler: every driver may
+/// let go before the instruction is DONE, nobody is told, and the scheduler waits for the
+/// release forever at shutdown. Loom must find it.
 #[test]
 #[should_panic(expected = "deadlock")]
-fn planted_completion_without_unpark() {
-    model(false, true);
+fn planted_completion_without_mark() {
+    model(false, Variant::PlantedNoMark);
 }

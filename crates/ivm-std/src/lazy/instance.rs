@@ -136,10 +136,16 @@ impl CriticalSectionInstance {
     /// # Errors
     /// Not an input instance, `dst` of another size than the tensor
     /// ([`Error::InterfaceSizeMismatch`]; the record then fails with it), a poisoned
-    /// tensor ([`Error::Poisoned`]; likewise), or the record was already initialised.
+    /// tensor ([`Error::Poisoned`]; likewise), device-only memory, or the record was
+    /// already initialised.
     pub fn copy_input(&self, i: usize, dst: &mut [u8]) -> Result<(), Error> {
-        self.copy(i, CsKind::Input, dst.len(), |src| {
-            dst.copy_from_slice(src);
+        self.copy(i, CsKind::Input, dst.len(), |blob| {
+            // SAFETY: the input begin instruction of this run has run (it published us)
+            // and this op's end instruction, a reader of the tensor, cannot be done before
+            // the record `copy` initialises right after this closure: the engine runs no
+            // eager writer of the tensor meanwhile (engine-ordered invariant, extended over
+            // the critical section). `copy` checked the memory is host-accessible.
+            dst.copy_from_slice(unsafe { blob.bytes() });
         })
     }
 
@@ -149,44 +155,15 @@ impl CriticalSectionInstance {
     /// # Errors
     /// As [`copy_input`](Self::copy_input), for an output instance.
     pub fn copy_output(&self, i: usize, src: &[u8]) -> Result<(), Error> {
-        let op = &self.ops[i];
-        let mut res = Ok(());
-        let ran = op.record.init_with(|| {
-            if self.kind != CsKind::Output {
-                res = Err(self.wrong_kind());
-                return EndEvent::Failed(self.wrong_kind());
-            }
-            if op.blob.nbytes == 0 {
-                return EndEvent::Done;
-            }
-            if op.blob.mem.host_ptr().is_none() {
-                let e = self.device_only(i);
-                res = Err(e.clone());
-                return EndEvent::Failed(e);
-            }
-            if src.len() != op.blob.nbytes {
-                let e = self.size_error(i, src.len());
-                res = Err(e.clone());
-                return EndEvent::Failed(e);
-            }
-            if let Some(p) = op.blob.poison() {
-                let e = p.poison_error();
-                res = Err(e.clone());
-                return EndEvent::Failed(e);
-            }
-            // SAFETY: the output begin instruction of this run has run (it published us)
-            // and this op's end instruction, which writes the tensor, cannot be done
-            // before the record we are initialising: the engine runs no other body
-            // accessing the tensor in between (engine-ordered invariant, extended over
-            // the critical section). The record's lock makes this copy and the
-            // initialisation one step, so no copy happens after the record is set.
-            unsafe { op.blob.bytes_mut() }.copy_from_slice(src);
-            EndEvent::Done
-        });
-        if !ran {
-            return Err(self.already(i));
-        }
-        res
+        self.copy(i, CsKind::Output, src.len(), |blob| {
+            // SAFETY: the output begin instruction of this run has run and this op's end
+            // instruction, a writer of the tensor, cannot be done before the record `copy`
+            // initialises right after this closure: no other eager body accesses the
+            // tensor meanwhile (engine-ordered invariant, extended over the critical
+            // section; critical-section instructions' tensor edges are strict, so an
+            // earlier run's access of the tensor is finished too).
+            unsafe { blob.bytes_mut() }.copy_from_slice(src);
+        })
     }
 
     fn wrong_kind(&self) -> Error {
@@ -196,39 +173,36 @@ impl CriticalSectionInstance {
         }
     }
 
-    fn copy(&self, i: usize, kind: CsKind, len: usize, f: impl FnOnce(&[u8])) -> Result<(), Error> {
+    /// Checks op `i` and runs `f` on its tensor, then initialises its record, all under
+    /// the record's lock (so no copy starts after the record was set).
+    fn copy(&self, i: usize, kind: CsKind, len: usize, f: impl FnOnce(&Blob)) -> Result<(), Error> {
         let op = &self.ops[i];
         let mut res = Ok(());
         let ran = op.record.init_with(|| {
-            if self.kind != kind {
-                res = Err(self.wrong_kind());
-                return EndEvent::Failed(self.wrong_kind());
-            }
-            if op.blob.nbytes == 0 {
+            let check = if self.kind != kind {
+                Err(self.wrong_kind())
+            } else if op.blob.nbytes == 0 {
+                // A tensor without memory: nothing to copy.
                 return EndEvent::Done;
+            } else if op.blob.mem.host_ptr().is_none() {
+                Err(self.device_only(i))
+            } else if len != op.blob.nbytes {
+                Err(self.size_error(i, len))
+            } else if let Some(p) = op.blob.poison() {
+                Err(p.poison_error())
+            } else {
+                Ok(())
+            };
+            match check {
+                Ok(()) => {
+                    f(&op.blob);
+                    EndEvent::Done
+                }
+                Err(e) => {
+                    res = Err(e.clone());
+                    EndEvent::Failed(e)
+                }
             }
-            if op.blob.mem.host_ptr().is_none() {
-                let e = self.device_only(i);
-                res = Err(e.clone());
-                return EndEvent::Failed(e);
-            }
-            if len != op.blob.nbytes {
-                let e = self.size_error(i, len);
-                res = Err(e.clone());
-                return EndEvent::Failed(e);
-            }
-            if let Some(p) = op.blob.poison() {
-                let e = p.poison_error();
-                res = Err(e.clone());
-                return EndEvent::Failed(e);
-            }
-            // SAFETY: the input begin instruction of this run has run and this op's end
-            // instruction (a reader of the tensor) is not done before the record we are
-            // initialising, so no eager writer of the tensor runs meanwhile
-            // (engine-ordered invariant, extended over the critical section); the
-            // record's lock makes the copy and the initialisation one step.
-            f(unsafe { op.blob.bytes() });
-            EndEvent::Done
         });
         if !ran {
             return Err(self.already(i));

@@ -353,7 +353,8 @@ impl InstructionsBuilder<'_> {
     /// graph's names; [`Error::InterfaceSizeMismatch`] when a tensor's size differs from
     /// its interface's (valid interfaces) or parameter's; [`Error::AliasedOperand`] when a
     /// tensor appears among the outputs twice, or among the outputs or parameters and
-    /// anywhere else; [`Error::ForeignObject`]; stream creation errors.
+    /// anywhere else; [`Error::ForeignObject`]; [`Error::InvalidGraph`] when another VM
+    /// launched `graph` before; stream creation errors.
     pub fn launch_lazy_job(
         &mut self,
         inputs: &[&Tensor],
@@ -381,6 +382,7 @@ impl InstructionsBuilder<'_> {
         for t in inputs.iter().chain(outputs).chain(parameters) {
             vm.check_tensor(t)?;
         }
+        graph.bind(vm.id)?;
         let sizes = g
             .inputs
             .iter()

@@ -33,6 +33,8 @@ pub use record::{AlreadyInitialised, EndEvent, RecordResult, SharedEventRecord};
 
 pub(crate) use instance::CsOp;
 
+use ivm_core::sync::{AtomicUsize, Ordering};
+
 use crate::error::{Error, Result};
 
 /// Default capacity of a job's buffers, in runs.
@@ -127,6 +129,9 @@ static NEXT_GRAPH_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomic
 
 pub(crate) struct LazyInner {
     pub(crate) id: usize,
+    /// Id of the VM that launches this graph (0: none yet). A graph serves one VM: the
+    /// order of its runs is the order of that VM's launcher.
+    pub(crate) vm: AtomicUsize,
     pub(crate) job: Arc<str>,
     pub(crate) inputs: Vec<Interface>,
     pub(crate) outputs: Vec<Interface>,
@@ -222,6 +227,27 @@ impl LazyGraph {
     /// [`Error::GraphClosed`] instead of waiting.
     pub fn close(&self) {
         self.inner.buffers.close();
+    }
+
+    /// Binds the graph to VM `vm` on its first launch.
+    ///
+    /// # Errors
+    /// [`Error::InvalidGraph`] if another VM launched it before.
+    pub(crate) fn bind(&self, vm: usize) -> Result<()> {
+        // Relaxed: an identity check; nothing is published through it.
+        match self
+            .inner
+            .vm
+            .compare_exchange(0, vm, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => Ok(()),
+            Err(v) if v == vm => Ok(()),
+            Err(_) => Err(Error::InvalidGraph {
+                job: self.inner.job.to_string(),
+                message: "the graph is launched by another virtual machine (a graph serves one)"
+                    .into(),
+            }),
+        }
     }
 }
 
@@ -324,6 +350,7 @@ impl LazyGraphBuilder {
         Ok(LazyGraph {
             inner: Arc::new(LazyInner {
                 id: NEXT_GRAPH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                vm: AtomicUsize::new(0),
                 job: self.job.into(),
                 inputs: self.inputs,
                 outputs: self.outputs,

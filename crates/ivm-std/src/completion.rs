@@ -1,0 +1,796 @@
+//! Completions: awaiting the VM from async code, and per-call timeouts.
+//!
+//! # Futures woken by the VM
+//!
+//! [`Completion<T>`] is a [`Future`] (and a blocking handle) for one instruction or one
+//! batch. The work is submitted when the `_async` call returns (in order with the caller's
+//! other submissions), not when the future is first polled. The instruction carries a
+//! *completion slot*; the thread that finishes it (a worker, a device adapter's thread, the
+//! scheduler for barriers) stores the result there and wakes the stored [`Waker`], so an
+//! executor never blocks a thread on the VM:
+//!
+//! * [`VirtualMachine::sync_read_small_mem_async`] (and `_at_async`): reads 1, 2, 4, 8 or 16
+//!   bytes into the caller's buffer when awaited;
+//! * [`VirtualMachine::sync_write_small_mem_async`];
+//! * [`VirtualMachine::sync_access_blob_by_callback_async`]: any read callback, its result;
+//! * [`VirtualMachine::sync_async`]: everything received before it has been released;
+//! * [`VirtualMachine::run_async`]: a `run` whose batch (and everything received before
+//!   it) has been released.
+//!
+//! Dropping a future abandons the wait, never the work: the instruction still runs and its
+//! result is dropped (the executor writes into the slot, never into the caller's memory).
+//! If the instruction is dropped without running (poisoned input, a failed device stream, a
+//! VM dropped with work in flight), the future resolves to that error instead of hanging.
+//! Polling after the VM began shutting down returns [`Error::ShutDown`]; polling in a fork
+//! child returns [`Error::Forked`]; polling again after `Ready` returns
+//! [`Error::InvalidArgument`].
+//!
+//! Wakers are woken on VM threads: they must be cheap and must not run the task inline
+//! (tokio's, smol's and embassy's do not). In single-thread mode nobody runs the engine in
+//! the background, so each poll drives it and, while the result is missing, asks to be
+//! polled again at once (a busy future): prefer multi-thread mode under an async runtime.
+//!
+//! Async small accesses and callbacks run on the tensor's device default stream, after its
+//! last writer (as their blocking forms), as a callback on its bytes: they need
+//! host-accessible memory (cpu, sim); device-only memory is an [`Error::DeviceMismatch`].
+//!
+//! ```
+//! use ivm_std::{Config, VirtualMachine};
+//!
+//! let vm = VirtualMachine::new(Config::default())?;
+//! let s = vm.default_stream();
+//! let x = vm.new_tensor(8)?;
+//! vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 42))?;
+//! let mut out = [0u8; 8];
+//! // Any executor works; `wait` blocks the calling thread instead.
+//! let read = vm.sync_read_small_mem_async(&x, &mut out);
+//! let mut read = std::pin::pin!(read);
+//! let waker = std::task::Waker::noop();
+//! let mut cx = std::task::Context::from_waker(waker);
+//! while read.as_mut().poll(&mut cx).is_pending() {
+//!     std::thread::yield_now();
+//! }
+//! assert_eq!(u64::from_ne_bytes(out), 42);
+//! # Ok::<(), ivm_std::Error>(())
+//! ```
+//!
+//! # Per-call timeouts
+//!
+//! `sync_read_small_mem_timeout`, `sync_write_small_mem_timeout`, `sync_timeout` and
+//! [`Completion::wait_timeout`] take a hard deadline for this one call instead of the
+//! VM-wide progress period: when it passes, they fail with the same diagnostic
+//! [`Error::Timeout`] as the VM-wide timeout (listing the lively instructions). The
+//! instruction is then abandoned (never reused) and still runs later. A zero timeout is an
+//! [`Error::InvalidArgument`]. In single-thread mode the deadline is checked whenever the
+//! engine stops making progress.
+//!
+//! ```
+//! use std::time::Duration;
+//! use ivm_std::{Config, Error, VirtualMachine};
+//!
+//! let vm = VirtualMachine::new(Config::default())?;
+//! let x = vm.new_tensor(4)?;
+//! let mut out = [0u8; 4];
+//! vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(5))?;
+//! assert!(matches!(
+//!     vm.sync_read_small_mem_timeout(&x, &mut out, Duration::ZERO),
+//!     Err(Error::InvalidArgument(_))
+//! ));
+//! # Ok::<(), ivm_std::Error>(())
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use ivm_core::counter::WaitError;
+use ivm_core::sync::{AtomicU32, Ordering};
+use ivm_core::wait::Wait;
+
+use crate::builder::InstructionsBuilder;
+use crate::error::{Error, Result};
+use crate::futex::FutexWait;
+use crate::instruction::{Instruction, Kind};
+use crate::shared::{VmShared, lock};
+use crate::stream::StreamShared;
+use crate::sync_access::{Waiter, check_size};
+use crate::tensor::{Blob, Tensor};
+use crate::vm::VirtualMachine;
+
+const PENDING: u32 = 0;
+const DONE: u32 = 1;
+
+/// The completion slot shared by a [`Completion`] and the instruction that completes it.
+struct Slot<T> {
+    /// `PENDING` → `DONE` once; futex word for blocking waiters.
+    state: AtomicU32,
+    value: Mutex<Option<Result<T>>>,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl<T> Slot<T> {
+    fn new() -> Self {
+        Self {
+            state: AtomicU32::new(PENDING),
+            value: Mutex::new(None),
+            waker: Mutex::new(None),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        // Acquire: pairs with the Release store in `complete`; the value is then there.
+        self.state.load(Ordering::Acquire) == DONE
+    }
+
+    /// Stores `r` (first result wins) and wakes the waker and blocking waiters.
+    fn complete(&self, r: Result<T>) {
+        {
+            let mut v = lock(&self.value);
+            // Relaxed: read under the value mutex, which orders it with the earlier store.
+            if self.state.load(Ordering::Relaxed) == DONE {
+                return;
+            }
+            *v = Some(r);
+            // Release: publishes the value stored above to `is_done` readers.
+            self.state.store(DONE, Ordering::Release);
+        }
+        FutexWait::wake_all(&self.state);
+        // Taken under the waker mutex: a poll that registered before this sees its waker
+        // woken here; one that registers after sees DONE when it re-checks.
+        let w = lock(&self.waker).take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    fn take(&self) -> Option<Result<T>> {
+        lock(&self.value).take()
+    }
+}
+
+/// The executor's end of a completion slot. Dropped without completing (the instruction
+/// never ran), it completes the slot with the error `on_drop` computes.
+struct Completer<T> {
+    slot: Arc<Slot<T>>,
+    on_drop: Option<Box<dyn FnOnce() -> Error + Send>>,
+}
+
+impl<T> Completer<T> {
+    fn complete(mut self, r: Result<T>) {
+        self.on_drop = None;
+        self.slot.complete(r);
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            self.slot.complete(Err(f()));
+        }
+    }
+}
+
+/// Why an instruction over `blob` on `stream` was dropped without running.
+fn dropped_error(blob: &Blob, stream: &StreamShared) -> Error {
+    if let Some(f) = blob.poison() {
+        return f.poison_error();
+    }
+    if let Some(f) = stream.dev.sticky.get() {
+        return f.poison_error();
+    }
+    Error::ShutDown
+}
+
+/// A result the VM delivers later: a [`Future`], or a blocking handle through
+/// [`wait`](Self::wait) / [`wait_timeout`](Self::wait_timeout). See [`crate::completion`].
+#[must_use = "the work runs anyway; dropping the completion only forgets its result"]
+pub struct Completion<T> {
+    vm: Arc<VmShared>,
+    slot: Arc<Slot<T>>,
+    taken: bool,
+}
+
+impl<T> std::fmt::Debug for Completion<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("vm", &self.vm.id)
+            .field("done", &self.slot.is_done())
+            .field("taken", &self.taken)
+            .finish()
+    }
+}
+
+impl<T> Completion<T> {
+    fn new(vm: &Arc<VmShared>) -> (Self, Arc<Slot<T>>) {
+        let slot = Arc::new(Slot::new());
+        (
+            Self {
+                vm: vm.clone(),
+                slot: slot.clone(),
+                taken: false,
+            },
+            slot,
+        )
+    }
+
+    /// A completion that is already resolved (validation errors of `_async` calls).
+    fn ready(vm: &Arc<VmShared>, r: Result<T>) -> Self {
+        let (c, slot) = Self::new(vm);
+        slot.complete(r);
+        c
+    }
+
+    /// Whether the result has arrived (polling would return `Ready`).
+    pub fn is_done(&self) -> bool {
+        self.slot.is_done()
+    }
+
+    fn check(&self) -> Result<()> {
+        self.vm.birth.check()?;
+        if self.taken {
+            return Err(Error::InvalidArgument(
+                "a completion was polled again after it returned Ready".into(),
+            ));
+        }
+        if self.vm.is_shut() {
+            return Err(Error::ShutDown);
+        }
+        Ok(())
+    }
+
+    fn take(&mut self) -> Result<T> {
+        self.taken = true;
+        self.slot.take().unwrap_or(Err(Error::ShutDown))
+    }
+
+    /// Blocks until the result arrives; fails with [`Error::Timeout`] (with a diagnostic)
+    /// after a whole `timeout_period` of the VM in which no instruction finished.
+    ///
+    /// # Errors
+    /// The instruction's own error; [`Error::Reentrant`] from a VM thread (waiting there
+    /// would deadlock); [`Error::ShutDown`]; [`Error::Forked`]; [`Error::Timeout`].
+    pub fn wait(self) -> Result<T> {
+        let period = self.vm.config.timeout_period;
+        self.wait_inner(period, true)
+    }
+
+    /// Blocks until the result arrives or `timeout` passes (then [`Error::Timeout`] with a
+    /// diagnostic). The work itself is not cancelled.
+    ///
+    /// # Errors
+    /// As [`wait`](Self::wait); a zero `timeout` is an [`Error::InvalidArgument`].
+    pub fn wait_timeout(self, timeout: Duration) -> Result<T> {
+        check_timeout(timeout)?;
+        self.wait_inner(timeout, false)
+    }
+
+    fn wait_inner(mut self, period: Duration, progress: bool) -> Result<T> {
+        self.check()?;
+        if crate::shared::inside(self.vm.id) {
+            return Err(Error::Reentrant);
+        }
+        let slot = self.slot.clone();
+        if self.vm.single_thread() {
+            let deadline = FutexWait::now().saturating_add(period);
+            let r = self.vm.drive_until(|_| {
+                slot.is_done() || (!progress && FutexWait::now() >= deadline)
+            });
+            r?;
+            if !slot.is_done() {
+                return Err(Error::Timeout(self.vm.diagnostic()));
+            }
+            return self.take();
+        }
+        // Relaxed: a progress counter compared with itself.
+        let mut last = self.vm.finished.load(Ordering::Relaxed);
+        let mut end = FutexWait::now().saturating_add(period);
+        while !slot.is_done() {
+            FutexWait::wait(&slot.state, PENDING, Some(end));
+            if slot.is_done() {
+                break;
+            }
+            if FutexWait::now() >= end {
+                let now = self.vm.finished.load(Ordering::Relaxed);
+                if !progress || now == last {
+                    return Err(Error::Timeout(self.vm.diagnostic()));
+                }
+                last = now;
+                end = FutexWait::now().saturating_add(period);
+            }
+        }
+        self.take()
+    }
+}
+
+impl<T> Future for Completion<T> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let this = self.get_mut();
+        if let Err(e) = this.check() {
+            this.taken = true;
+            return Poll::Ready(Err(e));
+        }
+        if this.slot.is_done() {
+            return Poll::Ready(this.take());
+        }
+        if this.vm.single_thread() {
+            // Nobody runs the engine in the background: drive it here.
+            if crate::shared::inside(this.vm.id) {
+                this.taken = true;
+                return Poll::Ready(Err(Error::Reentrant));
+            }
+            if let Err(e) = this.vm.drive() {
+                this.taken = true;
+                return Poll::Ready(Err(e));
+            }
+            if this.slot.is_done() {
+                return Poll::Ready(this.take());
+            }
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        {
+            let mut w = lock(&this.slot.waker);
+            match &mut *w {
+                Some(old) if old.will_wake(cx.waker()) => {}
+                other => *other = Some(cx.waker().clone()),
+            }
+        }
+        // Re-check after registering (see `Slot::complete`).
+        if this.slot.is_done() {
+            return Poll::Ready(this.take());
+        }
+        Poll::Pending
+    }
+}
+
+/// The future of [`VirtualMachine::sync_read_small_mem_async`]: copies the bytes into the
+/// caller's buffer when it resolves.
+#[must_use = "the read runs anyway; dropping the future only forgets its result"]
+#[derive(Debug)]
+pub struct ReadSmallMem<'a> {
+    inner: Completion<[u8; 16]>,
+    out: &'a mut [u8],
+}
+
+impl Future for ReadSmallMem<'_> {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => Poll::Ready(r.map(|bytes| {
+                let n = this.out.len();
+                this.out.copy_from_slice(&bytes[..n]);
+            })),
+        }
+    }
+}
+
+impl ReadSmallMem<'_> {
+    /// Blocks until the bytes arrive or `timeout` passes (see [`Completion::wait_timeout`]).
+    ///
+    /// # Errors
+    /// As [`Completion::wait_timeout`].
+    pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
+        let bytes = self.inner.wait_timeout(timeout)?;
+        let n = self.out.len();
+        self.out.copy_from_slice(&bytes[..n]);
+        Ok(())
+    }
+}
+
+fn check_timeout(timeout: Duration) -> Result<()> {
+    if timeout.is_zero() {
+        return Err(Error::InvalidArgument(
+            "a timeout of zero (use a positive duration)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
+    if offset.checked_add(len).is_none_or(|end| end > t.nbytes()) {
+        return Err(Error::OutOfBounds {
+            len,
+            offset,
+            size: t.nbytes(),
+        });
+    }
+    Ok(())
+}
+
+/// Validates an async access of `t` and returns its default stream.
+fn async_target(shared: &Arc<VmShared>, t: &Tensor) -> Result<Arc<StreamShared>> {
+    shared.check_caller()?;
+    shared.check_tensor(t)?;
+    if t.blob().mem.host_ptr().is_none() {
+        return Err(Error::DeviceMismatch(format!(
+            "async access to a tensor on {} needs host-accessible memory; use the blocking form",
+            t.device()
+        )));
+    }
+    shared.default_stream_of(t.device())
+}
+
+/// Receives `instr` after the soft sync that `t` needs on `stream`.
+fn submit_on(
+    shared: &VmShared,
+    t: &Tensor,
+    stream: &Arc<StreamShared>,
+    instr: Instruction,
+    write: bool,
+) -> Result<()> {
+    {
+        // SAFETY: not shared yet; we own the body (ownership step 1).
+        let body = unsafe { instr.body_mut() };
+        if write {
+            body.outputs.push(t.blob().clone());
+        } else {
+            body.inputs.push(t.blob().clone());
+        }
+    }
+    let mut list = Vec::with_capacity(1);
+    shared.soft_sync([t], stream, &mut |i| list.push(i));
+    list.push(Arc::new(instr));
+    shared.receive_list(&mut list, true)
+}
+
+fn completer_for<T>(slot: Arc<Slot<T>>, t: &Tensor, stream: &Arc<StreamShared>) -> Completer<T> {
+    let (blob, st) = (t.blob().clone(), stream.clone());
+    Completer {
+        slot,
+        on_drop: Some(Box::new(move || dropped_error(&blob, &st))),
+    }
+}
+
+impl VirtualMachine {
+    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes at the start of `t` without blocking:
+    /// the returned future copies them into `out` when it resolves. See
+    /// [`crate::completion`].
+    ///
+    /// Validation errors (size, bounds, a tensor of another VM, shutdown, reentrancy,
+    /// fork) are returned by the future.
+    pub fn sync_read_small_mem_async<'a>(
+        &self,
+        t: &Tensor,
+        out: &'a mut [u8],
+    ) -> ReadSmallMem<'a> {
+        self.sync_read_small_mem_at_async(t, 0, out)
+    }
+
+    /// [`sync_read_small_mem_async`](Self::sync_read_small_mem_async) at `offset`.
+    pub fn sync_read_small_mem_at_async<'a>(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        out: &'a mut [u8],
+    ) -> ReadSmallMem<'a> {
+        let shared = self.shared_state();
+        let len = out.len();
+        let inner = match self.read_async(t, offset, len) {
+            Ok(c) => c,
+            Err(e) => Completion::ready(shared, Err(e)),
+        };
+        ReadSmallMem { inner, out }
+    }
+
+    fn read_async(&self, t: &Tensor, offset: usize, len: usize) -> Result<Completion<[u8; 16]>> {
+        let shared = self.shared_state();
+        check_size(len)?;
+        let stream = async_target(shared, t)?;
+        check_bounds(t, offset, len)?;
+        let (c, slot) = Completion::new(shared);
+        let done = completer_for(slot, t, &stream);
+        let f = move |b: &[u8]| {
+            let mut small = [0u8; 16];
+            small[..len].copy_from_slice(&b[offset..offset + len]);
+            done.complete(Ok(small));
+        };
+        let instr = Instruction::new(
+            "sync_read_small_mem_async",
+            stream.clone(),
+            Kind::Read(Box::new(f)),
+        );
+        submit_on(shared, t, &stream, instr, false)?;
+        Ok(c)
+    }
+
+    /// Writes `data` (1, 2, 4, 8 or 16 bytes, copied now) at `offset` of `t` without
+    /// blocking; the completion resolves once the write is done. See
+    /// [`crate::completion`].
+    pub fn sync_write_small_mem_async(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        data: &[u8],
+    ) -> Completion<()> {
+        let shared = self.shared_state();
+        let r = (|| {
+            let len = data.len();
+            check_size(len)?;
+            let stream = async_target(shared, t)?;
+            check_bounds(t, offset, len)?;
+            let mut small = [0u8; 16];
+            small[..len].copy_from_slice(data);
+            let (c, slot) = Completion::new(shared);
+            let done = completer_for(slot, t, &stream);
+            let f = move |b: &mut [u8]| {
+                b[offset..offset + len].copy_from_slice(&small[..len]);
+                done.complete(Ok(()));
+            };
+            let instr = Instruction::new(
+                "sync_write_small_mem_async",
+                stream.clone(),
+                Kind::Write(Box::new(f)),
+            );
+            submit_on(shared, t, &stream, instr, true)?;
+            Ok(c)
+        })();
+        r.unwrap_or_else(|e| Completion::ready(shared, Err(e)))
+    }
+
+    /// Runs `f` on `t`'s bytes (after every earlier writer) on its device's default stream
+    /// without blocking; the completion resolves to `f`'s result. A panic in `f` resolves
+    /// to [`Error::KernelPanicked`]. See [`crate::completion`].
+    pub fn sync_access_blob_by_callback_async<R: Send + 'static>(
+        &self,
+        t: &Tensor,
+        f: impl FnOnce(&[u8]) -> R + Send + 'static,
+    ) -> Completion<R> {
+        let shared = self.shared_state();
+        let r = (|| {
+            let stream = async_target(shared, t)?;
+            let (c, slot) = Completion::new(shared);
+            let done = completer_for(slot, t, &stream);
+            let cb = move |b: &[u8]| {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)));
+                done.complete(r.map_err(|p| Error::KernelPanicked {
+                    instruction: "sync_access_blob_by_callback_async".into(),
+                    message: crate::instruction::panic_message(&*p),
+                }));
+            };
+            let instr = Instruction::new(
+                "sync_access_blob_by_callback_async",
+                stream.clone(),
+                Kind::Read(Box::new(cb)),
+            );
+            submit_on(shared, t, &stream, instr, false)?;
+            Ok(c)
+        })();
+        r.unwrap_or_else(|e| Completion::ready(shared, Err(e)))
+    }
+
+    /// A completion that resolves once every instruction received before this call has
+    /// been released (an async [`sync`](Self::sync) without its device synchronisation:
+    /// on asynchronous devices, compute instructions are released when launched).
+    pub fn sync_async(&self) -> Completion<()> {
+        let shared = self.shared_state();
+        let r = (|| {
+            shared.check_caller()?;
+            let (c, slot) = Completion::new(shared);
+            let instr = barrier_completing(shared, slot);
+            shared.receive_one(Arc::new(instr), false)?;
+            Ok(c)
+        })();
+        r.unwrap_or_else(|e| Completion::ready(shared, Err(e)))
+    }
+
+    /// [`run`](Self::run), plus a completion that resolves once the batch (and every
+    /// instruction received before it) has been released.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub fn run_async<R>(
+        &self,
+        f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>,
+    ) -> Result<(R, Completion<()>)> {
+        let shared = self.shared_state();
+        let (c, slot) = Completion::new(shared);
+        let r = self.run(|b| {
+            let r = f(b)?;
+            let done = Completer {
+                slot,
+                on_drop: Some(Box::new(|| Error::ShutDown)),
+            };
+            b.barrier(move || done.complete(Ok(())))?;
+            Ok(r)
+        })?;
+        Ok((r, c))
+    }
+
+    /// [`sync_read_small_mem`](Self::sync_read_small_mem) that fails with the diagnostic
+    /// [`Error::Timeout`] once `timeout` has passed (a hard deadline for this call, instead
+    /// of the VM-wide progress period). See [`crate::completion`].
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem`](Self::sync_read_small_mem); a zero `timeout` is an
+    /// [`Error::InvalidArgument`].
+    pub fn sync_read_small_mem_timeout(
+        &self,
+        t: &Tensor,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, 0, Some(out), None, timeout)
+    }
+
+    /// [`sync_read_small_mem_at`](Self::sync_read_small_mem_at) with a per-call timeout.
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
+    pub fn sync_read_small_mem_at_timeout(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, offset, Some(out), None, timeout)
+    }
+
+    /// [`sync_write_small_mem`](Self::sync_write_small_mem) with a per-call timeout.
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
+    pub fn sync_write_small_mem_timeout(
+        &self,
+        t: &Tensor,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, 0, None, Some(data), timeout)
+    }
+
+    /// [`sync_write_small_mem_at`](Self::sync_write_small_mem_at) with a per-call timeout.
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
+    pub fn sync_write_small_mem_at_timeout(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, offset, None, Some(data), timeout)
+    }
+
+    /// [`sync`](Self::sync) with a per-call timeout for the release of everything received
+    /// before it (the device synchronisation that follows is not bounded).
+    ///
+    /// # Errors
+    /// As [`sync`](Self::sync); [`Error::Timeout`] once `timeout` has passed; a zero
+    /// `timeout` is an [`Error::InvalidArgument`].
+    pub fn sync_timeout(&self, timeout: Duration) -> Result<()> {
+        let shared = self.shared_state();
+        shared.check_caller()?;
+        check_timeout(timeout)?;
+        let mut instr = Instruction::new("sync", shared.barrier_stream(), Kind::Noop);
+        instr.barrier = true;
+        instr.waiter = Some(Waiter::new());
+        let instr = Arc::new(instr);
+        shared.receive_one(instr.clone(), false)?;
+        wait_deadline(shared, &instr, timeout, false)?;
+        let mut first = None;
+        for s in shared.async_streams() {
+            let r = s.dev.stream.synchronize();
+            let f = s.dev.sticky.take().map(|f| f.poison_error());
+            let e = s.dev.stream.take_error().map(Error::Device);
+            if first.is_none() {
+                first = r.err().or(f).or(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn small_timeout(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        read: Option<&mut [u8]>,
+        write: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<()> {
+        let shared = self.shared_state();
+        shared.check_caller()?;
+        check_timeout(timeout)?;
+        let len = read
+            .as_ref()
+            .map_or_else(|| write.map_or(0, <[u8]>::len), |b| b.len());
+        check_size(len)?;
+        shared.check_tensor(t)?;
+        check_bounds(t, offset, len)?;
+        let stream = shared.default_stream_of(t.device())?;
+        let (name, kind) = match write {
+            None => ("sync_read_small_mem", Kind::SmallRead { offset, len }),
+            Some(_) => ("sync_write_small_mem", Kind::SmallWrite { offset, len }),
+        };
+        let mut instr = Instruction::new(name, stream.clone(), kind);
+        instr.waiter = Some(Waiter::new());
+        if let Some(src) = write {
+            // SAFETY: not shared yet: we own `small` (ownership step 1).
+            instr
+                .small
+                .with_mut(|p| unsafe { (&mut *p)[..len].copy_from_slice(src) });
+        }
+        {
+            // SAFETY: not shared yet; we own the body (ownership step 1).
+            let body = unsafe { instr.body_mut() };
+            if write.is_some() {
+                body.outputs.push(t.blob().clone());
+            } else {
+                body.inputs.push(t.blob().clone());
+            }
+        }
+        // A fresh instruction (never a ring entry): on a timeout it is simply abandoned and
+        // a late executor writes only into its own buffer.
+        let instr = Arc::new(instr);
+        let mut list = Vec::with_capacity(1);
+        shared.soft_sync([t], &stream, &mut |i| list.push(i));
+        list.push(instr.clone());
+        shared.receive_list(&mut list, true)?;
+        wait_deadline(shared, &instr, timeout, true)?;
+        // SAFETY: the wait returned Ok (Acquire on the executor's Release decrease): the
+        // executor is done with `failure` and `small`; the engine never touches them.
+        if let Some(f) = instr.failure.with(|p| unsafe { (*p).clone() }) {
+            return Err(f.poison_error());
+        }
+        if let Some(out) = read {
+            // SAFETY: as above.
+            instr
+                .small
+                .with(|p| unsafe { out.copy_from_slice(&(&*p)[..len]) });
+        }
+        Ok(())
+    }
+}
+
+/// A barrier instruction whose callback completes `slot`.
+fn barrier_completing(shared: &VmShared, slot: Arc<Slot<()>>) -> Instruction {
+    let done = Completer {
+        slot,
+        on_drop: Some(Box::new(|| Error::ShutDown)),
+    };
+    let mut instr = Instruction::new(
+        "sync_async",
+        shared.barrier_stream(),
+        Kind::Barrier(Box::new(move || done.complete(Ok(())))),
+    );
+    instr.barrier = true;
+    instr
+}
+
+/// Waits for `instr` (received, with a waiter) with a hard deadline `timeout` from now.
+fn wait_deadline(
+    shared: &VmShared,
+    instr: &Arc<Instruction>,
+    timeout: Duration,
+    skip: bool,
+) -> Result<()> {
+    let Some(waiter) = instr.waiter.as_ref() else {
+        return Err(Error::InvalidArgument(
+            "internal: waiting on an instruction without waiter".into(),
+        ));
+    };
+    if shared.single_thread() {
+        let deadline = FutexWait::now().saturating_add(timeout);
+        shared.drive_until(|_| waiter.btb.is_done() || FutexWait::now() >= deadline)?;
+        if !waiter.btb.is_done() {
+            return Err(Error::Timeout(shared.diagnostic()));
+        }
+        return Ok(());
+    }
+    if skip && shared.flying() < shared.config.skip_blocking_threshold {
+        waiter.btb.skip_blocking();
+    }
+    match waiter.btb.wait_until_done(timeout, || true) {
+        Ok(()) => Ok(()),
+        Err(WaitError::Stopped) => Err(Error::Timeout(shared.diagnostic())),
+        Err(WaitError::Closed) => Err(Error::ShutDown),
+    }
+}

@@ -1,0 +1,426 @@
+//! Who drives the engine (multi-thread mode): an ownership token over the engine that the
+//! scheduler thread, a submitting caller or a worker that just finished an instruction
+//! takes, so that the common paths need no scheduler thread at all.
+//!
+//! # Why
+//!
+//! On a machine with few cores every hop between threads costs: a sleeping thread takes
+//! 35–50 µs to wake, and three spinning threads on two cores starve each other. With one
+//! scheduler thread owning the engine, a sync read took three hand-overs (caller →
+//! scheduler → worker → caller) and every cross-stream edge waited for the scheduler to
+//! release its source. Here whoever has input for the engine runs the engine steps
+//! itself when nobody else is:
+//!
+//! * a **caller** that submits instructions (`run`, sync accesses, `sync`) takes the
+//!   engine if it is free, handles what it submitted, dispatches it (a ready small access
+//!   may even run inline, see `engine.rs`) and releases what is done;
+//! * a **worker** that finished an instruction takes the engine if it is free and releases
+//!   it at once, readying and dispatching its successors (also on other streams: no
+//!   scheduler round trip on a cross-stream edge);
+//! * the **scheduler thread** is the driver of last resort: probes, user barriers (their
+//!   callbacks run on the scheduler thread, as DESIGN.md says), device completions that
+//!   arrive while nobody drives, shutdown, and hand-overs from a driver that ran out of its
+//!   step budget. It sleeps through ivm-core's [`Parking`] protocol otherwise.
+//!
+//! Exactly one thread at a time holds the engine; nobody ever blocks on it (try-lock only).
+//!
+//! # The state word
+//!
+//! [`Wake::state`] holds two bits: `LOCKED` (somebody holds the engine) and `DIRTY` (input
+//! was published that the engine may not have seen). Every write to it is a
+//! read-modify-write, so its modification order is a single chain and the Release/Acquire
+//! pairs below form release sequences that no plain store breaks.
+//!
+//! * **Producer** (pushed to the pending queue, set `DONE` on an instruction, submitted a
+//!   probe, requested shutdown) publishes its input first, then either
+//!   [`acquire_or_mark`](Wake::acquire_or_mark) — takes the engine if it is free (Acquire),
+//!   or sets `DIRTY` on a held engine (Release) — or [`unpark`](Wake::unpark) — sets
+//!   `DIRTY` (Release) and wakes the scheduler if nobody holds the engine.
+//! * **Holder**: after taking the engine it drains the pending queue and steps the engine
+//!   until it makes no progress, then [`unlock`](Wake::unlock)s: a compare-exchange
+//!   `LOCKED → 0` (Release: publishes the engine's state to the next holder). If it fails,
+//!   `DIRTY` was set meanwhile: the holder clears it with an Acquire swap (which
+//!   synchronises with the producer's Release) and drives again.
+//!
+//! **No input is ever lost.** Take a producer's marking RMW *P* and the holder's unlock
+//! attempt *U*. If *P* comes first in the word's modification order, *U* fails (it expects
+//! `LOCKED` without `DIRTY`) and the holder drives again after an Acquire that reads *P*'s
+//! release sequence, so it sees the input. If *U* comes first, *P* reads an unlocked word:
+//! with `acquire_or_mark` the producer takes the engine itself (or a third thread took it
+//! after *P*: then its Acquire read *P*'s `DIRTY` and it drains everything), with `unpark`
+//! the producer wakes the scheduler, whose park re-checks the word (the store-load
+//! argument of [`Parking`]: both sides do an RMW on the parking word, so either the
+//! scheduler sees `DIRTY` on an unlocked word or the producer sees it parked and wakes it).
+//! A half-done push to the pending queue (`Inconsistent`) needs no spinning: its producer
+//! marks the word *after* its push completes, so some driver drains it then.
+//!
+//! A driver that must stop before the engine is clean (step budget spent, a probe or user
+//! barrier needs the scheduler thread, shutdown) hands over with
+//! [`unlock_to_scheduler`](Wake::unlock_to_scheduler): it leaves `DIRTY` set on an
+//! unlocked word and unparks the scheduler, which is then responsible.
+//!
+//! The loom model `tests/loom_wake_path.rs` checks this protocol with a caller, a worker
+//! and the scheduler racing for the engine.
+
+use core::time::Duration;
+
+use ivm_core::parking::{Park, Parking};
+use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
+use ivm_core::wait::Instant;
+
+use crate::engine::Engine;
+use crate::futex::FutexWait;
+use crate::shared::{ReentryGuard, VmShared};
+
+/// Somebody holds the engine.
+const LOCKED: u32 = 1;
+/// Input was published that the engine may not have seen.
+const DIRTY: u32 = 2;
+
+/// Which kind of thread drives the engine (some work is reserved to the scheduler thread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Driver {
+    /// The scheduler thread: may do everything (probes, user barriers).
+    Scheduler,
+    /// A caller submitting work (`run`, sync accesses, `sync`).
+    Caller,
+    /// A worker thread, after it finished an instruction.
+    Worker,
+}
+
+impl Driver {
+    /// Engine steps with progress a driver may run before it hands over to the scheduler
+    /// thread (each step handles at most `pending_window` received instructions).
+    fn step_budget(self) -> u32 {
+        match self {
+            Driver::Scheduler | Driver::Caller => 64,
+            Driver::Worker => 16,
+        }
+    }
+}
+
+/// The VM's wake word: the engine's ownership token plus the scheduler's parking spot.
+/// Shared with every stream's device side (completions call [`Wake::unpark`]).
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_wake_path.rs`.
+pub struct Wake {
+    state: AtomicU32,
+    parking: Parking<FutexWait>,
+}
+
+impl std::fmt::Debug for Wake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wake")
+            // Relaxed: a diagnostic snapshot.
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .field("parking", &self.parking)
+            .finish()
+    }
+}
+
+impl Default for Wake {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Wake {
+    /// An unlocked, clean word; the scheduler running.
+    pub fn new() -> Self {
+        Self {
+            state: AtomicU32::new(0),
+            parking: Parking::new(),
+        }
+    }
+
+    /// Producer, **after** publishing its input (a completion, a probe, shutdown, a push
+    /// by a thread that must not drive): marks the engine dirty and wakes the scheduler if
+    /// nobody holds the engine (a holder sees the mark before it lets go). Returns whether
+    /// it made a wake call.
+    pub fn unpark(&self) -> bool {
+        // Release: publishes the producer's input to the holder's Acquire (its failed
+        // unlock's swap, or the next `try_lock`) that reads this RMW's release sequence.
+        let old = self.state.fetch_or(DIRTY, Ordering::Release);
+        if old & LOCKED != 0 {
+            return false;
+        }
+        self.parking.unpark()
+    }
+
+    /// Consumer side of the parking spot (the scheduler thread in multi-thread mode, the
+    /// engine-lock holder in single-thread mode): see [`Parking::park`].
+    pub fn park(&self, has_input: impl FnMut() -> bool, deadline: Option<Instant>) -> Park {
+        self.parking.park(has_input, deadline)
+    }
+
+    /// Producer, after publishing its input: takes the engine if nobody holds it (returns
+    /// `true`: the caller must now drive, see [`VmShared::drive`]), or leaves a `DIRTY` mark
+    /// for the holder (returns `false`: the holder will see the input).
+    pub fn acquire_or_mark(&self) -> bool {
+        // Relaxed: only a first guess; the RMWs below decide.
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            if s & LOCKED == 0 {
+                // Acquire: pairs with the previous holder's Release unlock (the engine's
+                // state) and with every marking RMW in the release sequences we read (the
+                // input published before them). Clearing DIRTY is fine: we drain all input.
+                match self.state.compare_exchange_weak(
+                    s,
+                    LOCKED,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return true,
+                    Err(x) => s = x,
+                }
+            } else {
+                // Release: as in `unpark`. A CAS that writes the value it read is still an
+                // RMW, so it extends the release sequence the holder's Acquire reads.
+                match self.state.compare_exchange_weak(
+                    s,
+                    s | DIRTY,
+                    Ordering::Release,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return false,
+                    Err(x) => s = x,
+                }
+            }
+        }
+    }
+
+    /// Takes the engine if nobody holds it.
+    pub fn try_lock(&self) -> bool {
+        // Relaxed: only a first guess; the CAS decides.
+        let mut s = self.state.load(Ordering::Relaxed);
+        while s & LOCKED == 0 {
+            // Acquire: as in `acquire_or_mark`.
+            match self
+                .state
+                .compare_exchange_weak(s, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(x) => s = x,
+            }
+        }
+        false
+    }
+
+    /// Holder, when the engine made no progress: lets go of the engine and returns `true`,
+    /// unless input was marked meanwhile: then it clears the mark, keeps the engine and
+    /// returns `false` (drive again).
+    pub fn unlock(&self) -> bool {
+        // Release: publishes the engine's state to the next holder's Acquire.
+        if self
+            .state
+            .compare_exchange(LOCKED, 0, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        // Acquire: synchronises with the marking RMWs (their input is visible to us now).
+        let prev = self.state.swap(LOCKED, Ordering::Acquire);
+        debug_assert_eq!(prev, LOCKED | DIRTY, "ivm: unlock of an engine we do not hold");
+        false
+    }
+
+    /// Holder that must stop before the engine is clean: lets go, leaves the word `DIRTY`
+    /// and wakes the scheduler thread, which takes over.
+    pub fn unlock_to_scheduler(&self) {
+        // Release: publishes the engine's state (and the input we leave unhandled) to the
+        // scheduler's Acquire when it takes the engine.
+        self.state.swap(DIRTY, Ordering::Release);
+        self.parking.unpark();
+    }
+
+    /// Whether input is marked on an engine nobody holds (the scheduler's park re-check).
+    pub fn dirty_unlocked(&self) -> bool {
+        // Acquire: pairs with the marking RMWs, as in `try_lock` (the scheduler takes the
+        // engine right after anyway).
+        self.state.load(Ordering::Acquire) == DIRTY
+    }
+}
+
+/// The engine of a multi-thread VM, guarded by the `LOCKED` bit of the VM's [`Wake`].
+/// `None` after the scheduler thread took it out at shutdown.
+pub(crate) struct EngineCell {
+    engine: UnsafeCell<Option<Engine>>,
+}
+
+// SAFETY: the engine inside is touched only by the thread holding `LOCKED` (one at a
+// time; each hand-over is a Release unlock read by an Acquire lock), and `Engine: Send`.
+unsafe impl Sync for EngineCell {}
+// SAFETY: as above.
+unsafe impl Send for EngineCell {}
+
+impl EngineCell {
+    pub(crate) fn new(engine: Option<Engine>) -> Self {
+        Self {
+            engine: UnsafeCell::new(engine),
+        }
+    }
+
+    /// The engine.
+    ///
+    /// # Safety
+    /// The caller holds `LOCKED` of this VM's [`Wake`] and no other reference obtained
+    /// from this function is alive.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn get(&self) -> &mut Option<Engine> {
+        // SAFETY: exclusive by the caller's contract (the engine token).
+        self.engine.with_mut(|p| unsafe { &mut *p })
+    }
+}
+
+/// How a drive ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DriveEnd {
+    /// The engine is clean and let go.
+    Unlocked,
+    /// Handed over to the scheduler thread (budget, probe, user barrier, shutdown).
+    HandedOver,
+}
+
+impl VmShared {
+    /// Multi-thread mode, after instructions were pushed to the pending queue: makes sure
+    /// the engine sees them — by driving it here when nobody holds it and `may_drive`, by
+    /// a mark for the holder, or by waking the scheduler.
+    pub(crate) fn after_push(&self, may_drive: bool) {
+        if !may_drive {
+            self.parking.unpark();
+            return;
+        }
+        if self.parking.acquire_or_mark() {
+            self.drive_as(Driver::Caller);
+        }
+    }
+
+    /// A worker finished an instruction (its `DONE` is published): the engine must release
+    /// it. Drives here when nobody holds the engine.
+    pub(crate) fn completed(&self) {
+        if self.parking.acquire_or_mark() {
+            self.drive_as(Driver::Worker);
+        }
+    }
+
+    /// A caller waiting for something the engine must do (a ring entry's release): drives
+    /// if nobody holds the engine.
+    pub(crate) fn help(&self) {
+        if self.parking.try_lock() {
+            self.drive_as(Driver::Caller);
+        }
+    }
+
+    /// Drives the engine, which this thread (a caller or a worker) holds (`LOCKED`),
+    /// until it is clean or the driver's step budget is spent, then lets go (see the
+    /// module docs). The scheduler thread has its own loop (`scheduler.rs`).
+    pub(crate) fn drive_as(&self, who: Driver) -> DriveEnd {
+        debug_assert!(who != Driver::Scheduler, "ivm: the scheduler drives in its own loop");
+        // SAFETY: we hold LOCKED (our caller took it); the reference ends before we let go.
+        let Some(engine) = (unsafe { self.cell.get() }).as_mut() else {
+            // Shut down: the scheduler took the engine out and keeps the word locked.
+            return DriveEnd::Unlocked;
+        };
+        let _reentry = (who == Driver::Caller).then(|| ReentryGuard::enter(self.id));
+        engine.set_driver(who, self.config.inline_sync_access);
+        let budget = who.step_budget();
+        let mut steps = 0u32;
+        loop {
+            self.drain_pending(engine);
+            let progress = engine.step(self);
+            if engine.needs_scheduler() || self.stop_requested() {
+                self.parking.unlock_to_scheduler();
+                return DriveEnd::HandedOver;
+            }
+            if progress {
+                steps += 1;
+                if steps >= budget {
+                    self.parking.unlock_to_scheduler();
+                    return DriveEnd::HandedOver;
+                }
+                continue;
+            }
+            if self.parking.unlock() {
+                return DriveEnd::Unlocked;
+            }
+        }
+    }
+
+    /// Holder of the engine: moves everything on the pending queue into the engine. An
+    /// `Inconsistent` end needs no retry: that producer marks the word after its push
+    /// completes (module docs), so some driver drains it then.
+    pub(crate) fn drain_pending(&self, engine: &mut Engine) {
+        let mut consumer = self.pending.consume();
+        let _ = consumer.drain(|i| engine.receive(i));
+    }
+}
+
+/// How long a caller whose instruction is running (or about to run) on a worker spins,
+/// yielding its CPU, before it falls back to the blocking-then-busy wait. Long enough to
+/// cover a worker that was just woken (35–50 µs on a 2-vCPU VM) so that its completion
+/// never needs a second wake; yielding, so that on a core shared with that worker the
+/// worker runs.
+pub(crate) const CALLER_YIELD_SPIN: Duration = Duration::from_micros(300);
+
+/// Spins until `done()` (a few pure spins, then `yield_now`), for at most `budget`.
+/// Returns whether `done()` held.
+pub(crate) fn spin_yield_until(mut done: impl FnMut() -> bool, budget: Duration) -> bool {
+    for _ in 0..64 {
+        if done() {
+            return true;
+        }
+        ivm_core::sync::spin_loop();
+    }
+    let start = std::time::Instant::now();
+    loop {
+        if done() {
+            return true;
+        }
+        if start.elapsed() >= budget {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// A caller waiting behind other instructions keeps spinning (yielding) only while some
+/// instruction was released within this long.
+pub(crate) const CALLER_STALL: Duration = Duration::from_micros(50);
+/// ... and at most this long in all before it sleeps.
+pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);
+
+/// Spins (yielding) until `done()` while the VM makes progress: gives up after
+/// [`CALLER_STALL`] without any release, or after [`CALLER_PROGRESS_SPIN`]. Returns whether
+/// `done()` held. The threads the caller waits for are known to be running while releases
+/// keep coming, so spinning then costs little and saves the wake at the end; a long kernel
+/// in front stops the releases and the caller goes to sleep after [`CALLER_STALL`].
+pub(crate) fn spin_while_progress(shared: &VmShared, mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..64 {
+        if done() {
+            return true;
+        }
+        ivm_core::sync::spin_loop();
+    }
+    let start = std::time::Instant::now();
+    let mut last_change = start;
+    // Relaxed: a progress counter compared with itself; no data is read through it.
+    let mut last = shared.finished.load(Ordering::Relaxed);
+    loop {
+        if done() {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        // Relaxed: as above.
+        let f = shared.finished.load(Ordering::Relaxed);
+        if f != last {
+            last = f;
+            last_change = now;
+        } else if now.duration_since(last_change) >= CALLER_STALL {
+            return false;
+        }
+        if now.duration_since(start) >= CALLER_PROGRESS_SPIN {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}

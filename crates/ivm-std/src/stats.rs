@@ -1,0 +1,401 @@
+//! Introspection: a cheap stats snapshot ([`VirtualMachine::stats`]) and an on-demand dump
+//! of the lively instruction DAG ([`VirtualMachine::dump_dag`]) as text or Graphviz DOT.
+//!
+//! * **Stats** are read from counters that the VM's threads keep anyway or publish with
+//!   Relaxed stores after each engine step that made progress; taking a snapshot never
+//!   talks to the scheduler. The fields are read one by one, so they are mutually
+//!   consistent only when the VM is quiescent (a monitoring view, not a proof).
+//! * **The DAG dump** is taken by the engine's owner itself (a probe run by the scheduler
+//!   thread, or by the caller in single-thread mode): it is exact, but it waits for the
+//!   scheduler (at most `min(timeout_period, 2 s)`; a scheduler blocked in a barrier makes
+//!   it fail with [`Error::Timeout`]).
+//!
+//! ```
+//! use ivm_std::{Config, VirtualMachine};
+//!
+//! let vm = VirtualMachine::new(Config::default())?;
+//! let s = vm.default_stream();
+//! let x = vm.new_tensor(8)?;
+//! vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 1))?;
+//! vm.sync()?;
+//! let st = vm.stats()?;
+//! assert_eq!(st.flying, 0);
+//! assert!(st.released >= 1);
+//! let dag = vm.dump_dag()?;
+//! assert!(dag.to_dot().starts_with("digraph ivm"));
+//! # Ok::<(), ivm_std::Error>(())
+//! ```
+
+use std::fmt::{self, Write as _};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ivm_core::counter::BlockingCounter;
+use ivm_core::notifier::Timed;
+use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering};
+use ivm_core::wait::Wait;
+
+use crate::error::{Diagnostic, Error, Result};
+use crate::futex::FutexWait;
+use crate::shared::{Probe, lock};
+use crate::stream::StreamId;
+use crate::vm::VirtualMachine;
+
+/// Streams (by dense index) whose running-list length is tracked individually.
+pub(crate) const TRACKED_STREAMS: usize = 64;
+
+/// Counters of one VM thread (the scheduler or a worker).
+#[derive(Debug)]
+pub(crate) struct ThreadCounters {
+    name: String,
+    parks: AtomicUsize,
+    wakes: AtomicUsize,
+}
+
+impl ThreadCounters {
+    /// The thread went to sleep (`slept`) and, if `woken`, was woken by a producer (not by a
+    /// deadline).
+    #[inline]
+    pub(crate) fn record(&self, slept: bool, woken: bool) {
+        // Relaxed: statistics only.
+        if slept {
+            self.parks.fetch_add(1, Ordering::Relaxed);
+        }
+        if woken {
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The counters a VM keeps for [`VirtualMachine::stats`] (in `VmShared`).
+pub(crate) struct StatsCells {
+    pub(crate) lively: AtomicUsize,
+    pub(crate) engine_pending: AtomicUsize,
+    pub(crate) ready: AtomicUsize,
+    /// Running-list length per stream index (`< TRACKED_STREAMS`).
+    pub(crate) running: [AtomicU32; TRACKED_STREAMS],
+    /// Sum of the running lengths of the other streams.
+    pub(crate) running_other: AtomicUsize,
+    threads: Mutex<Vec<Arc<ThreadCounters>>>,
+}
+
+impl Default for StatsCells {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StatsCells {
+    pub(crate) fn new() -> Self {
+        Self {
+            lively: AtomicUsize::new(0),
+            engine_pending: AtomicUsize::new(0),
+            ready: AtomicUsize::new(0),
+            running: std::array::from_fn(|_| AtomicU32::new(0)),
+            running_other: AtomicUsize::new(0),
+            threads: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Registers a VM thread (at its start) and returns its counters.
+    pub(crate) fn thread(&self, name: &str) -> Arc<ThreadCounters> {
+        let c = Arc::new(ThreadCounters {
+            name: name.to_string(),
+            parks: AtomicUsize::new(0),
+            wakes: AtomicUsize::new(0),
+        });
+        lock(&self.threads).push(c.clone());
+        c
+    }
+}
+
+/// The running-list length of one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamStats {
+    /// The stream.
+    pub id: StreamId,
+    /// Instructions dispatched on it and not yet released.
+    pub running: usize,
+}
+
+/// Sleeps of one VM thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadStats {
+    /// The thread's name (`ivm<vm>-scheduler`, `ivm<vm>-cpu:0-t0`, ...).
+    pub name: String,
+    /// Times it went to sleep (scheduler: parked; worker: blocked on its notifier).
+    pub parks: usize,
+    /// Times a producer woke it (the rest of its sleeps ended on a deadline or shutdown).
+    pub wakes: usize,
+}
+
+/// A snapshot of a VM's counters (see the [module docs](crate::stats)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VmStats {
+    /// The VM's id (process-unique).
+    pub vm_id: usize,
+    /// Instructions received and not yet released (`flying_instruction_count`).
+    pub flying: usize,
+    /// Instructions received since the VM started.
+    pub received: usize,
+    /// Instructions released since the VM started.
+    pub released: usize,
+    /// Received instructions the engine has not handled yet (still in the pending queue or
+    /// the engine's pending window).
+    pub pending: usize,
+    /// Instructions the engine holds (handled, not released).
+    pub lively: usize,
+    /// Instructions ready to dispatch at the engine's last step.
+    pub ready: usize,
+    /// Running-list length per stream, in creation order (the internal barrier stream
+    /// included).
+    pub streams: Vec<StreamStats>,
+    /// Running instructions of streams beyond the first 64, summed.
+    pub running_other_streams: usize,
+    /// Parks and wakes per VM thread.
+    pub threads: Vec<ThreadStats>,
+}
+
+impl VirtualMachine {
+    /// A cheap snapshot of the VM's counters: no round trip to the scheduler (see
+    /// [`crate::stats`]).
+    ///
+    /// # Errors
+    /// [`Error::Forked`] in a fork child. Works after shutdown (the final counters).
+    pub fn stats(&self) -> Result<VmStats> {
+        let shared = self.shared_state();
+        shared.birth.check()?;
+        let c = &shared.stats;
+        // Relaxed loads throughout: statistics (see the module docs).
+        let flying = shared.flying.load(Ordering::Relaxed);
+        let released = shared.finished.load(Ordering::Relaxed);
+        let lively = c.lively.load(Ordering::Relaxed);
+        let mut streams: Vec<(u32, StreamId)> = lock(&shared.registry)
+            .streams
+            .values()
+            .map(|s| (s.index, s.id))
+            .collect();
+        streams.push((shared.barrier_stream.index, shared.barrier_stream.id));
+        streams.sort_unstable_by_key(|(i, _)| *i);
+        let streams = streams
+            .into_iter()
+            .filter_map(|(i, id)| {
+                c.running.get(i as usize).map(|r| StreamStats {
+                    id,
+                    running: r.load(Ordering::Relaxed) as usize,
+                })
+            })
+            .collect();
+        let threads = lock(&c.threads)
+            .iter()
+            .map(|t| ThreadStats {
+                name: t.name.clone(),
+                parks: t.parks.load(Ordering::Relaxed),
+                wakes: t.wakes.load(Ordering::Relaxed),
+            })
+            .collect();
+        Ok(VmStats {
+            vm_id: shared.id,
+            flying,
+            received: released + flying,
+            released,
+            pending: flying.saturating_sub(lively),
+            lively,
+            ready: c.ready.load(Ordering::Relaxed),
+            streams,
+            running_other_streams: c.running_other.load(Ordering::Relaxed),
+            threads,
+        })
+    }
+
+    /// The lively instruction DAG, taken by the engine's owner (exact; waits for the
+    /// scheduler, see [`crate::stats`]). Render it with [`Dag::to_text`] or
+    /// [`Dag::to_dot`].
+    ///
+    /// # Errors
+    /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier;
+    /// [`Error::ShutDown`]; [`Error::Forked`]; [`Error::Timeout`] when the scheduler does
+    /// not answer in time.
+    pub fn dump_dag(&self) -> Result<Dag> {
+        let shared = self.shared_state();
+        shared.check_caller()?;
+        if let Some(engine) = &shared.engine {
+            return Ok(lock(engine).dag());
+        }
+        let slot = Arc::new(DagSlot {
+            done: BlockingCounter::new(1),
+            value: Mutex::new(None),
+        });
+        shared.submit_probe(Probe::Dag(slot.clone()));
+        let wait = shared.config.timeout_period.min(Duration::from_secs(2));
+        let deadline = FutexWait::now().saturating_add(wait);
+        match slot.done.timed_wait_until_zero(deadline) {
+            Ok(Timed::Notified) => lock(&slot.value).take().ok_or(Error::ShutDown),
+            _ => Err(Error::Timeout(Diagnostic {
+                scheduler_unresponsive: true,
+                ..Diagnostic::default()
+            })),
+        }
+    }
+}
+
+/// Where the engine's owner leaves a DAG dump for the caller who asked for it.
+pub(crate) struct DagSlot {
+    done: BlockingCounter<FutexWait>,
+    value: Mutex<Option<Dag>>,
+}
+
+impl DagSlot {
+    pub(crate) fn fulfil(&self, d: Dag) {
+        *lock(&self.value) = Some(d);
+        // Release: publishes the stored dump to the waiting caller.
+        self.done.decrease();
+    }
+}
+
+/// Where a lively instruction is in the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeState {
+    /// Waiting for in-edges.
+    Waiting,
+    /// On the ready list.
+    Ready,
+    /// Handed to its stream.
+    Dispatched,
+    /// A barrier waiting to become the oldest lively instruction.
+    Barrier,
+}
+
+/// One lively instruction of a [`Dag`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DagNode {
+    /// The instruction's process-unique id.
+    pub id: usize,
+    /// `name#id`.
+    pub name: String,
+    /// The stream it runs on.
+    pub stream: String,
+    /// Its engine state.
+    pub state: NodeState,
+    /// Its body started.
+    pub launched: bool,
+    /// Its stream reports it done.
+    pub done: bool,
+    /// Its body failed.
+    pub failed: bool,
+}
+
+/// One edge of a [`Dag`]: `to` waits for `from`'s release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DagEdge {
+    /// Source instruction id.
+    pub from: usize,
+    /// Destination instruction id.
+    pub to: usize,
+    /// Dispatch already satisfied it (same-stream order); it is kept until the release.
+    pub satisfied: bool,
+    /// A strict same-stream edge (critical sections): waits for the source's release.
+    pub strict: bool,
+}
+
+/// The lively instruction DAG (oldest first), from [`VirtualMachine::dump_dag`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dag {
+    /// Received instructions the engine has not handled yet (not in the DAG).
+    pub pending: usize,
+    /// Lively instructions, oldest first.
+    pub nodes: Vec<DagNode>,
+    /// Edges between lively instructions.
+    pub edges: Vec<DagEdge>,
+}
+
+impl Dag {
+    /// One line per instruction with its state and the instructions it waits for.
+    pub fn to_text(&self) -> String {
+        self.to_string()
+    }
+
+    /// The DAG in Graphviz DOT (`dot -Tsvg`): one node per instruction (dispatched ones
+    /// filled, done ones green), one arrow per edge (dashed when already satisfied).
+    pub fn to_dot(&self) -> String {
+        let mut s = String::from("digraph ivm {\n  rankdir=LR;\n  node [shape=box];\n");
+        for n in &self.nodes {
+            let color = if n.failed {
+                "red"
+            } else if n.done {
+                "palegreen"
+            } else if n.state == NodeState::Dispatched {
+                "lightblue"
+            } else {
+                "white"
+            };
+            let _ = writeln!(
+                s,
+                "  n{} [label=\"{}\\n{}\\n{:?}\", style=filled, fillcolor={color}];",
+                n.id,
+                escape(&n.name),
+                escape(&n.stream),
+                n.state
+            );
+        }
+        for e in &self.edges {
+            let style = match (e.satisfied, e.strict) {
+                (_, true) => " [style=bold]",
+                (true, false) => " [style=dashed]",
+                (false, false) => "",
+            };
+            let _ = writeln!(s, "  n{} -> n{}{style};", e.from, e.to);
+        }
+        s.push_str("}\n");
+        s
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+impl fmt::Display for Dag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} pending, {} lively instruction(s), {} edge(s)",
+            self.pending,
+            self.nodes.len(),
+            self.edges.len()
+        )?;
+        for n in &self.nodes {
+            write!(
+                f,
+                "  {} on {}: {:?} launched={} done={}{}",
+                n.name,
+                n.stream,
+                n.state,
+                n.launched,
+                n.done,
+                if n.failed { " FAILED" } else { "" }
+            )?;
+            let mut first = true;
+            for e in self.edges.iter().filter(|e| e.to == n.id) {
+                let src = self
+                    .nodes
+                    .iter()
+                    .find(|m| m.id == e.from)
+                    .map_or("?", |m| m.name.as_str());
+                f.write_str(if first { ", after [" } else { ", " })?;
+                f.write_str(src)?;
+                if e.satisfied {
+                    f.write_str(" (dispatched)")?;
+                }
+                first = false;
+            }
+            if !first {
+                f.write_str("]")?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}

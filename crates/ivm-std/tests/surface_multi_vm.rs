@@ -1,0 +1,135 @@
+//! Several independent VMs in one process.
+
+use std::time::Duration;
+
+use ivm_std::{Config, Error, VirtualMachine};
+
+/// Names of this process's threads that belong to VM `id` (`ivm<id>-...`).
+fn vm_threads(id: usize) -> usize {
+    let prefix = format!("ivm{id}-");
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+                .filter(|c| c.trim_end().starts_with(&prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    cond()
+}
+
+#[test]
+fn independent_vms_do_not_share_instructions() {
+    let a = VirtualMachine::new(Config::default()).unwrap();
+    let b = VirtualMachine::new(Config::default()).unwrap();
+    let (sa, sb) = (a.default_stream(), b.default_stream());
+    let (xa, xb) = (a.new_tensor(8).unwrap(), b.new_tensor(8).unwrap());
+    // A tensor of one VM is refused by the other.
+    let mut out = [0u8; 8];
+    assert!(matches!(
+        a.sync_read_small_mem(&xb, &mut out),
+        Err(Error::ForeignObject("tensor"))
+    ));
+    assert!(matches!(
+        b.run(|bld| bld.call(&sa, &[], &[&xb], |_| {})),
+        Err(Error::ForeignObject(_))
+    ));
+    // Block VM B's stream; reads on A must not wait for it.
+    let gate = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g = gate.clone();
+    b.run(|bld| {
+        bld.call(&sb, &[], &[&xb], move |k| {
+            while !g.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            k.output_u64(0)[0] = 7;
+        })
+    })
+    .unwrap();
+    for i in 0..200u64 {
+        a.run(|bld| bld.call(&sa, &[], &[&xa], move |k| k.output_u64(0)[0] = i))
+            .unwrap();
+        a.sync_read_small_mem(&xa, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), i);
+    }
+    assert!(b.flying_instruction_count() >= 1, "B is still blocked");
+    assert!(a.flying_instruction_count() <= 2);
+    gate.store(true, std::sync::atomic::Ordering::Release);
+    b.sync_read_small_mem(&xb, &mut out).unwrap();
+    assert_eq!(u64::from_ne_bytes(out), 7);
+}
+
+#[test]
+fn many_vms_used_from_many_threads() {
+    let vms: Vec<_> = (0..4)
+        .map(|k| {
+            let c = if k % 2 == 0 {
+                Config::default()
+            } else {
+                Config::single_thread()
+            };
+            VirtualMachine::new(c).unwrap()
+        })
+        .collect();
+    std::thread::scope(|sc| {
+        for t in 0..3u64 {
+            let vms = &vms;
+            sc.spawn(move || {
+                // Each thread interleaves sync reads over every VM (thread-local rings
+                // keyed by VM).
+                let xs: Vec<_> = vms.iter().map(|vm| vm.new_tensor(8).unwrap()).collect();
+                for round in 0..50u64 {
+                    for (vm, x) in vms.iter().zip(&xs) {
+                        let v = t * 1000 + round;
+                        vm.sync_write_small_mem(x, &v.to_ne_bytes()).unwrap();
+                        let mut out = [0u8; 8];
+                        vm.sync_read_small_mem(x, &mut out).unwrap();
+                        assert_eq!(u64::from_ne_bytes(out), v);
+                    }
+                }
+            });
+        }
+    });
+    for vm in &vms {
+        vm.sync().unwrap();
+        assert_eq!(vm.flying_instruction_count(), 0);
+    }
+}
+
+#[test]
+fn dropping_a_vm_joins_its_threads_and_leaves_others_running() {
+    let keep = VirtualMachine::new(Config::default()).unwrap();
+    let gone = VirtualMachine::new(Config::default()).unwrap();
+    let id = gone.stats().unwrap().vm_id;
+    let keep_id = keep.stats().unwrap().vm_id;
+    let x = gone.new_tensor(8).unwrap();
+    let s = gone.default_stream();
+    gone.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 3))
+        .unwrap();
+    // A new thread names itself once it starts: wait for that.
+    assert!(
+        wait_for(|| vm_threads(id) >= 2),
+        "scheduler and worker are running"
+    );
+    // Work in flight at drop is drained; a tensor outliving its VM stays harmless.
+    drop(gone);
+    assert!(wait_for(|| vm_threads(id) == 0), "every thread of the dropped VM exited");
+    drop(x);
+    let y = keep.new_tensor(8).unwrap();
+    keep.sync_write_small_mem(&y, &5u64.to_ne_bytes()).unwrap();
+    let mut out = [0u8; 8];
+    keep.sync_read_small_mem(&y, &mut out).unwrap();
+    assert_eq!(u64::from_ne_bytes(out), 5);
+    assert!(wait_for(|| vm_threads(keep_id) >= 2));
+    keep.shutdown().unwrap();
+    assert!(wait_for(|| vm_threads(keep_id) == 0));
+}

@@ -1,0 +1,119 @@
+//! Per-call timeouts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ivm_std::{Config, Error, Tensor, VirtualMachine};
+
+/// Blocks `x`'s stream until the returned gate is opened.
+fn block(vm: &VirtualMachine, x: &Tensor) -> Arc<AtomicBool> {
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    let s = vm.default_stream();
+    vm.run(|b| {
+        b.call_named("gate", &s, &[], &[x], move |k| {
+            while !g.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            k.output_u64(0)[0] = 9;
+        })
+    })
+    .unwrap();
+    gate
+}
+
+#[test]
+fn read_times_out_with_the_diagnostic_then_recovers() {
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let x = vm.new_tensor(8).unwrap();
+    let gate = block(&vm, &x);
+    let mut out = [0u8; 8];
+    let t0 = Instant::now();
+    let r = vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_millis(50));
+    let waited = t0.elapsed();
+    let Err(Error::Timeout(d)) = r else {
+        panic!("expected a timeout, got {r:?}")
+    };
+    assert!(waited >= Duration::from_millis(50), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    assert!(
+        d.lively.iter().any(|i| i.name.starts_with("gate#")),
+        "the diagnostic names the blocking instruction:\n{d}"
+    );
+    // Writes and `sync` time out the same way.
+    assert!(matches!(
+        vm.sync_write_small_mem_timeout(&x, &[1u8; 8], Duration::from_millis(20)),
+        Err(Error::Timeout(_))
+    ));
+    assert!(matches!(
+        vm.sync_timeout(Duration::from_millis(20)),
+        Err(Error::Timeout(_))
+    ));
+    gate.store(true, Ordering::Release);
+    // The abandoned write still runs after the gate (in order): 9, then 1s.
+    vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(out, [1u8; 8]);
+    vm.sync_timeout(Duration::from_secs(30)).unwrap();
+    vm.sync_write_small_mem_at_timeout(&x, 4, &[2u8; 4], Duration::from_secs(30))
+        .unwrap();
+    let mut half = [0u8; 4];
+    vm.sync_read_small_mem_at_timeout(&x, 4, &mut half, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(half, [2u8; 4]);
+}
+
+#[test]
+fn zero_timeout_and_bad_input_are_errors() {
+    for config in [Config::default(), Config::single_thread()] {
+        let vm = VirtualMachine::new(config).unwrap();
+        let x = vm.new_tensor(8).unwrap();
+        let mut out = [0u8; 8];
+        assert!(matches!(
+            vm.sync_read_small_mem_timeout(&x, &mut out, Duration::ZERO),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            vm.sync_write_small_mem_timeout(&x, &[0; 8], Duration::ZERO),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            vm.sync_timeout(Duration::ZERO),
+            Err(Error::InvalidArgument(_))
+        ));
+        let mut three = [0u8; 3];
+        assert!(matches!(
+            vm.sync_read_small_mem_timeout(&x, &mut three, Duration::from_secs(1)),
+            Err(Error::UnsupportedSize(3))
+        ));
+        assert!(matches!(
+            vm.sync_read_small_mem_at_timeout(&x, 4, &mut out, Duration::from_secs(1)),
+            Err(Error::OutOfBounds { .. })
+        ));
+        vm.sync_write_small_mem_timeout(&x, &7u64.to_ne_bytes(), Duration::MAX)
+            .unwrap();
+        vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 7);
+        vm.shutdown().unwrap();
+        assert!(matches!(
+            vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(1)),
+            Err(Error::ShutDown)
+        ));
+    }
+}
+
+#[test]
+fn timeout_from_a_kernel_is_reentrant() {
+    let vm = Arc::new(VirtualMachine::new(Config::default()).unwrap());
+    let x = vm.new_tensor(8).unwrap();
+    let (vm2, x2) = (vm.clone(), x.clone());
+    let r = vm
+        .sync_access_blob_by_callback(&x, move |_| {
+            let mut out = [0u8; 8];
+            vm2.sync_read_small_mem_timeout(&x2, &mut out, Duration::from_secs(1))
+        })
+        .unwrap();
+    assert!(matches!(r, Err(Error::Reentrant)));
+}
