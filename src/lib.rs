@@ -4,7 +4,14 @@
 /// The `no_std` core: intrusive lists, MPSC queue, notifier, counters, blocking-then-busy,
 /// scheduler parking.
 pub use ivm_core;
-/// Device adapters.
+/// Device adapters: the simulated accelerator, CUDA behind the `cuda` feature.
 pub use ivm_device;
 /// The VM on std.
 pub use ivm_std;
+
+/// The graph runtime that lazy jobs run on.
+pub use ivm_std::graph;
+pub use ivm_std::{
+    Config, Error, InstructionsBuilder, KernelCtx, LazyGraph, Mode, Result, Stream, StreamId,
+    StreamType, Tensor, VirtualMachine,
+};
