@@ -106,7 +106,8 @@ impl<'vm> InstructionsBuilder<'vm> {
             .soft_sync(inputs.iter().chain(outputs).copied(), stream, &mut |i| {
                 list.push(i)
             });
-        let instr = Instruction::new(name, stream.clone(), kind);
+        // Pooled: no allocation in steady state (`pool.rs`).
+        let instr = self.vm.cell.pool.instruction(name, stream, kind);
         {
             // SAFETY: not shared yet; the builder owns the body (ownership step 1).
             let body = unsafe { instr.body_mut() };
@@ -121,7 +122,7 @@ impl<'vm> InstructionsBuilder<'vm> {
                     .store(stream.index, Ordering::Relaxed);
             }
         }
-        self.list.push(Arc::new(instr));
+        self.list.push(instr);
     }
 
     /// The VM this builder submits to (lazy-job launches: `lazy::launch`).
@@ -170,7 +171,7 @@ impl<'vm> InstructionsBuilder<'vm> {
             &stream.shared,
             inputs,
             outputs,
-            Kind::Kernel(Box::new(kernel)),
+            Kind::Kernel(crate::smallfn::KernelFn::new(kernel)),
         );
         Ok(())
     }

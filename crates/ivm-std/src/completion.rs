@@ -274,9 +274,9 @@ impl<T> Completion<T> {
         let slot = self.slot.clone();
         if self.vm.single_thread() {
             let deadline = FutexWait::now().saturating_add(period);
-            let r = self.vm.drive_until(|_| {
-                slot.is_done() || (!progress && FutexWait::now() >= deadline)
-            });
+            let r = self
+                .vm
+                .drive_until(|_| slot.is_done() || (!progress && FutexWait::now() >= deadline));
             r?;
             if !slot.is_done() {
                 return Err(Error::Timeout(self.vm.diagnostic()));
@@ -455,11 +455,7 @@ impl VirtualMachine {
     ///
     /// Validation errors (size, bounds, a tensor of another VM, shutdown, reentrancy,
     /// fork) are returned by the future.
-    pub fn sync_read_small_mem_async<'a>(
-        &self,
-        t: &Tensor,
-        out: &'a mut [u8],
-    ) -> ReadSmallMem<'a> {
+    pub fn sync_read_small_mem_async<'a>(&self, t: &Tensor, out: &'a mut [u8]) -> ReadSmallMem<'a> {
         self.sync_read_small_mem_at_async(t, 0, out)
     }
 

@@ -65,7 +65,7 @@
 use core::time::Duration;
 
 use ivm_core::parking::{Park, Parking};
-use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
+use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering, UnsafeCell};
 use ivm_core::wait::Instant;
 
 use crate::engine::Engine;
@@ -189,6 +189,16 @@ impl Wake {
         }
     }
 
+    /// Producer, after publishing its input: marks the word and returns whether nobody
+    /// held the engine. Then the caller **owes** a drive: it must take the engine and drive
+    /// it, unless it sees [`dirty_unlocked`](Self::dirty_unlocked) turn false first
+    /// (every write that clears `DIRTY` is a lock acquisition after our mark, which
+    /// synchronises with it and drains all input). See [`Owed`].
+    pub fn mark(&self) -> bool {
+        // Release: as in `unpark`.
+        self.state.fetch_or(DIRTY, Ordering::Release) & LOCKED == 0
+    }
+
     /// Takes the engine if nobody holds it.
     pub fn try_lock(&self) -> bool {
         // Relaxed: only a first guess; the CAS decides.
@@ -224,6 +234,15 @@ impl Wake {
         false
     }
 
+    /// [`unlock`](Self::unlock) that lets go even when input was marked (a plain store):
+    /// a planted bug for the loom model `tests/loom_wake_path.rs`.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_unlock_ignoring_marks(&self) -> bool {
+        self.state.swap(0, Ordering::Release);
+        true
+    }
+
     /// Holder that must stop before the engine is clean: lets go, leaves the word `DIRTY`
     /// and wakes the scheduler thread, which takes over.
     pub fn unlock_to_scheduler(&self) {
@@ -245,6 +264,10 @@ impl Wake {
 /// `None` after the scheduler thread took it out at shutdown.
 pub(crate) struct EngineCell {
     engine: UnsafeCell<Option<Engine>>,
+    /// Small sync accesses run inline by a driver, ever (diagnostics and tests).
+    inline_runs: AtomicUsize,
+    /// Released instructions for reuse (both modes).
+    pub(crate) pool: crate::pool::InstrPool,
 }
 
 // SAFETY: the engine inside is touched only by the thread holding `LOCKED` (one at a
@@ -257,7 +280,21 @@ impl EngineCell {
     pub(crate) fn new(engine: Option<Engine>) -> Self {
         Self {
             engine: UnsafeCell::new(engine),
+            inline_runs: AtomicUsize::new(0),
+            pool: crate::pool::InstrPool::default(),
         }
+    }
+
+    /// The engine ran `n` more small sync accesses inline.
+    pub(crate) fn count_inline(&self, n: usize) {
+        // Relaxed: a statistic.
+        self.inline_runs.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Small sync accesses run inline so far.
+    pub(crate) fn inline_runs(&self) -> usize {
+        // Relaxed: a statistic.
+        self.inline_runs.load(Ordering::Relaxed)
     }
 
     /// The engine.
@@ -269,6 +306,59 @@ impl EngineCell {
     pub(crate) unsafe fn get(&self) -> &mut Option<Engine> {
         // SAFETY: exclusive by the caller's contract (the engine token).
         self.engine.with_mut(|p| unsafe { &mut *p })
+    }
+}
+
+/// How long a worker leaves the release of a finished sync access to its caller (who
+/// usually comes back and drives the engine within a microsecond) before it drives the
+/// engine itself.
+pub(crate) const RELEASE_DEFER: Duration = Duration::from_micros(20);
+
+/// A release a worker owes the engine: it finished a sync access, marked the word
+/// ([`Wake::mark`]) and found nobody holding the engine. Nothing is lost while it waits:
+/// the first thread that takes the engine after the mark drains every input, and the only
+/// write that clears `DIRTY` on an unlocked word is such an acquisition. So the debt is
+/// gone as soon as the word no longer reads "dirty, unlocked"; otherwise the worker
+/// drives after [`RELEASE_DEFER`], before it runs anything else, and before it sleeps.
+#[derive(Debug, Default)]
+pub(crate) struct Owed {
+    since: std::cell::Cell<Option<std::time::Instant>>,
+}
+
+impl Owed {
+    /// After a finished sync access: mark the word; owe a drive if nobody held it.
+    pub(crate) fn mark(&self, shared: &VmShared) {
+        if shared.parking.mark() && self.since.get().is_none() {
+            self.since.set(Some(std::time::Instant::now()));
+        }
+    }
+
+    /// A drive attempt (`VmShared::completed`) took care of everything marked so far.
+    pub(crate) fn discharged(&self) {
+        self.since.set(None);
+    }
+
+    pub(crate) fn is_owed(&self) -> bool {
+        self.since.get().is_some()
+    }
+
+    /// Pays the debt if it is still there and `force` or overdue.
+    pub(crate) fn settle(&self, shared: &VmShared, force: bool) {
+        let Some(since) = self.since.get() else {
+            return;
+        };
+        if !shared.parking.dirty_unlocked() {
+            // Somebody took the engine after our mark: it saw our input.
+            self.since.set(None);
+            return;
+        }
+        if force || since.elapsed() >= RELEASE_DEFER {
+            self.since.set(None);
+            // If this fails, somebody took the engine after our mark: it sees our input.
+            if shared.parking.try_lock() {
+                shared.drive_as(Driver::Worker);
+            }
+        }
     }
 }
 

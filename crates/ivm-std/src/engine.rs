@@ -115,6 +115,10 @@ pub(crate) struct Engine {
     needs_scheduler: bool,
     /// Ready small sync accesses may run inline in the driver (`Config::inline_sync_access`).
     inline_small: bool,
+    /// Small sync accesses run inline since the last step's end (published by `step`).
+    inline_runs: usize,
+    /// Instructions released by this step, handed to the VM's pool at its end.
+    recycled: Vec<Arc<Instruction>>,
     /// Planted bug (feature `fuzzing`, equivalence-fuzzer tests only): see `planted_*`.
     #[cfg(feature = "fuzzing")]
     planted: crate::fuzzing::PlantedBug,
@@ -153,6 +157,8 @@ impl Engine {
             driver: Driver::Scheduler,
             needs_scheduler: false,
             inline_small: false,
+            inline_runs: 0,
+            recycled: Vec::new(),
             #[cfg(feature = "fuzzing")]
             planted: crate::fuzzing::PlantedBug::None,
         }
@@ -250,6 +256,12 @@ impl Engine {
         progress |= self.run_probes();
         if released > 0 {
             shared.after_release(released);
+        }
+        if self.inline_runs > 0 {
+            shared.cell.count_inline(std::mem::take(&mut self.inline_runs));
+        }
+        if !self.recycled.is_empty() {
+            shared.cell.pool.give_back(&mut self.recycled);
         }
         if progress {
             shared.publish_counters(self.counters());
@@ -461,6 +473,7 @@ impl Engine {
         if self.inline_small && self.can_run_inline(n, stream, &instr) {
             // The driver runs it now (see `can_run_inline`): no hand-over, no wake.
             instruction::execute(&instr);
+            self.inline_runs += 1;
             return;
         }
         let es = self.streams[stream as usize]
@@ -608,7 +621,12 @@ impl Engine {
             body.kind = Kind::Noop;
         }
         shared.instruction_released();
-        drop(instr);
+        if premature {
+            drop(instr);
+        } else {
+            // Back to the VM's pool at the end of the step (when nobody else holds it).
+            self.recycled.push(instr);
+        }
     }
 
     // ---- planted bugs (feature `fuzzing`; the equivalence fuzzer's `planted_*` tests) --
@@ -667,6 +685,7 @@ impl Engine {
                 .expect("ivm engine: barrier node without instruction");
             // Relaxed: diagnostic bit.
             instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
+            crate::trace::record(&instr, crate::trace::Phase::Dispatch);
             instruction::execute(&instr);
             drop(instr);
             self.release(n, shared);

@@ -252,7 +252,7 @@ fn launch_kind(
                 outputs: outs,
                 stream: Some(stream),
             };
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(&mut ctx))) {
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f.call(&mut ctx))) {
                 let message = panic_message(&*payload);
                 let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
                 return Err(Failure {
@@ -408,7 +408,7 @@ fn queue(
             }
         }
         let r = catch_unwind(AssertUnwindSafe(|| match work {
-            Queued::Kernel(k) => k(&mut KernelCtx {
+            Queued::Kernel(k) => k.call(&mut KernelCtx {
                 inputs: ins,
                 outputs: outs,
                 stream: None,

@@ -67,8 +67,9 @@ impl Operands {
     }
 }
 
-/// A kernel: runs once, on its stream's thread, over its inputs and outputs.
-pub(crate) type KernelFn = Box<dyn FnOnce(&mut KernelCtx<'_>) + Send>;
+/// A kernel: runs once, on its stream's thread, over its inputs and outputs (stored
+/// inline in the instruction when small, see `smallfn.rs`).
+pub(crate) use crate::smallfn::KernelFn;
 
 /// A callback reading a blob's bytes.
 pub(crate) type ReadFn = Box<dyn FnOnce(&[u8]) + Send>;
@@ -464,7 +465,7 @@ fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
         | Kind::StreamWait { .. }
         | Kind::RecordEvent { .. }
         | Kind::WaitEvent { .. } => {}
-        Kind::Kernel(f) => f(&mut KernelCtx {
+        Kind::Kernel(f) => f.call(&mut KernelCtx {
             inputs,
             outputs,
             stream: Some(stream),

@@ -28,7 +28,7 @@ const PROBE_POLL: Duration = Duration::from_micros(100);
 
 pub(crate) fn scheduler_loop(shared: Arc<VmShared>) {
     let _reentry = ReentryGuard::enter(shared.id);
-    let counters = shared.stats.thread(&format!("ivm{}-scheduler", shared.id));
+    let counters = shared.stats.scheduler();
     let wake = &shared.parking;
     let window = shared.config.scheduler_work_window;
     let probe_period = if window.is_zero() { PROBE_POLL } else { window };
@@ -67,6 +67,7 @@ pub(crate) fn scheduler_loop(shared: Arc<VmShared>) {
                 let engine = cell.take();
                 shared.close_workers();
                 drop(engine);
+                shared.cell.pool.clear();
                 // Keep the token: nobody drives a VM that is gone.
                 return;
             }

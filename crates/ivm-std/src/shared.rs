@@ -483,9 +483,7 @@ impl VmShared {
     ) {
         let Ok(token) = self.enter() else { return };
         let mut wake = false;
-        let mut n = 0;
         let mut push = |i: Arc<Instruction>| {
-            n += 1;
             // Relaxed: as in `receive_list`.
             self.flying.fetch_add(1, Ordering::Relaxed);
             wake |= self.pending.push(i);
@@ -499,11 +497,10 @@ impl VmShared {
             home,
             &mut push,
         );
-        let instr = Instruction::new("release_tensor", home.clone(), Kind::Free);
+        let instr = self.cell.pool.instruction("release_tensor", home, Kind::Free);
         // SAFETY: not shared yet; we own the body (ownership step 1).
         unsafe { instr.body_mut() }.outputs.push(blob.clone());
-        push(Arc::new(instr));
-        let _ = n;
+        push(instr);
         self.pushed(wake);
         drop(token);
     }
@@ -558,6 +555,8 @@ impl VmShared {
                             ThreadKey::Own(k, s) => format!("ivm{}-{k:?}-{s:?}", self.id),
                         };
                         let ctx = Arc::new(ThreadCtx::new(name.clone()));
+                        // Registered here, so that the new thread allocates nothing for it.
+                        let _ = self.stats.thread(&name);
                         let (c, s) = (ctx.clone(), self.clone());
                         let h = std::thread::Builder::new()
                             .name(name)

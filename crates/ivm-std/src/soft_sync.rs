@@ -74,12 +74,13 @@ pub(crate) struct Use<'a> {
 }
 
 fn sync_instruction(
+    vm: &VmShared,
     name: &'static str,
     stream: &Arc<StreamShared>,
     kind: Kind,
     blobs: &Operands,
 ) -> Arc<Instruction> {
-    let instr = Instruction::new(name, stream.clone(), kind);
+    let instr = vm.cell.pool.instruction(name, stream, kind);
     {
         // SAFETY: not shared yet; we own the body (ownership step 1).
         let body = unsafe { instr.body_mut() };
@@ -87,7 +88,7 @@ fn sync_instruction(
             body.outputs.push(b.clone());
         }
     }
-    Arc::new(instr)
+    instr
 }
 
 /// Emits (through `push`, in order) the soft-sync instructions needed before `uses` are used
@@ -99,8 +100,10 @@ pub(crate) fn before_use<'a>(
     s: &Arc<StreamShared>,
     push: &mut dyn FnMut(Arc<Instruction>),
 ) {
-    // (last-used stream index, tensors last used there)
-    let mut groups: Vec<(u32, Operands)> = Vec::new();
+    // (last-used stream index, tensors last used there); inline up to 8 streams, so that
+    // the common case allocates nothing.
+    let mut groups: heapless::Vec<(u32, Operands), 8> = heapless::Vec::new();
+    let mut spill: Vec<(u32, Operands)> = Vec::new();
     for u in uses {
         // Relaxed: bookkeeping that follows the build order (module docs); one RMW so that
         // two builders never both see the same predecessor.
@@ -108,22 +111,25 @@ pub(crate) fn before_use<'a>(
         if l == s.index || l == NIL || !vm.events {
             continue;
         }
-        match groups.iter_mut().find(|(g, _)| *g == l) {
+        match groups.iter_mut().chain(spill.iter_mut()).find(|(g, _)| *g == l) {
             Some((_, blobs)) => blobs.push(u.blob.clone()),
             None => {
                 let mut blobs = Operands::default();
                 blobs.push(u.blob.clone());
-                groups.push((l, blobs));
+                if let Err(g) = groups.push((l, blobs)) {
+                    spill.push(g);
+                }
             }
         }
     }
-    for (l, blobs) in groups {
+    for (l, blobs) in groups.into_iter().chain(spill) {
         let Some(ls) = vm.stream_by_index(l) else {
             continue;
         };
         match plan(&ls, s, vm.config.stream_wait) {
             Plan::Nothing => {}
             Plan::StreamWait => push(sync_instruction(
+                vm,
                 "soft_sync_stream_wait",
                 s,
                 Kind::StreamWait { from: ls },
@@ -132,6 +138,7 @@ pub(crate) fn before_use<'a>(
             Plan::RecordAndWait => {
                 let slot = Arc::new(EventSlot::new());
                 push(sync_instruction(
+                    vm,
                     "soft_sync_record_event",
                     &ls,
                     Kind::RecordEvent {
@@ -140,6 +147,7 @@ pub(crate) fn before_use<'a>(
                     &blobs,
                 ));
                 push(sync_instruction(
+                    vm,
                     "soft_sync_wait_event",
                     s,
                     Kind::WaitEvent { slot },
@@ -147,6 +155,7 @@ pub(crate) fn before_use<'a>(
                 ));
             }
             Plan::RecordForHost => push(sync_instruction(
+                vm,
                 "soft_sync_record_event_for_host",
                 &ls,
                 Kind::RecordEvent { slot: None },

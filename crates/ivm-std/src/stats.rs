@@ -86,6 +86,15 @@ impl Default for StatsCells {
 }
 
 impl StatsCells {
+    /// The scheduler thread's counters (registered before it is spawned).
+    pub(crate) fn scheduler(&self) -> Arc<ThreadCounters> {
+        let found = lock(&self.threads)
+            .iter()
+            .find(|c| c.name.ends_with("-scheduler"))
+            .cloned();
+        found.unwrap_or_else(|| self.thread("ivm-scheduler"))
+    }
+
     pub(crate) fn new() -> Self {
         Self {
             lively: AtomicUsize::new(0),
@@ -97,8 +106,12 @@ impl StatsCells {
         }
     }
 
-    /// Registers a VM thread (at its start) and returns its counters.
+    /// The counters of the VM thread `name`, registered on first use (on the spawning
+    /// thread: a later lookup by the thread itself allocates nothing).
     pub(crate) fn thread(&self, name: &str) -> Arc<ThreadCounters> {
+        if let Some(c) = lock(&self.threads).iter().find(|c| c.name == name) {
+            return c.clone();
+        }
         let c = Arc::new(ThreadCounters {
             name: name.to_string(),
             parks: AtomicUsize::new(0),

@@ -60,6 +60,8 @@ impl Waiter {
 enum SmallKind {
     Read,
     Write,
+    /// `VirtualMachine::sync`'s barrier (reusable too: `sync()` allocates nothing).
+    Sync,
 }
 
 struct RingSlot {
@@ -82,9 +84,11 @@ fn small_instruction(
     let (name, k) = match kind {
         SmallKind::Read => ("sync_read_small_mem", Kind::SmallRead { offset, len }),
         SmallKind::Write => ("sync_write_small_mem", Kind::SmallWrite { offset, len }),
+        SmallKind::Sync => ("sync", Kind::Noop),
     };
     let mut i = Instruction::new(name, stream.clone(), k);
     i.waiter = Some(Waiter::new());
+    i.barrier = kind == SmallKind::Sync;
     i
 }
 
@@ -169,6 +173,26 @@ fn take_small(
             std::thread::yield_now();
         }
     })
+}
+
+/// `VirtualMachine::sync`'s barrier instruction (with a waiter), from this thread's ring.
+pub(crate) fn sync_barrier(shared: &VmShared) -> Arc<Instruction> {
+    take_small(shared, &shared.barrier_stream, SmallKind::Sync, 0, 0).0
+}
+
+/// `VirtualMachine::sync`: receives `instr` (from [`sync_barrier`]) and waits for it; on
+/// an error the instruction is abandoned (never reused).
+pub(crate) fn sync_wait(shared: &VmShared, instr: Arc<Instruction>) -> Result<()> {
+    let waited = instr.clone();
+    if let Err(e) = shared.receive_one(instr, false) {
+        abandon(&waited);
+        return Err(e);
+    }
+    if let Err(e) = wait(shared, &waited, false) {
+        abandon(&waited);
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// Drops `instr` from this thread's ring (after an error: never reuse it).

@@ -18,14 +18,13 @@ use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::engine::{DebugCounters, Engine};
 use crate::error::{Error, Result};
 use crate::futex::FutexWait;
-use crate::instruction::{Instruction, Kind};
 use crate::shared::{
     NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside, lock,
 };
 use crate::stream::{
     CpuStreamPolicy, Device, DeviceCtx, DeviceKind, Stream, StreamId, StreamShared, StreamType,
 };
-use crate::sync_access::{self, CallbackKind, Waiter};
+use crate::sync_access::{self, CallbackKind};
 use crate::tensor::{Blob, Tensor, TensorInner};
 
 /// The instruction virtual machine.
@@ -162,6 +161,8 @@ impl VirtualMachine {
             joined: false,
         };
         if !single {
+            // Registered here, so that the new thread allocates nothing for it.
+            let _ = shared.stats.thread(&format!("ivm{id}-scheduler"));
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ivm{id}-scheduler"))
@@ -293,12 +294,9 @@ impl VirtualMachine {
     /// or an error the device reported.
     pub fn sync(&self) -> Result<()> {
         self.shared.check_caller()?;
-        let mut instr = Instruction::new("sync", self.shared.barrier_stream.clone(), Kind::Noop);
-        instr.barrier = true;
-        instr.waiter = Some(Waiter::new());
-        let instr = Arc::new(instr);
-        self.shared.receive_one(instr.clone(), false)?;
-        sync_access::wait(&self.shared, &instr, false)?;
+        // A reusable barrier from this thread's ring: no allocation in steady state.
+        let instr = sync_access::sync_barrier(&self.shared);
+        sync_access::sync_wait(&self.shared, instr)?;
         // Instructions on asynchronous devices are released when launched: wait for their
         // device work too. A host-observed completion: reports sticky failures.
         let mut first = None;
@@ -410,6 +408,13 @@ impl VirtualMachine {
     /// Whether `shutdown` has begun.
     pub fn is_shut_down(&self) -> bool {
         self.shared.is_shut()
+    }
+
+    /// How many small sync accesses ran inline in the caller (or another driver) instead
+    /// of on a worker (see [`Config::inline_sync_access`]); for tests and benchmarks.
+    #[doc(hidden)]
+    pub fn debug_inline_accesses(&self) -> usize {
+        self.shared.cell.inline_runs()
     }
 
     /// Live engine objects and instructions in flight. After `shutdown` all are zero.

@@ -71,13 +71,26 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
     let counters = shared.stats.thread(&ctx.name);
     let mut consumer = ctx.queue.consume();
     let poll = shared.config.worker_poll_window;
+    // A release this worker owes the engine (see `drive::Owed`).
+    let owed = crate::drive::Owed::default();
     let run = |instr: Arc<Instruction>| {
+        // Before running anything (it may take long), settle what we owe.
+        owed.settle(&shared, true);
+        let sync_access = instr.waiter.is_some();
         instruction::execute(&instr);
         drop(instr);
-        // After DONE (Release inside `execute`): the engine must release it. Releases it
-        // here (readying its successors, on any stream) when nobody holds the engine,
-        // else marks it for the holder (`drive.rs`).
-        shared.completed();
+        // After DONE (Release inside `execute`): the engine must release it.
+        if sync_access {
+            // Its caller is about to come back and drive the engine anyway (usually
+            // within a microsecond): leave the release to it, so the engine's data stays
+            // in the caller's cache; settled below if nobody takes the engine soon.
+            owed.mark(&shared);
+        } else {
+            // Releases it here (readying its successors, on any stream) when nobody
+            // holds the engine, else marks it for the holder (`drive.rs`).
+            shared.completed();
+            owed.discharged();
+        }
     };
     let mut idle_since: Option<Instant> = None;
     // Polling backs off to `yield_now` (few cores: do not starve the caller).
@@ -98,10 +111,16 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             backoff.spin();
             continue;
         }
+        owed.settle(&shared, false);
         let now = Instant::now();
         let since = *idle_since.get_or_insert(now);
         if now.duration_since(since) < poll {
             backoff.snooze();
+            continue;
+        }
+        if owed.is_owed() {
+            // Never sleep owing a release.
+            owed.settle(&shared, true);
             continue;
         }
         let woken = ctx.notifier.wait_and_clear();
@@ -113,6 +132,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             }
             Err(_closed) => {
                 consumer.drain_until_empty(run);
+                owed.settle(&shared, true);
                 break;
             }
         }

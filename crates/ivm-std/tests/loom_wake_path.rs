@@ -84,6 +84,9 @@ struct Vm {
     engine: UnsafeCell<Engine>,
     worker_q: MpscQueue<Job, W>,
     worker_n: Notifier<LoomWait>,
+    /// Notified by the driver that released the instruction (the model's observer: the
+    /// release must happen without any later input, such as shutdown, nudging the engine).
+    released_n: Notifier<LoomWait>,
     stop: AtomicBool,
 }
 
@@ -99,8 +102,13 @@ enum Variant {
     WorkerDrives,
     /// The worker only `unpark()`s (a device completion callback).
     DeviceCompletion,
+    /// The worker leaves the release to the caller (`drive::Owed`): marks the word, and
+    /// drives only if nobody took the engine after its mark.
+    WorkerDefers,
     /// Planted: the worker neither marks nor unparks after its completion.
     PlantedNoMark,
+    /// Planted: drivers let go of the engine ignoring marks left meanwhile.
+    PlantedUnlockIgnoresMark,
 }
 
 /// One engine step by the token holder; returns whether anything changed.
@@ -122,7 +130,10 @@ fn step(vm: &Vm) -> bool {
         let before = e.lively.len();
         // Acquire: pairs with the worker's Release DONE.
         e.lively.retain(|j| !j.done.load(Ordering::Acquire));
-        e.released += before - e.lively.len();
+        if before != e.lively.len() {
+            e.released += before - e.lively.len();
+            let _ = vm.released_n.notify();
+        }
         progress | (before != e.lively.len())
     })
 }
@@ -134,7 +145,7 @@ fn released(vm: &Vm) -> usize {
 
 /// A caller's or worker's drive (`VmShared::drive_as`): step until clean, hand over to
 /// the scheduler at shutdown.
-fn drive(vm: &Vm) {
+fn drive(vm: &Vm, variant: Variant) {
     loop {
         let progress = step(vm);
         if vm.stop.load(Ordering::Acquire) {
@@ -144,7 +155,12 @@ fn drive(vm: &Vm) {
         if progress {
             continue;
         }
-        if vm.wake.unlock() {
+        let unlocked = if variant == Variant::PlantedUnlockIgnoresMark {
+            vm.wake.planted_unlock_ignoring_marks()
+        } else {
+            vm.wake.unlock()
+        };
+        if unlocked {
             return;
         }
     }
@@ -158,6 +174,7 @@ fn model(skip: bool, variant: Variant) {
             engine: UnsafeCell::new(Engine::default()),
             worker_q: MpscQueue::new(),
             worker_n: Notifier::new(),
+            released_n: Notifier::new(),
             stop: AtomicBool::new(false),
         });
         let job = Arc::new(Job {
@@ -207,13 +224,23 @@ fn model(skip: bool, variant: Variant) {
                     j.btb.decrease();
                     drop(j);
                     match variant {
-                        Variant::WorkerDrives => {
+                        Variant::WorkerDrives | Variant::PlantedUnlockIgnoresMark => {
                             if v.wake.acquire_or_mark() {
-                                drive(&v);
+                                drive(&v, variant);
                             }
                         }
                         Variant::DeviceCompletion => {
                             v.wake.unpark();
+                        }
+                        Variant::WorkerDefers => {
+                            if v.wake.mark() {
+                                // Owed: give the caller a chance, then settle (the real
+                                // worker: after `RELEASE_DEFER`, or before it sleeps).
+                                loom::thread::yield_now();
+                                if v.wake.dirty_unlocked() && v.wake.try_lock() {
+                                    drive(&v, variant);
+                                }
+                            }
                         }
                         Variant::PlantedNoMark => {}
                     }
@@ -233,7 +260,7 @@ fn model(skip: bool, variant: Variant) {
         // The caller (`shared.rs` receive + `drive.rs` after_push + `sync_access.rs`).
         vm.pending.push(job.clone());
         if vm.wake.acquire_or_mark() {
-            drive(&vm);
+            drive(&vm, variant);
         }
         if skip {
             job.btb.skip_blocking();
@@ -241,6 +268,8 @@ fn model(skip: bool, variant: Variant) {
         job.btb.wait_until_done(Duration::MAX, || false).unwrap();
         // SAFETY: the wait acquired the worker's Release decrease.
         assert_eq!(job.data.with(|p| unsafe { *p }), 42);
+        // The engine releases it without further input.
+        vm.released_n.wait_and_clear().unwrap();
         // Shutdown (`vm.rs`): stop, then unpark (marks the word).
         vm.stop.store(true, Ordering::Release);
         vm.wake.unpark();
@@ -263,15 +292,28 @@ fn wake_path_notify_skip() {
 }
 
 #[test]
+fn wake_path_worker_defers_release() {
+    model(false, Variant::WorkerDefers);
+}
+
+#[test]
 fn wake_path_device_completion() {
     model(false, Variant::DeviceCompletion);
 }
 
 /// A completion that neither marks the engine nor unparks the scheduler: every driver may
-/// let go before the instruction is DONE, nobody is told, and the scheduler waits for the
-/// release forever at shutdown. Loom must find it.
+/// let go before the instruction is DONE and nobody is told, so it is never released.
+/// Loom must find it.
 #[test]
 #[should_panic(expected = "deadlock")]
 fn planted_completion_without_mark() {
     model(false, Variant::PlantedNoMark);
+}
+
+/// Drivers that let go of the engine with a plain store, dropping a mark left while they
+/// held it: a completion marked during the caller's drive is lost. Loom must find it.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_unlock_ignoring_marks() {
+    model(false, Variant::PlantedUnlockIgnoresMark);
 }

@@ -77,7 +77,9 @@ async fn tokio_current_thread_awaits_reads_writes_and_batches() {
         .await
         .unwrap();
     let mut hi = [0u8; 8];
-    vm.sync_read_small_mem_at_async(&x, 8, &mut hi).await.unwrap();
+    vm.sync_read_small_mem_at_async(&x, 8, &mut hi)
+        .await
+        .unwrap();
     assert_eq!(u64::from_ne_bytes(hi), 5);
 
     let (n, done) = vm
@@ -223,8 +225,5 @@ fn awaiting_after_shutdown_is_an_error() {
         vm.sync_access_blob_by_callback_async(&x, |b| b[0]).wait(),
         Err(Error::ShutDown)
     ));
-    assert!(matches!(
-        vm.run_async(|_| Ok(())),
-        Err(Error::ShutDown)
-    ));
+    assert!(matches!(vm.run_async(|_| Ok(())), Err(Error::ShutDown)));
 }

@@ -21,7 +21,10 @@ fn child(vm: &VirtualMachine, x: ivm_std::Tensor) -> i32 {
         forked(vm.sync_access_blob_by_callback(&x, |_| ())),
         forked(vm.sync_access_blob_by_callback_async(&x, |_| ()).wait()),
         forked(vm.sync_async().wait()),
-        forked(vm.stream(StreamId::compute(ivm_std::Device::CPU, 3)).map(|_| ())),
+        forked(
+            vm.stream(StreamId::compute(ivm_std::Device::CPU, 3))
+                .map(|_| ()),
+        ),
         forked(vm.new_tensor(8).map(|_| ())),
         forked(vm.blocking_run_probe(|| true)),
         forked(vm.stats().map(|_| ())),
@@ -73,7 +76,10 @@ fn forked_child_gets_forked_errors_and_parent_keeps_working() {
     // SAFETY: waits for our own child; `status` is a valid out pointer.
     let r = unsafe { libc::waitpid(pid, &mut status, 0) };
     assert_eq!(r, pid);
-    assert!(libc::WIFEXITED(status), "child did not exit normally: {status}");
+    assert!(
+        libc::WIFEXITED(status),
+        "child did not exit normally: {status}"
+    );
     assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
     // The parent's VM is untouched.
     let mut out = [0u8; 8];

@@ -122,7 +122,10 @@ fn dropping_a_vm_joins_its_threads_and_leaves_others_running() {
     );
     // Work in flight at drop is drained; a tensor outliving its VM stays harmless.
     drop(gone);
-    assert!(wait_for(|| vm_threads(id) == 0), "every thread of the dropped VM exited");
+    assert!(
+        wait_for(|| vm_threads(id) == 0),
+        "every thread of the dropped VM exited"
+    );
     drop(x);
     let y = keep.new_tensor(8).unwrap();
     keep.sync_write_small_mem(&y, &5u64.to_ne_bytes()).unwrap();

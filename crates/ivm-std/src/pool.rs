@@ -1,0 +1,66 @@
+//! Pooled instructions: the engine hands every instruction it releases back to its VM's
+//! pool when it holds the last reference (`Arc::get_mut`), and builders take them from
+//! there, so that a steady state of `call`s (with a plain `fn` or a closure of at most
+//! [`INLINE_BYTES`](crate::smallfn::INLINE_BYTES) bytes, see `smallfn.rs`), touches,
+//! releases, soft-sync events and `sync()`s allocates nothing.
+//!
+//! The pool is bounded ([`POOL_MAX`]); beyond it released instructions are freed. It
+//! belongs to its VM and is emptied when the scheduler exits, so pooled instructions
+//! (which keep their last stream alive until reused) do not outlive the VM's threads.
+
+use std::sync::{Arc, Mutex};
+
+use crate::instruction::{Instruction, Kind};
+use crate::shared::lock;
+use crate::stream::StreamShared;
+
+/// Most released instructions a VM keeps for reuse.
+pub(crate) const POOL_MAX: usize = 4096;
+
+/// A VM's pool of released instructions, each held only by the pool.
+#[derive(Default)]
+pub(crate) struct InstrPool {
+    free: Mutex<Vec<Arc<Instruction>>>,
+}
+
+impl InstrPool {
+    /// A new instruction: a pooled one reset in place, or a fresh allocation.
+    pub(crate) fn instruction(
+        &self,
+        name: &'static str,
+        stream: &Arc<StreamShared>,
+        kind: Kind,
+    ) -> Arc<Instruction> {
+        let taken = lock(&self.free).pop();
+        if let Some(mut a) = taken {
+            // `get_mut` succeeds: the pool held the only reference (the engine checked
+            // with `get_mut`, whose Acquire ordered every earlier use before it).
+            if let Some(m) = Arc::get_mut(&mut a) {
+                *m = Instruction::new(name, stream.clone(), kind);
+                return a;
+            }
+            debug_assert!(false, "ivm: a pooled instruction is shared");
+        }
+        Arc::new(Instruction::new(name, stream.clone(), kind))
+    }
+
+    /// Engine: takes back every instruction in `released` that nobody else holds (up to
+    /// [`POOL_MAX`]), freeing the rest; leaves `released` empty.
+    pub(crate) fn give_back(&self, released: &mut Vec<Arc<Instruction>>) {
+        let mut free = lock(&self.free);
+        if free.capacity() == 0 {
+            free.reserve_exact(POOL_MAX);
+        }
+        for mut a in released.drain(..) {
+            if free.len() < POOL_MAX && Arc::get_mut(&mut a).is_some() {
+                free.push(a);
+            }
+        }
+    }
+
+    /// Frees every pooled instruction (VM shutdown).
+    pub(crate) fn clear(&self) {
+        let v = std::mem::take(&mut *lock(&self.free));
+        drop(v);
+    }
+}

@@ -1,0 +1,163 @@
+//! [`KernelFn`]: a kernel closure stored inline in its instruction when it is small (at
+//! most [`INLINE_BYTES`] bytes, alignment at most 8), boxed otherwise. With pooled
+//! instructions (`pool.rs`) a `call` with a plain `fn` or a small closure allocates
+//! nothing.
+
+use core::marker::PhantomData;
+use core::mem::{ManuallyDrop, MaybeUninit, align_of, size_of};
+
+use crate::instruction::KernelCtx;
+
+/// Captured bytes a kernel closure may have and still be stored inline.
+pub const INLINE_BYTES: usize = 64;
+
+type Words = [u64; INLINE_BYTES / 8];
+
+enum Repr {
+    /// The closure's bytes, and how to call it (consuming it) or drop it.
+    Inline {
+        buf: MaybeUninit<Words>,
+        call: unsafe fn(*mut Words, &mut KernelCtx<'_>),
+        drop: unsafe fn(*mut Words),
+    },
+    /// Too big or over-aligned.
+    Boxed(Box<dyn FnOnce(&mut KernelCtx<'_>) + Send>),
+}
+
+/// A kernel: runs once, on its stream's thread, over its inputs and outputs.
+pub(crate) struct KernelFn {
+    repr: Repr,
+    /// `Send` (every stored closure is), never `Sync`: one owner at a time.
+    _not_sync: PhantomData<core::cell::Cell<()>>,
+}
+
+// SAFETY: `new` only accepts `F: Send`; the inline bytes are such an `F`, moved, never
+// shared.
+unsafe impl Send for KernelFn {}
+
+/// Calls the `F` stored in `buf`, consuming it.
+///
+/// # Safety
+/// `buf` holds an initialised `F` that nobody uses afterwards.
+unsafe fn call_inline<F: FnOnce(&mut KernelCtx<'_>)>(buf: *mut Words, ctx: &mut KernelCtx<'_>) {
+    // SAFETY: by the contract, `buf` holds an `F` (written by `new`, suitably aligned:
+    // `Words` is 8-aligned and `align_of::<F>() <= 8`); we move it out exactly once.
+    let f = unsafe { buf.cast::<F>().read() };
+    f(ctx);
+}
+
+/// Drops the `F` stored in `buf`.
+///
+/// # Safety
+/// As for [`call_inline`].
+unsafe fn drop_inline<F>(buf: *mut Words) {
+    // SAFETY: as in `call_inline`: an initialised `F`, dropped exactly once.
+    unsafe { buf.cast::<F>().drop_in_place() };
+}
+
+impl KernelFn {
+    /// Stores `f` inline if it fits, boxes it otherwise.
+    pub(crate) fn new<F>(f: F) -> Self
+    where
+        F: FnOnce(&mut KernelCtx<'_>) + Send + 'static,
+    {
+        let repr = if size_of::<F>() <= INLINE_BYTES && align_of::<F>() <= align_of::<Words>() {
+            let mut buf = MaybeUninit::<Words>::uninit();
+            // SAFETY: `buf` is large enough and aligned enough for `F` (checked above).
+            unsafe { buf.as_mut_ptr().cast::<F>().write(f) };
+            Repr::Inline {
+                buf,
+                call: call_inline::<F>,
+                drop: drop_inline::<F>,
+            }
+        } else {
+            Repr::Boxed(Box::new(f))
+        };
+        Self {
+            repr,
+            _not_sync: PhantomData,
+        }
+    }
+
+    /// Whether the closure is stored inline (no allocation).
+    #[cfg(test)]
+    pub(crate) fn is_inline(&self) -> bool {
+        matches!(self.repr, Repr::Inline { .. })
+    }
+
+    /// Runs the kernel (once: consumes it).
+    pub(crate) fn call(self, ctx: &mut KernelCtx<'_>) {
+        let me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never used nor dropped after this read: the closure moves out
+        // (closures are plain movable values), and is consumed below exactly once.
+        let repr = unsafe { core::ptr::read(&me.repr) };
+        match repr {
+            Repr::Inline { mut buf, call, .. } => {
+                // SAFETY: `buf` holds the `F` written by `new`, moved here intact.
+                unsafe { call(buf.as_mut_ptr(), ctx) }
+            }
+            Repr::Boxed(f) => f(ctx),
+        }
+    }
+}
+
+impl Drop for KernelFn {
+    fn drop(&mut self) {
+        if let Repr::Inline { buf, drop, .. } = &mut self.repr {
+            // SAFETY: not called (`call` never drops `self`), so `buf` still holds the
+            // `F`; dropped exactly once here.
+            unsafe { drop(buf.as_mut_ptr()) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn ctx_call(f: KernelFn) {
+        let mut ctx = KernelCtx {
+            inputs: &[],
+            outputs: &[],
+            stream: None,
+        };
+        f.call(&mut ctx);
+    }
+
+    #[test]
+    fn small_closures_inline_big_ones_boxed_all_called_once() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let small = KernelFn::new(move |c: &mut KernelCtx<'_>| {
+            assert_eq!(c.num_inputs(), 0);
+            h.fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(small.is_inline());
+        ctx_call(small);
+        let h = hits.clone();
+        let big = [7u64; 16];
+        let boxed = KernelFn::new(move |_c: &mut KernelCtx<'_>| {
+            h.fetch_add(big[3] as usize, Ordering::Relaxed);
+        });
+        assert!(!boxed.is_inline());
+        ctx_call(boxed);
+        fn plain(_c: &mut KernelCtx<'_>) {}
+        assert!(KernelFn::new(plain).is_inline());
+        assert_eq!(hits.load(Ordering::Relaxed), 8);
+        assert_eq!(Arc::strong_count(&hits), 1, "captures dropped after the call");
+    }
+
+    #[test]
+    fn dropped_uncalled_closures_drop_their_captures() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (a, b) = (hits.clone(), hits.clone());
+        drop(KernelFn::new(move |_c: &mut KernelCtx<'_>| drop(a)));
+        let big = [0u8; 100];
+        drop(KernelFn::new(move |_c: &mut KernelCtx<'_>| {
+            let _ = (&b, big);
+        }));
+        assert_eq!(Arc::strong_count(&hits), 1);
+    }
+}
