@@ -1,11 +1,17 @@
 //! Random instruction programs run by a real multi-thread `ivm_std::VirtualMachine` must
 //! give exactly the results of the sequential interpreter (`ivm_std::fuzzing`): every
-//! sync read and write, every final tensor value, the barrier order.
+//! sync read and write, every final tensor value, the barrier order. Programs include
+//! copies and lazy-job launches of the runner's two small graphs (launches mutate their
+//! parameters).
 //!
 //! Kernel panics are stripped (`Program::without_panics`): libFuzzer aborts on any panic,
 //! so the poison paths are covered by the proptest in `crates/ivm-std/tests`. One VM
 //! (scheduler + three worker threads) is reused across runs; each run gets fresh tensors.
+//! `IVM_FUZZ_STATS=1` prints coverage counters at exit.
 #![no_main]
+
+#[path = "common/stats.rs"]
+mod stats;
 
 use std::sync::OnceLock;
 
@@ -17,7 +23,8 @@ static RUNNER: OnceLock<Runner> = OnceLock::new();
 
 fuzz_target!(|program: Program| {
     let runner = RUNNER.get_or_init(|| Runner::new(Config::default()).expect("start the VM"));
-    if let Err(mismatch) = runner.run(&program.without_panics()) {
-        panic!("{mismatch}");
+    match runner.run(&program.without_panics()) {
+        Ok(o) => stats::record(&o),
+        Err(mismatch) => panic!("{mismatch}"),
     }
 });

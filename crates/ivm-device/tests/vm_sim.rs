@@ -28,6 +28,9 @@ fn configs() -> Vec<(&'static str, Config)> {
                 Config {
                     stream_wait: wait,
                     timeout_period: Duration::from_secs(20),
+                    // The sim's allocator itself (poisoning, use-after-free counting) sees
+                    // every free; `alloc_cache.rs` runs these scenarios through the cache.
+                    caching_allocator: false,
                     ..base.clone()
                 },
             ));
@@ -282,9 +285,15 @@ fn bad_input_is_an_error_not_a_panic() {
         vm.run(|b| b.copy(&s0, &a8, &a16)),
         Err(Error::SizeMismatch { src: 8, dst: 16 })
     ));
-    // A copy reaching a tensor of another device, a kernel on a tensor of another device.
+    // A copy on a stream that cannot reach a tensor (a cpu stream and a sim tensor; sim
+    // streams do reach other sim devices: peer copies, see `d2d_copy.rs`), a kernel on a
+    // tensor of another device.
     assert!(matches!(
-        vm.run(|b| b.copy(&s0, &a8, &b8)),
+        vm.run(|b| b.copy(&vm.default_stream(), &a8, &h8)),
+        Err(Error::DeviceMismatch(_))
+    ));
+    assert!(matches!(
+        vm.run(|b| b.copy(&vm.default_stream(), &b8, &h8)),
         Err(Error::DeviceMismatch(_))
     ));
     assert!(matches!(

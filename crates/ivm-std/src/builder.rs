@@ -22,6 +22,9 @@ thread_local! {
 pub struct InstructionsBuilder<'vm> {
     vm: &'vm Arc<VmShared>,
     list: Vec<Arc<Instruction>>,
+    /// Handles given up with [`release_tensor`](Self::release_tensor), dropped once `list`
+    /// was received (their releases must follow this builder's instructions).
+    released: Vec<Tensor>,
 }
 
 impl std::fmt::Debug for InstructionsBuilder<'_> {
@@ -39,12 +42,19 @@ impl<'vm> InstructionsBuilder<'vm> {
                 .map(|mut s| std::mem::take(&mut *s))
                 .unwrap_or_default()
         });
-        Self { vm, list }
+        Self {
+            vm,
+            list,
+            released: Vec::new(),
+        }
     }
 
-    /// Hands the collected instructions to the VM.
+    /// Hands the collected instructions to the VM, then drops the handles given up with
+    /// [`release_tensor`](Self::release_tensor) (their releases follow the instructions).
     pub(crate) fn submit(&mut self) -> Result<()> {
-        self.vm.receive_list(&mut self.list, true)
+        let r = self.vm.receive_list(&mut self.list, true);
+        self.released.clear();
+        r
     }
 
     /// Number of instructions collected so far.
@@ -178,13 +188,40 @@ impl<'vm> InstructionsBuilder<'vm> {
 
     /// Copies all of `src` into `dst` on `stream`: host to device on a host-to-device
     /// stream, device to host on a device-to-host stream, within a device (or within the
-    /// host) on any stream. Each tensor must be on the stream's device or on the cpu. On an
-    /// asynchronous device the copy is done when an event recorded after it completes
-    /// (copy streams) or at launch (compute streams, ordered by the device queue).
+    /// host) on any stream, and device to device between two devices of one kind when
+    /// their adapter [supports peer copies](crate::DeviceAdapter::supports_peer_copy)
+    /// (preferably on a copy stream of either device). Each tensor must be on the stream's
+    /// device, on the cpu, or (peer copies) on another device of the stream's kind.
+    ///
+    /// Soft sync orders the copy after the work of other streams on either tensor (a
+    /// device-side wait on the same device, a host-observed event across devices), and
+    /// later work on other streams after the copy. On an asynchronous device the copy is
+    /// done when an event recorded after it completes (copy streams) or at launch
+    /// (compute streams, ordered by the device queue).
     ///
     /// # Errors
     /// [`Error::SizeMismatch`] when the sizes differ; [`Error::DeviceMismatch`] for a
-    /// tensor of another device; [`Error::AliasedOperand`] when `src` is `dst`.
+    /// tensor of a device the stream cannot copy; [`Error::AliasedOperand`] when `src` is
+    /// `dst`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ivm_std::{Config, Error, VirtualMachine};
+    ///
+    /// let vm = VirtualMachine::new(Config::default())?;
+    /// let s = vm.default_stream();
+    /// let a = vm.new_tensor_from(&s, &[1, 2, 3, 4])?;
+    /// let b = vm.new_tensor(4)?;
+    /// vm.run(|bld| bld.copy(&s, &a, &b))?;
+    /// let mut out = [0u8; 4];
+    /// vm.sync_read_small_mem(&b, &mut out)?;
+    /// assert_eq!(out, [1, 2, 3, 4]);
+    /// let c = vm.new_tensor(8)?;
+    /// let r = vm.run(|bld| bld.copy(&s, &a, &c));
+    /// assert!(matches!(r, Err(Error::SizeMismatch { src: 4, dst: 8 })));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn copy(&mut self, stream: &Stream, src: &Tensor, dst: &Tensor) -> Result<()> {
         self.check_operands(stream, &[src], &[dst])?;
         if src.nbytes() != dst.nbytes() {
@@ -194,10 +231,16 @@ impl<'vm> InstructionsBuilder<'vm> {
             });
         }
         let d = stream.id().device;
+        let peer = |t: &Tensor| {
+            t.device().kind == d.kind
+                && t.device() != crate::Device::CPU
+                && self.vm.supports_peer_copy(d.kind)
+        };
         for t in [src, dst] {
-            if t.device() != d && t.device() != crate::Device::CPU {
+            if t.device() != d && t.device() != crate::Device::CPU && !peer(t) {
                 return Err(Error::DeviceMismatch(format!(
-                    "a tensor on {} copied on stream {} (each side must be on {d} or the cpu)",
+                    "a tensor on {} copied on stream {} (each side must be on {d}, the cpu, \
+                     or a device of {d}'s kind whose adapter supports peer copies)",
                     t.device(),
                     stream.id()
                 )));
@@ -233,12 +276,14 @@ impl<'vm> InstructionsBuilder<'vm> {
         Ok(())
     }
 
-    /// Gives up this handle. When it was the last one, the release instruction is
-    /// enqueued at once (as for any drop of the last handle), ahead of this builder's
-    /// instructions, which keep the memory alive through their own blob handles.
+    /// Gives up this handle. The handle is dropped when the batch is submitted, after
+    /// this builder's instructions were received: when it was the last one, the release
+    /// instruction then follows every instruction of this batch that uses the tensor
+    /// (enqueuing it at once would let the memory be freed, or recycled by a caching
+    /// allocator, before them).
     pub fn release_tensor(&mut self, tensor: Tensor) -> Result<()> {
         self.vm.check_tensor(&tensor)?;
-        drop(tensor);
+        self.released.push(tensor);
         Ok(())
     }
 

@@ -33,6 +33,7 @@ pub enum Mode {
 /// | `IVM_STREAM_WAIT` (`1` / `0`) | [`stream_wait`](Self::stream_wait) | `1` |
 /// | `IVM_INLINE_SYNC` (`1` / `0`) | [`inline_sync_access`](Self::inline_sync_access) | `1` |
 /// | `IVM_TRACE` (`1` / `0`) | [`trace`](Self::trace) | `0` |
+/// | `IVM_CACHING_ALLOC` (`1` / `0`) | [`caching_allocator`](Self::caching_allocator) | `1` |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Multi-thread (scheduler + workers) or single-thread mode.
@@ -74,6 +75,11 @@ pub struct Config {
     pub inline_sync_access: bool,
     /// Turns on [`crate::trace`] recording (process-wide) when the VM starts.
     pub trace: bool,
+    /// Every stream allocates its tensors through a caching allocator with size-class bins
+    /// ([`crate::alloc_cache`]): memory freed on a stream is reused by later tensors of
+    /// that stream without going back to the device allocator. `false`: tensors are
+    /// allocated and freed by the device allocator directly.
+    pub caching_allocator: bool,
     /// A bug planted in the engine, for the equivalence fuzzer's own tests (feature
     /// `fuzzing` only; default: none). Never set it.
     #[cfg(feature = "fuzzing")]
@@ -115,6 +121,7 @@ impl Default for Config {
             stream_wait: true,
             inline_sync_access: true,
             trace: false,
+            caching_allocator: true,
             #[cfg(feature = "fuzzing")]
             planted: crate::fuzzing::PlantedBug::None,
         }
@@ -206,6 +213,9 @@ impl Config {
         }
         if let Some(v) = num("IVM_TRACE")? {
             c.trace = flag("IVM_TRACE", v)?;
+        }
+        if let Some(v) = num("IVM_CACHING_ALLOC")? {
+            c.caching_allocator = flag("IVM_CACHING_ALLOC", v)?;
         }
         c.validate()?;
         Ok(c)

@@ -95,14 +95,24 @@ pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug + 'static {
     /// The body that called [`begin_access`](Self::begin_access) successfully is done.
     fn end_access(&self) {}
 
-    /// For adapters that need their own memory type back (downcasting).
+    /// For adapters that need their own memory type back (downcasting). A block of the
+    /// caching allocator ([`CachedBlock`](crate::alloc_cache::CachedBlock)) answers with
+    /// the allocation it wraps, so adapters' downcasts keep working on it.
     fn as_any(&self) -> &dyn Any;
+
+    /// `Some` for a block handed out by a caching allocator
+    /// ([`crate::alloc_cache`]), which is how that allocator recognises its blocks when
+    /// they are freed. Other memory answers `None` (the default).
+    fn cached_block(&self) -> Option<&crate::alloc_cache::CachedBlock> {
+        None
+    }
 }
 
 /// An allocator of one device's memory.
 pub trait DeviceAllocator: Send + Sync + fmt::Debug + 'static {
     /// Allocates `nbytes` zero-filled bytes. The memory is ready for every stream of the
-    /// device when this returns.
+    /// device when this returns. Running out of memory is
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory), never an abort.
     fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>>;
 
     /// Frees `mem` in `stream`'s order: after every work item enqueued on `stream` so far.
@@ -152,7 +162,9 @@ pub unsafe trait DeviceStream: Send + Sync + fmt::Debug + 'static {
     fn launch_host(&self, f: HostFn) -> Result<()>;
 
     /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` in stream
-    /// order. Each side is memory of this stream's device or host memory.
+    /// order. Each side is memory of this stream's device or host memory, or, when the
+    /// adapter [supports peer copies](DeviceAdapter::supports_peer_copy), memory of
+    /// another device of the same kind.
     ///
     /// # Errors
     ///
@@ -211,6 +223,15 @@ pub trait DeviceAdapter: Send + Sync + fmt::Debug + 'static {
     /// host-observed records). The cpu adapter answers `false`: its work is synchronous.
     fn supports_events(&self) -> bool {
         true
+    }
+
+    /// Whether a stream of one of its devices copies memory of another of its devices
+    /// (a peer copy: [`DeviceStream::copy`] with one side on another device of this
+    /// kind). The VM then accepts device-to-device copies between two devices of this
+    /// kind ([`InstructionsBuilder::copy`](crate::InstructionsBuilder::copy)). Default:
+    /// `false`.
+    fn supports_peer_copy(&self) -> bool {
+        false
     }
 
     /// Creates a stream of device `index` for a VM stream of type `stream_type`.

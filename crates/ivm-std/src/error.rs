@@ -93,6 +93,19 @@ pub enum Error {
     /// A device adapter failed (driver missing, out of memory, device error).
     #[error("ivm: device error: {0}")]
     Device(String),
+    /// An allocation could not be satisfied. Names the request and where it was made:
+    /// the stream (allocations through the VM and its caching allocator) or the device (a
+    /// bare device allocator). The VM first returns its cached blocks to the device and
+    /// retries once (see [`crate::alloc_cache`]); this is what remains.
+    #[error("ivm: out of memory: {nbytes} bytes requested on {stream}: {detail}")]
+    OutOfMemory {
+        /// Bytes requested.
+        nbytes: usize,
+        /// The stream the request was made on (or the device, from a bare allocator).
+        stream: String,
+        /// What the allocator reported (capacity, bytes in use).
+        detail: String,
+    },
     /// A lazy graph names one interface op twice (among its inputs or its outputs).
     #[error("ivm: lazy job `{job}`: duplicate interface op name `{name}`")]
     DuplicateInterfaceName {

@@ -96,7 +96,9 @@ use std::time::{Duration, Instant};
 pub use arbitrary;
 use arbitrary::{Arbitrary, Unstructured};
 
+use crate::device::DeviceAdapter;
 use crate::error::{Error, Result};
+use crate::graph::{Graph, GraphBuilder};
 use crate::stream::{Device, Stream, StreamId, StreamType};
 use crate::tensor::Tensor;
 use crate::vm::VirtualMachine;
@@ -108,6 +110,11 @@ pub const TENSORS: usize = 4;
 pub const STREAMS: usize = 4;
 /// Most ops [`Program`]'s `Arbitrary` impl generates.
 pub const MAX_OPS: usize = 40;
+/// Most streams a [`Topology`] may have (stream indices in ops range over `0..MAX_STREAMS`
+/// and are taken modulo the topology's length).
+pub const MAX_STREAMS: usize = 16;
+/// Lazy graphs every [`Runner`] builds (see [`LaunchOp`]).
+pub const GRAPHS: usize = 2;
 /// Every planned kernel panic's message starts with this.
 pub const PANIC_MARKER: &str = "ivm-fuzz: planned panic";
 
@@ -128,6 +135,274 @@ pub fn stream_ids() -> [StreamId; STREAMS] {
         },
         StreamId::compute(c, 2),
     ]
+}
+
+/// The streams a [`Runner`] runs programs on, and where the program's tensors start.
+///
+/// A program's stream indices are positions in [`streams`](Self::streams); its tensors
+/// live on devices (tensor `i` starts homed on stream `homes[i]`, an
+/// [`Op::Recreate`] re-homes it). [`fit`](Self::fit) turns any program into one that
+/// is valid on the topology: kernels run on a stream of their first output's device and
+/// keep only operands of that device; copies run on a stream of the device they touch
+/// (preferring host-to-device / device-to-host streams for those directions) and are
+/// dropped when they would join two accelerators; planned panics stay only on cpu
+/// streams and only in programs without launches (a kernel failing on an asynchronous
+/// stream poisons, stickily, what is launched on that stream later, and poison through a
+/// graph run is not modelled by [`interpret`]). For the default cpu topology (the
+/// [`stream_ids`]) `fit` changes nothing but drops self-copies.
+///
+/// The topology of devices other than the cpu needs their adapters: build the runner with
+/// [`Runner::with_topology`]. Every device's memory must be host-accessible (lazy launches
+/// copy through host pointers): cpu and sim are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    /// The streams, by index (1 to [`MAX_STREAMS`], distinct, of compute, host-to-device
+    /// or device-to-host type).
+    pub streams: Vec<StreamId>,
+    /// The stream each tensor slot's first tensor is homed on (index into `streams`).
+    pub homes: [u8; TENSORS],
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Self::cpu()
+    }
+}
+
+impl Topology {
+    /// The cpu-only topology of [`stream_ids`], every tensor homed on the default stream.
+    pub fn cpu() -> Self {
+        Self {
+            streams: stream_ids().to_vec(),
+            homes: [0; TENSORS],
+        }
+    }
+
+    /// The cpu (default stream, compute on thread 1) plus, per device in `devices`:
+    /// compute on threads 0 and 1, host-to-device on thread 0 and device-to-host on thread
+    /// 1. Tensors start on the cpu default stream, the first device, the last device and the
+    /// cpu's second stream.
+    pub fn with_devices(devices: &[Device]) -> Self {
+        let c = Device::CPU;
+        let mut streams = vec![StreamId::default_for(c), StreamId::compute(c, 1)];
+        for &d in devices {
+            let id = |stream_type, thread_id| StreamId {
+                device: d,
+                stream_type,
+                thread_id,
+            };
+            streams.extend([
+                id(StreamType::Compute, 0),
+                id(StreamType::Compute, 1),
+                id(StreamType::HostToDevice, 0),
+                id(StreamType::DeviceToHost, 1),
+            ]);
+        }
+        let homes = match devices.len() {
+            0 => [0, 1, 0, 1],
+            n => [0, 2, (2 + 4 * (n - 1)) as u8, 1],
+        };
+        Self { streams, homes }
+    }
+
+    /// Checks the topology.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for no streams or more than [`MAX_STREAMS`], a stream listed
+    /// twice, a stream type other than compute, host-to-device or device-to-host, or a home
+    /// out of range.
+    pub fn validate(&self) -> Result<()> {
+        let n = self.streams.len();
+        if n == 0 || n > MAX_STREAMS {
+            return Err(Error::Config(format!(
+                "fuzzing topology: {n} streams (1 to {MAX_STREAMS})"
+            )));
+        }
+        for (i, s) in self.streams.iter().enumerate() {
+            if self.streams[..i].contains(s) {
+                return Err(Error::Config(format!("fuzzing topology: {s} listed twice")));
+            }
+            if !matches!(
+                s.stream_type,
+                StreamType::Compute | StreamType::HostToDevice | StreamType::DeviceToHost
+            ) {
+                return Err(Error::Config(format!(
+                    "fuzzing topology: {s}: only compute and copy streams"
+                )));
+            }
+        }
+        if let Some(h) = self.homes.iter().find(|&&h| usize::from(h) >= n) {
+            return Err(Error::Config(format!(
+                "fuzzing topology: home s{h} of {n} streams"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The device of stream `index` (modulo the number of streams).
+    pub fn device_of(&self, index: usize) -> Device {
+        self.streams[index % self.streams.len()].device
+    }
+
+    fn on(&self, d: Device) -> Vec<usize> {
+        (0..self.streams.len())
+            .filter(|&i| self.streams[i].device == d)
+            .collect()
+    }
+
+    /// `program` made valid on this topology (see the [type docs](Self)). Stream indices
+    /// of the result are positions in [`streams`](Self::streams).
+    pub fn fit(&self, program: &Program) -> Program {
+        let n = self.streams.len();
+        let launches = program.ops.iter().any(|op| matches!(op, Op::Launch(_)));
+        let mut dev: [Device; TENSORS] =
+            std::array::from_fn(|t| self.device_of(usize::from(self.homes[t])));
+        let on_dev = |dev: &[Device; TENSORS], d: Device| -> u8 {
+            (0..TENSORS)
+                .filter(|&t| dev[t] == d)
+                .fold(0, |m, t| m | (1 << t))
+        };
+        let mut ops = Vec::with_capacity(program.ops.len());
+        for op in &program.ops {
+            match *op {
+                Op::Kernel(mut k) => {
+                    let s0 = usize::from(k.stream) % n;
+                    let d = k.output_slots().next().map_or(self.device_of(s0), |t| dev[t]);
+                    let s = if self.device_of(s0) == d {
+                        s0
+                    } else {
+                        let c = self.on(d);
+                        c[usize::from(k.stream) % c.len()]
+                    };
+                    let m = on_dev(&dev, d);
+                    k.stream = s as u8;
+                    k.inputs &= m & ALL_TENSORS;
+                    k.outputs &= m & ALL_TENSORS;
+                    k.panic &= d == Device::CPU && !launches;
+                    ops.push(Op::Kernel(k));
+                }
+                Op::Recreate { tensor, home } => {
+                    let h = usize::from(home) % n;
+                    dev[slot(tensor)] = self.streams[h].device;
+                    ops.push(Op::Recreate {
+                        tensor,
+                        home: h as u8,
+                    });
+                }
+                Op::Copy { stream, src, dst } => {
+                    let (s, t) = (slot(src), slot(dst));
+                    let (ds, dd) = (dev[s], dev[t]);
+                    if s == t || (ds != Device::CPU && dd != Device::CPU && ds != dd) {
+                        continue;
+                    }
+                    let d = if ds == Device::CPU { dd } else { ds };
+                    let want = match (ds == Device::CPU, dd == Device::CPU) {
+                        (true, false) => Some(StreamType::HostToDevice),
+                        (false, true) => Some(StreamType::DeviceToHost),
+                        _ => None,
+                    };
+                    let c = self.on(d);
+                    let pref: Vec<usize> = c
+                        .iter()
+                        .copied()
+                        .filter(|&i| Some(self.streams[i].stream_type) == want)
+                        .collect();
+                    let b = usize::from(stream);
+                    let s = if b % 2 == 0 && !pref.is_empty() {
+                        pref[(b / 2) % pref.len()]
+                    } else {
+                        c[b % c.len()]
+                    };
+                    ops.push(Op::Copy {
+                        stream: s as u8,
+                        src,
+                        dst,
+                    });
+                }
+                other => ops.push(other),
+            }
+        }
+        Program { ops }
+    }
+
+    /// Counts the cross-stream uses of a [`fit`](Self::fit)ted program: an operand used on
+    /// another stream than its tensor's previous use (what soft sync orders).
+    pub fn cross_stream_uses(&self, program: &Program) -> CrossStream {
+        let mut dev: [Device; TENSORS] =
+            std::array::from_fn(|t| self.device_of(usize::from(self.homes[t])));
+        let mut last: [Option<StreamId>; TENSORS] = [None; TENSORS];
+        let mut c = CrossStream::default();
+        let cs = StreamId {
+            device: Device::CPU,
+            stream_type: StreamType::CriticalSection,
+            thread_id: 0,
+        };
+        let mut used = |t: usize, s: StreamId, last: &mut [Option<StreamId>; TENSORS]| {
+            if let Some(l) = last[t]
+                && l != s
+            {
+                c.streams += 1;
+                if l.device != s.device {
+                    c.devices += 1;
+                }
+            }
+            last[t] = Some(s);
+        };
+        for op in &program.ops {
+            match *op {
+                Op::Kernel(k) => {
+                    let s = self.streams[usize::from(k.stream) % self.streams.len()];
+                    for t in k.input_slots().chain(k.output_slots()) {
+                        used(t, s, &mut last);
+                    }
+                }
+                Op::Copy { stream, src, dst } => {
+                    let s = self.streams[usize::from(stream) % self.streams.len()];
+                    used(slot(src), s, &mut last);
+                    used(slot(dst), s, &mut last);
+                }
+                Op::SyncRead { tensor } | Op::SyncWrite { tensor, .. } => {
+                    let t = slot(tensor);
+                    used(t, StreamId::default_for(dev[t]), &mut last);
+                }
+                Op::Launch(l) => {
+                    for t in l.slots() {
+                        used(t, cs, &mut last);
+                    }
+                }
+                Op::Recreate { tensor, home } => {
+                    let t = slot(tensor);
+                    dev[t] = self.device_of(usize::from(home));
+                    last[t] = None;
+                }
+                Op::Barrier | Op::Sync | Op::Submit => {}
+            }
+        }
+        c
+    }
+}
+
+impl fmt::Display for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "streams:")?;
+        for (i, s) in self.streams.iter().enumerate() {
+            write!(f, " s{i}={s}")?;
+        }
+        write!(f, "; homes:")?;
+        for (t, h) in self.homes.iter().enumerate() {
+            write!(f, " t{t}=s{h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Cross-stream uses in a program ([`Topology::cross_stream_uses`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CrossStream {
+    /// Operands used on another stream than their tensor's previous use.
+    pub streams: usize,
+    /// Of those, the ones where the two streams are on different devices.
+    pub devices: usize,
 }
 
 /// A pause a kernel takes before it reads its inputs.
@@ -190,10 +465,51 @@ impl KernelOp {
         let m = self.inputs & ALL_TENSORS & !self.outputs;
         (0..TENSORS).filter(move |i| m & (1 << i) != 0)
     }
+}
 
-    fn stream_index(&self) -> usize {
-        usize::from(self.stream) % STREAMS
+/// A lazy-job launch of one of the [`GRAPHS`] graphs every [`Runner`] builds, over a
+/// permutation `p` of the tensor slots ([`slots`](Self::slots)):
+///
+/// * graph 0 (`fuzz_a`): input `a = p[3]`, outputs `o0 = p[0]`, `o1 = p[1]`, parameter
+///   `w = p[2]`; `h = mix(mix(a, w), 1)`, `o0 = h`, `o1 = mix(h, 2)`, `w = mix(w, h)`
+///   (three graph kernels: forward, output, parameter update);
+/// * graph 1 (`fuzz_b`): inputs `b0 = p[2]`, `b1 = p[3]` and an invalid input (also
+///   `p[3]`), output `q = p[0]`, parameter `w = p[1]`; `q = mix(mix(b0, b1), w)`,
+///   `w = mix(w, mix(b0, 7))`.
+///
+/// `mix` is [`launch_mix`]. The interpreter runs the graph sequentially at the launch
+/// point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchOp {
+    /// The graph (modulo [`GRAPHS`]).
+    pub graph: u8,
+    /// The permutation of the tensor slots (index modulo 24).
+    pub perm: u8,
+}
+
+impl LaunchOp {
+    /// The permutation of the four tensor slots.
+    pub fn slots(&self) -> [usize; TENSORS] {
+        let mut free: Vec<usize> = (0..TENSORS).collect();
+        let mut k = usize::from(self.perm) % 24;
+        let mut p = [0; TENSORS];
+        for (i, x) in p.iter_mut().enumerate() {
+            let r = TENSORS - i;
+            *x = free.remove(k % r);
+            k /= r;
+        }
+        p
     }
+
+    /// The graph index.
+    pub fn graph_index(&self) -> usize {
+        usize::from(self.graph) % GRAPHS
+    }
+}
+
+/// The mixing function of the runner's lazy graphs (non-commutative).
+pub fn launch_mix(x: u64, y: u64) -> u64 {
+    mix(x ^ y.wrapping_add(0x9e37_79b9_7f4a_7c15).rotate_left(17))
 }
 
 /// One step of a [`Program`]. Tensor and stream indices are taken modulo [`TENSORS`] and
@@ -222,6 +538,18 @@ pub enum Op {
         /// Stream index the new tensor is homed on (its release runs there).
         home: u8,
     },
+    /// Copies tensor `src` into tensor `dst` with the builder's `copy` on stream `stream`
+    /// (queued into the current batch).
+    Copy {
+        /// Stream index.
+        stream: u8,
+        /// Source slot.
+        src: u8,
+        /// Destination slot.
+        dst: u8,
+    },
+    /// Launches a run of one of the runner's lazy graphs (queued into the current batch).
+    Launch(LaunchOp),
     /// A barrier (queued into the current batch); its callback records that it ran.
     Barrier,
     /// `vm.sync()`.
@@ -277,8 +605,8 @@ impl Program {
 impl<'a> Arbitrary<'a> for Op {
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
         let t = |u: &mut Unstructured<'a>| u.int_in_range(0..=TENSORS as u8 - 1);
-        let s = |u: &mut Unstructured<'a>| u.int_in_range(0..=STREAMS as u8 - 1);
-        Ok(match u.int_in_range(0u8..=99)? {
+        let s = |u: &mut Unstructured<'a>| u.int_in_range(0..=MAX_STREAMS as u8 - 1);
+        Ok(match u.int_in_range(0u8..=109)? {
             0..=59 => {
                 let stream = s(u)?;
                 let id = u.arbitrary()?;
@@ -318,7 +646,16 @@ impl<'a> Arbitrary<'a> for Op {
             },
             85..=87 => Op::Barrier,
             88..=90 => Op::Sync,
-            _ => Op::Submit,
+            91..=99 => Op::Submit,
+            100..=105 => Op::Copy {
+                stream: s(u)?,
+                src: t(u)?,
+                dst: t(u)?,
+            },
+            _ => Op::Launch(LaunchOp {
+                graph: u.int_in_range(0..=GRAPHS as u8 - 1)?,
+                perm: u.int_in_range(0..=23)?,
+            }),
         })
     }
 }
@@ -342,7 +679,7 @@ impl fmt::Display for Op {
         };
         match self {
             Op::Kernel(k) => {
-                write!(f, "kernel {} on s{}: ", k.id, k.stream_index())?;
+                write!(f, "kernel {} on s{}: ", k.id, k.stream)?;
                 slots(f, &mut k.input_slots())?;
                 write!(f, " -> ")?;
                 slots(f, &mut k.output_slots())?;
@@ -361,12 +698,27 @@ impl fmt::Display for Op {
             Op::SyncWrite { tensor, value } => {
                 write!(f, "sync_write t{} = {value:#x}", slot(*tensor))
             }
-            Op::Recreate { tensor, home } => write!(
-                f,
-                "recreate t{} (home s{})",
-                slot(*tensor),
-                usize::from(*home) % STREAMS
-            ),
+            Op::Recreate { tensor, home } => {
+                write!(f, "recreate t{} (home s{home})", slot(*tensor))
+            }
+            Op::Copy { stream, src, dst } => {
+                write!(f, "copy t{} -> t{} on s{stream}", slot(*src), slot(*dst))
+            }
+            Op::Launch(l) => {
+                let p = l.slots();
+                match l.graph_index() {
+                    0 => write!(
+                        f,
+                        "launch fuzz_a: in [t{}] -> out [t{},t{}], param t{}",
+                        p[3], p[0], p[1], p[2]
+                    ),
+                    _ => write!(
+                        f,
+                        "launch fuzz_b: in [t{},t{}] -> out [t{}], param t{}",
+                        p[2], p[3], p[0], p[1]
+                    ),
+                }
+            }
             Op::Barrier => write!(f, "barrier"),
             Op::Sync => write!(f, "sync"),
             Op::Submit => write!(f, "submit"),
@@ -376,12 +728,6 @@ impl fmt::Display for Op {
 
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ids = stream_ids();
-        write!(f, "streams:")?;
-        for (i, s) in ids.iter().enumerate() {
-            write!(f, " s{i}={s}")?;
-        }
-        writeln!(f)?;
         for (i, op) in self.ops.iter().enumerate() {
             writeln!(f, "  #{i:<3} {op}")?;
         }
@@ -545,6 +891,32 @@ pub fn interpret<K: Kernels + ?Sized>(program: &Program, kernels: &K) -> Trace {
                 value[t] = 0;
                 poison[t] = None;
             }
+            Op::Copy { src, dst, .. } => {
+                let (s, d) = (slot(src), slot(dst));
+                match poison[s].clone().or_else(|| poison[d].clone()) {
+                    Some(m) => {
+                        poison[d].get_or_insert(m);
+                    }
+                    None => value[d] = value[s],
+                }
+            }
+            Op::Launch(l) => {
+                // The graph's run, sequentially, at the launch point. Poison through a run
+                // is modelled coarsely (a poisoned operand poisons every written one):
+                // `Topology::fit` keeps planned panics out of programs with launches.
+                let p = l.slots();
+                let (reads, writes): (&[usize], &[usize]) = match l.graph_index() {
+                    0 => (&p[3..], &p[..3]),
+                    _ => (&p[2..], &p[..2]),
+                };
+                if let Some(m) = reads.iter().chain(writes).find_map(|&t| poison[t].clone()) {
+                    for &t in writes {
+                        poison[t].get_or_insert_with(|| m.clone());
+                    }
+                    continue;
+                }
+                run_graph(l, &mut value);
+            }
             Op::Barrier => trace.barriers.push(i),
             Op::Sync | Op::Submit => {}
         }
@@ -556,6 +928,67 @@ pub fn interpret<K: Kernels + ?Sized>(program: &Program, kernels: &K) -> Trace {
         })
         .collect();
     trace
+}
+
+/// One run of launch `l`'s graph on `value` (see [`LaunchOp`]).
+fn run_graph(l: LaunchOp, value: &mut [u64; TENSORS]) {
+    let m = launch_mix;
+    let p = l.slots();
+    match l.graph_index() {
+        0 => {
+            let (a, w) = (value[p[3]], value[p[2]]);
+            let h = m(m(a, w), 1);
+            value[p[0]] = h;
+            value[p[1]] = m(h, 2);
+            value[p[2]] = m(w, h);
+        }
+        _ => {
+            let (b0, b1, w) = (value[p[2]], value[p[3]], value[p[1]]);
+            value[p[0]] = m(m(b0, b1), w);
+            value[p[1]] = m(w, m(b0, 7));
+        }
+    }
+}
+
+/// The runner's lazy graphs (see [`LaunchOp`]).
+fn build_graphs() -> Result<Vec<Graph>> {
+    let m = launch_mix;
+    let mut a = GraphBuilder::new("fuzz_a");
+    let x = a.input("a", 8);
+    let w = a.param("w", 8);
+    let h = a.blob("h", 8);
+    let (o0, o1) = (a.blob("o0", 8), a.blob("o1", 8));
+    a.param_kernel("fwd", &[x], &[h], move |k| {
+        let v = m(m(k.input_u64(0)[0], k.param_u64(w)[0]), 1);
+        k.output_u64(0)[0] = v;
+    });
+    a.kernel("out", &[h], &[o0, o1], move |k| {
+        let v = k.input_u64(0)[0];
+        k.output_u64(0)[0] = v;
+        k.output_u64(1)[0] = m(v, 2);
+    });
+    a.param_kernel("upd", &[h], &[], move |k| {
+        let v = k.input_u64(0)[0];
+        let p = &mut k.param_u64_mut(w)[0];
+        *p = m(*p, v);
+    });
+    a.output("o0", o0);
+    a.output("o1", o1);
+
+    let mut b = GraphBuilder::new("fuzz_b");
+    let b0 = b.input("b0", 8);
+    let b1 = b.input("b1", 8);
+    b.input_with("unused", 8, false);
+    let w = b.param("w", 8);
+    let q = b.blob("q", 8);
+    b.param_kernel("fwd_upd", &[b0, b1], &[q], move |k| {
+        let (x, y) = (k.input_u64(0)[0], k.input_u64(1)[0]);
+        let p = k.param_u64(w)[0];
+        k.output_u64(0)[0] = m(m(x, y), p);
+        k.param_u64_mut(w)[0] = m(p, m(x, 7));
+    });
+    b.output("q", q);
+    Ok(vec![a.build()?, b.build()?])
 }
 
 /// Where the VM and the interpreter first disagreed.
@@ -586,8 +1019,10 @@ pub enum Point {
 /// and the whole program.
 #[derive(Debug, Clone)]
 pub struct Mismatch {
-    /// The program.
+    /// The program (as fitted to the topology).
     pub program: Program,
+    /// The runner's topology.
+    pub topology: Topology,
     /// Where they first differ.
     pub at: Point,
     /// What the interpreter says.
@@ -613,6 +1048,7 @@ impl fmt::Display for Mismatch {
         writeln!(f, "VM differs from the sequential interpreter at {at}:")?;
         writeln!(f, "  expected: {}", self.expected)?;
         writeln!(f, "  got:      {}", self.got)?;
+        writeln!(f, "{}", self.topology)?;
         writeln!(f, "program ({} ops):", self.program.ops.len())?;
         write!(f, "{}", self.program)
     }
@@ -629,14 +1065,23 @@ pub struct Outcome {
     pub syncs: usize,
     /// Kernels that panicked (planned).
     pub panics: usize,
+    /// Copies submitted.
+    pub copies: usize,
+    /// Lazy-job launches submitted.
+    pub launches: usize,
+    /// Cross-stream uses ([`Topology::cross_stream_uses`]).
+    pub cross: CrossStream,
 }
 
 /// Runs programs on one [`VirtualMachine`] and compares them with [`interpret`]. The VM is
 /// reused across programs (each program gets fresh tensors).
 pub struct Runner<K: Kernels = HashKernels> {
     vm: VirtualMachine,
+    topology: Topology,
     streams: Vec<Stream>,
     kernels: Arc<K>,
+    /// Built once, bound to `vm` by the first launch; dropped after the VM drained.
+    graphs: Vec<Graph>,
 }
 
 impl<K: Kernels> fmt::Debug for Runner<K> {
@@ -653,23 +1098,47 @@ impl Runner<HashKernels> {
 }
 
 impl<K: Kernels> Runner<K> {
-    /// A runner with `kernels` on a new VM with `config`.
+    /// A runner with `kernels` on a new VM with `config` and the cpu [`Topology`].
     pub fn with_kernels(config: Config, kernels: K) -> Result<Self> {
-        let vm = VirtualMachine::new(config)?;
-        let streams = stream_ids()
-            .into_iter()
-            .map(|id| vm.stream(id))
+        Self::with_topology(config, Vec::new(), Topology::cpu(), kernels)
+    }
+
+    /// A runner with `kernels` on a new VM with `config` and `adapters` (besides the cpu),
+    /// running programs on `topology`'s streams.
+    ///
+    /// # Errors
+    /// An invalid topology ([`Topology::validate`]), the VM's start errors, a stream the
+    /// adapters cannot create.
+    pub fn with_topology(
+        config: Config,
+        adapters: Vec<Arc<dyn DeviceAdapter>>,
+        topology: Topology,
+        kernels: K,
+    ) -> Result<Self> {
+        topology.validate()?;
+        let vm = VirtualMachine::with_adapters(config, adapters)?;
+        let streams = topology
+            .streams
+            .iter()
+            .map(|&id| vm.stream(id))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             vm,
+            topology,
             streams,
             kernels: Arc::new(kernels),
+            graphs: build_graphs()?,
         })
     }
 
     /// The VM.
     pub fn vm(&self) -> &VirtualMachine {
         &self.vm
+    }
+
+    /// The topology programs run on.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     /// Shuts the VM down (draining it) and returns its live-object counters, which are
@@ -679,13 +1148,15 @@ impl<K: Kernels> Runner<K> {
         Ok(self.vm.debug_counters())
     }
 
-    /// Runs `program` on the VM and compares every sync access, every final value and the
-    /// barrier order with [`interpret`].
+    /// Fits `program` to the topology ([`Topology::fit`]), runs it on the VM and compares
+    /// every sync access, every final value and the barrier order with [`interpret`].
     pub fn run(&self, program: &Program) -> Result<Outcome, Box<Mismatch>> {
+        let program = &self.topology.fit(program);
         let expected = interpret(program, &*self.kernels);
         let got = self.execute(program).map_err(|(op, e)| {
             Box::new(Mismatch {
                 program: program.clone(),
+                topology: self.topology.clone(),
                 at: Point::Vm { op },
                 expected: "Ok".into(),
                 got: e.to_string(),
@@ -696,6 +1167,7 @@ impl<K: Kernels> Runner<K> {
         let mismatch = |at, e: &dyn fmt::Display, g: &dyn fmt::Display| {
             Box::new(Mismatch {
                 program: program.clone(),
+                topology: self.topology.clone(),
                 at,
                 expected: e.to_string(),
                 got: g.to_string(),
@@ -728,10 +1200,14 @@ impl<K: Kernels> Runner<K> {
                 _ => None,
             })
             .collect();
+        let count = |f: fn(&Op) -> bool| program.ops.iter().filter(|op| f(op)).count();
         Ok(Outcome {
             kernels: kernels.len(),
             syncs: got.syncs.len(),
             panics: kernels.iter().filter(|k| k.panic).count(),
+            copies: count(|op| matches!(op, Op::Copy { .. })),
+            launches: count(|op| matches!(op, Op::Launch(_))),
+            cross: self.topology.cross_stream_uses(program),
         })
     }
 
@@ -739,7 +1215,7 @@ impl<K: Kernels> Runner<K> {
     fn execute(&self, program: &Program) -> Result<Trace, (Option<usize>, Error)> {
         let vm = &self.vm;
         let mut tensors: Vec<Tensor> = (0..TENSORS)
-            .map(|_| vm.new_tensor(8))
+            .map(|t| vm.new_tensor_on(&self.streams[usize::from(self.topology.homes[t])], 8))
             .collect::<Result<_>>()
             .map_err(|e| (None, e))?;
         let barriers = Arc::new(Mutex::new(Vec::new()));
@@ -767,13 +1243,24 @@ impl<K: Kernels> Runner<K> {
                     i += 1;
                 }
                 Op::Submit => i += 1,
-                Op::Kernel(_) | Op::Recreate { .. } | Op::Barrier => {
+                Op::Kernel(_)
+                | Op::Recreate { .. }
+                | Op::Copy { .. }
+                | Op::Launch(_)
+                | Op::Barrier => {
                     // A batch: every kernel, recreate and barrier up to the next other op.
                     let start = i;
                     let end = program.ops[i..]
                         .iter()
                         .position(|op| {
-                            !matches!(op, Op::Kernel(_) | Op::Recreate { .. } | Op::Barrier)
+                            !matches!(
+                                op,
+                                Op::Kernel(_)
+                                    | Op::Recreate { .. }
+                                    | Op::Copy { .. }
+                                    | Op::Launch(_)
+                                    | Op::Barrier
+                            )
                         })
                         .map_or(program.ops.len(), |p| i + p);
                     vm.run(|b| {
@@ -816,7 +1303,7 @@ impl<K: Kernels> Runner<K> {
                 let kernels = self.kernels.clone();
                 b.call_named(
                     "fuzz_kernel",
-                    &self.streams[k.stream_index()],
+                    &self.streams[usize::from(k.stream)],
                     &ins,
                     &outs,
                     move |ctx| {
@@ -841,10 +1328,24 @@ impl<K: Kernels> Runner<K> {
                 )
             }
             Op::Recreate { tensor, home } => {
-                let s = &self.streams[usize::from(home) % STREAMS];
+                let s = &self.streams[usize::from(home)];
                 let fresh = self.vm.new_tensor_on(s, 8)?;
                 let old = std::mem::replace(&mut tensors[slot(tensor)], fresh);
                 b.release_tensor(old)
+            }
+            Op::Copy { stream, src, dst } => b.copy(
+                &self.streams[usize::from(stream)],
+                &tensors[slot(src)],
+                &tensors[slot(dst)],
+            ),
+            Op::Launch(l) => {
+                let p = l.slots();
+                let t = |i: usize| &tensors[p[i]];
+                let g = self.graphs[l.graph_index()].lazy();
+                match l.graph_index() {
+                    0 => b.launch_lazy_job(&[t(3)], &[t(0), t(1)], &[t(2)], g),
+                    _ => b.launch_lazy_job(&[t(2), t(3), t(3)], &[t(0)], &[t(1)], g),
+                }
             }
             Op::Barrier => {
                 let rec = barriers.clone();
@@ -860,9 +1361,12 @@ impl<K: Kernels> Runner<K> {
 /// Runs `program` on a fresh VM with `config` and [`HashKernels`], compares it with the
 /// interpreter, then shuts the VM down and checks that nothing was left behind.
 pub fn check(program: &Program, config: Config) -> Result<Outcome, Box<Mismatch>> {
+    let topology = Topology::cpu();
+    let program = &topology.fit(program);
     let vm_err = |e: Error| {
         Box::new(Mismatch {
             program: program.clone(),
+            topology: topology.clone(),
             at: Point::Vm { op: None },
             expected: "Ok".into(),
             got: e.to_string(),
@@ -876,6 +1380,7 @@ pub fn check(program: &Program, config: Config) -> Result<Outcome, Box<Mismatch>
     if left != DebugCounters::default() {
         return Err(Box::new(Mismatch {
             program: program.clone(),
+            topology,
             at: Point::Leftover,
             expected: format!("{:?}", DebugCounters::default()),
             got: format!("{left:?}"),

@@ -29,6 +29,7 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod alloc_cache;
 pub mod completion;
 pub mod contract;
 pub mod device;

@@ -530,7 +530,17 @@ impl VmShared {
             )));
         }
         let device_stream = adapter.create_stream(id.device.index, id.stream_type)?;
-        let allocator = adapter.allocator(id.device.index)?;
+        let mut allocator = adapter.allocator(id.device.index)?;
+        let cache = self.config.caching_allocator.then(|| {
+            Arc::new(crate::alloc_cache::CachingAllocator::new(
+                allocator.clone(),
+                device_stream.clone(),
+                id.to_string(),
+            ))
+        });
+        if let Some(c) = &cache {
+            allocator = c.clone();
+        }
         let mode = device_stream.kernel_mode();
         let policy: Box<dyn StreamPolicy> = Box::new(DeviceStreamPolicy::new(
             id.stream_type,
@@ -581,6 +591,7 @@ impl VmShared {
             dev: DeviceCtx {
                 stream: device_stream,
                 allocator,
+                cache,
                 mode,
                 wake: self.parking.clone(),
                 single_thread: self.single_thread(),
@@ -589,6 +600,46 @@ impl VmShared {
         });
         reg.streams.insert(id, s.clone());
         Ok(s)
+    }
+
+    /// Whether the adapter of `kind` copies between two of its devices.
+    pub(crate) fn supports_peer_copy(&self, kind: DeviceKind) -> bool {
+        self.adapter(kind).is_some_and(|a| a.supports_peer_copy())
+    }
+
+    /// Every stream with a caching allocator (of `device` only, if given).
+    pub(crate) fn cached_streams(&self, device: Option<Device>) -> Vec<Arc<StreamShared>> {
+        lock(&self.registry)
+            .streams
+            .values()
+            .filter(|s| s.dev.cache.is_some() && device.is_none_or(|d| s.id.device == d))
+            .cloned()
+            .collect()
+    }
+
+    /// Returns the cached blocks of every stream (of `device` only, if given) to the
+    /// device allocators, each freed in its stream's order, then waits for those streams
+    /// so that the devices have reclaimed them. Returns the bytes returned.
+    pub(crate) fn release_caches(&self, device: Option<Device>) -> Result<usize> {
+        let streams = self.cached_streams(device);
+        let mut bytes = 0;
+        let mut first = None;
+        for s in &streams {
+            if let Some(c) = &s.dev.cache {
+                match c.release_cached() {
+                    Ok(b) => bytes += b,
+                    Err(e) => {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        for s in &streams {
+            if let Err(e) = s.dev.stream.synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(bytes), Err)
     }
 
     /// Every stream whose work completes after its launch (asynchronous devices).

@@ -292,6 +292,11 @@ impl Sticky {
 pub(crate) struct DeviceCtx {
     pub(crate) stream: Arc<dyn DeviceStream>,
     pub(crate) allocator: Arc<dyn DeviceAllocator>,
+    /// The stream's caching allocator, when [`Config::caching_allocator`] is on (then
+    /// `allocator` is this cache too).
+    ///
+    /// [`Config::caching_allocator`]: crate::Config::caching_allocator
+    pub(crate) cache: Option<Arc<crate::alloc_cache::CachingAllocator>>,
     pub(crate) mode: KernelMode,
     /// The VM's parking spot: completions unpark the scheduler (or a single-thread caller).
     pub(crate) wake: Arc<crate::drive::Wake>,
@@ -306,6 +311,7 @@ impl DeviceCtx {
         Self {
             stream: Arc::new(crate::cpu::CpuStream::default()),
             allocator: Arc::new(crate::cpu::CpuAllocator),
+            cache: None,
             mode: KernelMode::Synchronous,
             wake,
             single_thread,

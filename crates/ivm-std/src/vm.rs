@@ -18,6 +18,7 @@ use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::engine::{DebugCounters, Engine};
 use crate::error::{Error, Result};
 use crate::futex::FutexWait;
+use crate::instruction::Kind;
 use crate::shared::{
     NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside, lock,
 };
@@ -237,7 +238,7 @@ impl VirtualMachine {
             return Err(Error::ShutDown);
         }
         let dev = &stream.shared.dev;
-        let mem = dev.allocator.allocate(nbytes)?;
+        let (mem, reused) = self.allocate_on(&stream.shared, nbytes)?;
         if mem.nbytes() != nbytes || mem.device() != stream.id().device {
             return Err(Error::Device(format!(
                 "the allocator of {} returned {} bytes on {} for {nbytes} bytes",
@@ -245,6 +246,9 @@ impl VirtualMachine {
                 mem.nbytes(),
                 mem.device()
             )));
+        }
+        if reused {
+            return self.tensor_on_reused_block(stream, mem, data);
         }
         if !data.is_empty() {
             if let Some(p) = mem.host_ptr() {
@@ -259,15 +263,200 @@ impl VirtualMachine {
                 dev.stream.record_event()?.synchronize()?;
             }
         }
+        Ok(self.wrap_tensor(stream, mem))
+    }
+
+    /// Memory for a tensor homed on `s`: through its caching allocator when it has one
+    /// (`true`: a reused block, stale and ready in `s`'s order only). Out of memory with
+    /// blocks cached on the device: returns them (waiting for their streams) and retries
+    /// once — not from one of this VM's threads, where waiting could deadlock.
+    fn allocate_on(
+        &self,
+        s: &Arc<StreamShared>,
+        nbytes: usize,
+    ) -> Result<(Arc<dyn DeviceMemory>, bool)> {
+        let name = |e: Error| match e {
+            Error::OutOfMemory { detail, .. } => Error::OutOfMemory {
+                nbytes,
+                stream: format!("stream {}", s.id),
+                detail,
+            },
+            e => e,
+        };
+        let Some(cache) = &s.dev.cache else {
+            return s
+                .dev
+                .allocator
+                .allocate(nbytes)
+                .map(|m| (m, false))
+                .map_err(name);
+        };
+        let cached_on_device = || {
+            self.shared
+                .cached_streams(Some(s.id.device))
+                .iter()
+                .filter_map(|t| t.dev.cache.as_ref())
+                .any(|c| c.stats().cached_blocks > 0)
+        };
+        let a = match cache.allocate_on_stream(nbytes) {
+            Err(Error::OutOfMemory { .. }) if !inside(self.shared.id) && cached_on_device() => {
+                self.shared.release_caches(Some(s.id.device))?;
+                cache.allocate_on_stream(nbytes)?
+            }
+            r => r?,
+        };
+        Ok((a.mem, a.reused))
+    }
+
+    /// A tensor over a block reused from `stream`'s cache: its bytes are stale and the
+    /// previous owner's work may still be queued on the stream, so it is filled (zeros or
+    /// `data`) in the stream's order — at once on a synchronous device, where nothing is
+    /// queued; otherwise by a fill instruction on the stream that writes the tensor, and
+    /// the stream becomes the tensor's last user, so soft sync orders other streams after
+    /// the fill.
+    fn tensor_on_reused_block(
+        &self,
+        stream: &Stream,
+        mem: Arc<dyn DeviceMemory>,
+        data: &[u8],
+    ) -> Result<Tensor> {
+        let s = &stream.shared;
+        let nbytes = mem.nbytes();
+        let host = mem.host_ptr();
+        if s.dev.mode == crate::KernelMode::Synchronous
+            && let Some(p) = host
+        {
+            // SAFETY: a synchronous stream freed the block only after every access to it
+            // completed, and nothing else can reach it yet; `p` is valid for `nbytes`.
+            unsafe {
+                if data.is_empty() {
+                    std::ptr::write_bytes(p.as_ptr(), 0, nbytes);
+                } else {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), p.as_ptr(), nbytes);
+                }
+            }
+            return Ok(self.wrap_tensor(stream, mem));
+        }
+        let (kind, source) = if host.is_some() {
+            let bytes: Box<[u8]> = data.into();
+            let fill: crate::instruction::WriteFn = Box::new(move |b: &mut [u8]| {
+                if bytes.is_empty() {
+                    b.fill(0);
+                } else {
+                    b.copy_from_slice(&bytes);
+                }
+            });
+            (Kind::Write(fill), None)
+        } else {
+            // Device-only memory: a copy from host memory, in stream order.
+            let src = if data.is_empty() {
+                HostMemory::zeroed(nbytes)
+            } else {
+                HostMemory::from_bytes(data)
+            };
+            let src = Blob::with_memory(
+                self.shared.id,
+                NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                Arc::new(src),
+            );
+            let copy = Kind::Copy {
+                src_offset: 0,
+                dst_offset: 0,
+                len: nbytes,
+            };
+            (copy, Some(Arc::new(src)))
+        };
+        let t = self.wrap_tensor(stream, mem);
+        let instr = self
+            .shared
+            .cell
+            .pool
+            .instruction("fill_reused_block", s, kind);
+        {
+            // SAFETY: not shared yet; we own the body (ownership step 1).
+            let body = unsafe { instr.body_mut() };
+            if let Some(src) = source {
+                body.inputs.push(src);
+            }
+            body.outputs.push(t.blob().clone());
+        }
+        // Relaxed: bookkeeping that follows the build order (as in `soft_sync.rs`).
+        t.inner.last_used_stream.store(s.index, Ordering::Relaxed);
+        t.inner.producer_stream.store(s.index, Ordering::Relaxed);
+        self.shared.receive_one(instr, false)?;
+        Ok(t)
+    }
+
+    fn wrap_tensor(&self, stream: &Stream, mem: Arc<dyn DeviceMemory>) -> Tensor {
         let blob = Blob::with_memory(
             self.shared.id,
             NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             mem,
         );
         let inner = TensorInner::new(Arc::new(blob), self.shared.clone(), stream.shared.clone());
-        Ok(Tensor {
+        Tensor {
             inner: Arc::new(inner),
-        })
+        }
+    }
+
+    /// Returns the memory cached by every stream's caching allocator
+    /// ([`crate::alloc_cache`]) to the device allocators, and the bytes returned.
+    ///
+    /// It **waits** rather than failing while streams are busy: first, like
+    /// [`sync`](Self::sync), until every instruction received before this call has been
+    /// released and the device work of every stream has completed (so the blocks of
+    /// tensors dropped before the call are in the caches too); then it frees every cached
+    /// block in its stream's order and waits for those streams, so the devices have
+    /// reclaimed the memory when it returns. Other threads may keep submitting work
+    /// meanwhile: a block is either in a cache (and returned here) or handed out (and not
+    /// touched here), and the frees are stream-ordered.
+    ///
+    /// # Errors
+    /// As [`sync`](Self::sync) ([`Error::Reentrant`] from a VM thread, kernel, callback or
+    /// barrier; [`Error::ShutDown`]; a sticky device failure); a device allocator's error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ivm_std::{Config, VirtualMachine};
+    ///
+    /// let vm = VirtualMachine::new(Config::default())?;
+    /// let x = vm.new_tensor(1000)?;
+    /// drop(x); // its 1024-byte block goes back to the default stream's cache
+    /// vm.sync()?;
+    /// assert_eq!(vm.cache_stats().cached_bytes, 1024);
+    /// let y = vm.new_tensor(1000)?; // served from the cache
+    /// assert_eq!(vm.cache_stats().hits, 1);
+    /// drop(y);
+    /// assert_eq!(vm.shrink_all_mem()?, 1024);
+    /// assert_eq!(vm.cache_stats().cached_bytes, 0);
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    pub fn shrink_all_mem(&self) -> Result<usize> {
+        self.sync()?;
+        self.shared.release_caches(None)
+    }
+
+    /// The counters of every stream's caching allocator, summed (all zero when
+    /// [`Config::caching_allocator`] is off).
+    pub fn cache_stats(&self) -> crate::alloc_cache::CacheStats {
+        self.shared
+            .cached_streams(None)
+            .iter()
+            .filter_map(|s| s.dev.cache.as_ref().map(|c| c.stats()))
+            .fold(Default::default(), crate::alloc_cache::CacheStats::merged)
+    }
+
+    /// The counters of `stream`'s caching allocator (`None` without one).
+    ///
+    /// # Errors
+    /// [`Error::ForeignObject`] for a stream of another VM.
+    pub fn stream_cache_stats(
+        &self,
+        stream: &Stream,
+    ) -> Result<Option<crate::alloc_cache::CacheStats>> {
+        self.shared.check_stream(stream)?;
+        Ok(stream.shared.dev.cache.as_ref().map(|c| c.stats()))
     }
 
     /// Builds instructions with `f` and hands them to the VM. If `f` returns an error,
@@ -476,6 +665,8 @@ impl VirtualMachine {
         for s in self.shared.async_streams() {
             let _ = s.dev.stream.synchronize();
         }
+        // Every tensor release has run: give the cached memory back to the devices.
+        let _ = self.shared.release_caches(None);
         threads.joined = true;
         Ok(())
     }

@@ -37,6 +37,7 @@ fn vm_matches_interpreter_proptest_with_kernel_panics() {
     });
     let start = Instant::now();
     let (kernels, syncs, panics) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let (copies, launches) = (Cell::new(0), Cell::new(0));
     let result = prop.run(&proptest::collection::vec(any::<u8>(), 0..1024), |bytes| {
         let program = Program::from_bytes(&bytes);
         let o = runner
@@ -45,22 +46,31 @@ fn vm_matches_interpreter_proptest_with_kernel_panics() {
         kernels.set(kernels.get() + o.kernels);
         syncs.set(syncs.get() + o.syncs);
         panics.set(panics.get() + o.panics);
+        copies.set(copies.get() + o.copies);
+        launches.set(launches.get() + o.launches);
         Ok(())
     });
     if let Err(e) = result {
         panic!("{e}");
     }
     println!(
-        "{} programs ({} kernels, {} sync accesses, {} kernel panics) in {:?}",
+        "{} programs ({} kernels, {} sync accesses, {} kernel panics, {} copies, {} lazy-job \
+         launches) in {:?}",
         cases(),
         kernels.get(),
         syncs.get(),
         panics.get(),
+        copies.get(),
+        launches.get(),
         start.elapsed()
     );
     assert!(
         panics.get() > 0,
         "the generator never planned a kernel panic"
+    );
+    assert!(
+        copies.get() > 0 && launches.get() > 0,
+        "the generator made no copy or no launch"
     );
     assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
 }

@@ -27,18 +27,26 @@ impl EventInner {
         self.lock().done
     }
 
-    /// Completes the event (the recording stream reached it): wakes waiters, then runs the
-    /// callbacks on this thread.
+    /// Completes the event (the recording stream reached it): runs the callbacks on this
+    /// thread, then marks it done and wakes waiters — so once `query()` or `synchronize()`
+    /// sees the event done, every callback registered before that has run. A callback
+    /// registered while others run is picked up by the next round of the loop; one
+    /// registered after `done` runs at once in `on_complete`.
     pub(crate) fn complete(&self) {
-        let callbacks = {
-            let mut s = self.lock();
-            s.done = true;
-            std::mem::take(&mut s.callbacks)
-        };
-        self.cv.notify_all();
-        for f in callbacks {
-            f();
+        loop {
+            let callbacks = {
+                let mut s = self.lock();
+                if s.callbacks.is_empty() {
+                    s.done = true;
+                    break;
+                }
+                std::mem::take(&mut s.callbacks)
+            };
+            for f in callbacks {
+                f();
+            }
         }
+        self.cv.notify_all();
     }
 
     /// Blocks until the event completed (sleeps on a condition variable).

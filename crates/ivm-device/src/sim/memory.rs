@@ -166,11 +166,16 @@ unsafe impl DeviceMemory for SimMemory {
 }
 
 /// The allocator of one sim device: zero-filled host memory; frees are queued on a sim
-/// stream and poison the bytes when the stream reaches them.
+/// stream and poison the bytes when the stream reaches them. A capacity
+/// ([`SimAdapter::set_memory_capacity`](super::SimAdapter::set_memory_capacity)) bounds the
+/// bytes allocated and not yet freed (in stream order); a request beyond it is
+/// [`Error::OutOfMemory`].
 #[derive(Debug)]
 pub struct SimAllocator {
     device: Device,
     pub(crate) stats: Arc<Stats>,
+    /// Bytes that may be live at once (`usize::MAX`: unbounded).
+    pub(crate) capacity: AtomicUsize,
 }
 
 impl SimAllocator {
@@ -178,15 +183,47 @@ impl SimAllocator {
         Self {
             device,
             stats: Arc::new(Stats::default()),
+            capacity: AtomicUsize::new(usize::MAX),
+        }
+    }
+
+    /// Reserves `nbytes` of the capacity, or reports out of memory.
+    fn reserve(&self, nbytes: usize) -> Result<()> {
+        // Relaxed: the capacity is a setting, `live_bytes` a counter; the CAS makes
+        // concurrent reservations add up, nothing is published through them.
+        let cap = self.capacity.load(Ordering::Relaxed);
+        let mut live = self.stats.live_bytes.load(Ordering::Relaxed);
+        loop {
+            let next = live.checked_add(nbytes).filter(|&n| n <= cap);
+            let Some(next) = next else {
+                return Err(Error::OutOfMemory {
+                    nbytes,
+                    stream: self.device.to_string(),
+                    detail: format!(
+                        "{} has {live} of {cap} bytes in use (freed memory counts until its \
+                         stream reaches the free)",
+                        self.device
+                    ),
+                });
+            };
+            match self.stats.live_bytes.compare_exchange_weak(
+                live,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(now) => live = now,
+            }
         }
     }
 }
 
 impl DeviceAllocator for SimAllocator {
     fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>> {
+        self.reserve(nbytes)?;
         // Relaxed: statistics.
         self.stats.allocations.fetch_add(1, Ordering::Relaxed);
-        self.stats.live_bytes.fetch_add(nbytes, Ordering::Relaxed);
         Ok(Arc::new(SimMemory {
             host: HostMemory::zeroed(nbytes),
             device: self.device,

@@ -186,6 +186,36 @@ impl SimAdapter {
             .map(|a| a.stats.snapshot())
     }
 
+    /// Bounds the memory of device `index` to `capacity` bytes allocated and not yet freed
+    /// (`None`: unbounded, the default). An allocation beyond it is
+    /// [`Error::OutOfMemory`]; a capacity below what is already in use only refuses new
+    /// allocations.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedStream`] for a device that does not exist.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ivm_device::sim::{SimAdapter, SimConfig};
+    /// use ivm_std::{DeviceAdapter, Error};
+    ///
+    /// let sim = SimAdapter::new(SimConfig::default());
+    /// sim.set_memory_capacity(0, Some(1024))?;
+    /// let a = sim.allocator(0)?;
+    /// let _x = a.allocate(1000)?;
+    /// assert!(matches!(a.allocate(100), Err(Error::OutOfMemory { nbytes: 100, .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn set_memory_capacity(&self, index: u32, capacity: Option<usize>) -> Result<()> {
+        self.check(index)?;
+        // Relaxed: a setting read by later allocations; nothing is published through it.
+        self.allocators[index as usize]
+            .capacity
+            .store(capacity.unwrap_or(usize::MAX), Ordering::Relaxed);
+        Ok(())
+    }
+
     /// A stream of device `index`, outside any VM (the adapter works on its own too).
     pub fn new_stream(&self, index: u32) -> Result<Arc<SimStream>> {
         self.check(index)?;
@@ -219,6 +249,10 @@ impl DeviceAdapter for SimAdapter {
     }
     fn device_count(&self) -> u32 {
         self.config.devices
+    }
+    /// Sim memory is host memory: a stream copies between any two sim devices.
+    fn supports_peer_copy(&self) -> bool {
+        true
     }
     fn create_stream(&self, index: u32, _stream_type: StreamType) -> Result<Arc<dyn DeviceStream>> {
         Ok(self.new_stream(index)?)
@@ -361,7 +395,8 @@ impl SimStream {
 
     fn check_side(&self, m: &dyn DeviceMemory) -> Result<()> {
         let d = m.device();
-        if d == self.state.device || d == Device::CPU {
+        // Another sim device's memory: a peer copy (`supports_peer_copy`).
+        if d == self.state.device || d == Device::CPU || d.kind == DeviceKind::Sim {
             if m.host_ptr().is_none() {
                 return Err(Error::DeviceMismatch(format!(
                     "memory of {d} is not host-accessible; the sim cannot copy it"

@@ -1,0 +1,136 @@
+//! VM ≡ sequential interpreter (`ivm_std::fuzzing`) on the cpu plus two sim devices:
+//! random programs with kernels on compute, host-to-device and device-to-host streams of
+//! every device, copies between host and devices, lazy-job launches, sync accesses of
+//! device tensors, tensors re-homed on other devices, and random (seeded) sim latencies.
+//!
+//! `IVM_EQUIV_SIM_CASES` overrides the proptest case count (default 512); the VM's
+//! configuration honours the `IVM_*` variables (`Config::from_env`).
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ivm_device::sim::{Latency, SimAdapter, SimConfig, sim_device};
+use ivm_std::fuzzing::{self, HashKernels, Program, Runner, Topology};
+use ivm_std::{Config, DebugCounters, DeviceAdapter, Mode};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
+
+fn cases() -> u32 {
+    std::env::var("IVM_EQUIV_SIM_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512)
+}
+
+/// Two sim devices with random latencies drawn from `seed`: short enough for many
+/// programs, long enough that events complete well after they are recorded.
+fn sim(seed: u64) -> Arc<SimAdapter> {
+    let us = Duration::from_micros;
+    SimAdapter::new(SimConfig {
+        devices: 2,
+        launch_latency: Latency::between(us(1), us(150)),
+        kernel_latency: Latency::between(us(1), us(300)),
+        copy_latency: Latency::between(us(1), us(150)),
+        seed,
+    })
+}
+
+fn runner(config: Config, sim: &Arc<SimAdapter>) -> Runner {
+    let a: Arc<dyn DeviceAdapter> = sim.clone();
+    Runner::with_topology(
+        config,
+        vec![a],
+        Topology::with_devices(&[sim_device(0), sim_device(1)]),
+        HashKernels,
+    )
+    .unwrap()
+}
+
+fn finish(runner: Runner, sim: &SimAdapter) {
+    assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
+    for dev in 0..2 {
+        let st = sim.allocator_stats(dev).unwrap();
+        assert_eq!((st.use_after_free, st.live_bytes), (0, 0), "sim:{dev}: {st:?}");
+    }
+}
+
+#[test]
+fn vm_on_cpu_and_two_sim_devices_matches_interpreter_proptest() {
+    fuzzing::silence_planned_panics();
+    let sim = sim(0x5eed_0001);
+    let runner = runner(Config::from_env().unwrap(), &sim);
+    let mut prop = TestRunner::new(PropConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..PropConfig::default()
+    });
+    let start = Instant::now();
+    let totals = Cell::new([0usize; 8]);
+    let result = prop.run(&proptest::collection::vec(any::<u8>(), 0..1024), |bytes| {
+        let o = runner
+            .run(&Program::from_bytes(&bytes))
+            .map_err(|m| TestCaseError::fail(m.to_string()))?;
+        let mut t = totals.get();
+        for (x, v) in t.iter_mut().zip([
+            o.kernels,
+            o.copies,
+            o.launches,
+            o.panics,
+            o.cross.streams,
+            o.cross.devices,
+            usize::from(o.cross.streams > 0),
+            usize::from(o.cross.devices > 0),
+        ]) {
+            *x += v;
+        }
+        totals.set(t);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let [kernels, copies, launches, panics, cross, cross_dev, progs, progs_dev] = totals.get();
+    println!(
+        "{} programs on cpu + 2 sim in {:?}: {kernels} kernels, {copies} copies, {launches} \
+         launches, {panics} kernel panics (cpu); {cross} cross-stream uses ({cross_dev} \
+         cross-device) in {progs} ({progs_dev}) programs",
+        cases(),
+        start.elapsed()
+    );
+    assert!(copies > 0 && launches > 0, "the generator made no copy or launch");
+    assert!(cross_dev > 0, "no cross-device use");
+    finish(runner, &sim);
+}
+
+/// Seeded programs in the other configurations: record-event soft sync (no device-side
+/// stream wait) and single-thread mode.
+#[test]
+fn seeded_programs_match_without_stream_wait_and_single_thread() {
+    fuzzing::silence_planned_panics();
+    for (name, config) in [
+        (
+            "multi/record-event",
+            Config {
+                stream_wait: false,
+                ..Config::from_env().unwrap()
+            },
+        ),
+        (
+            "single/stream-wait",
+            Config {
+                mode: Mode::SingleThread,
+                ..Config::from_env().unwrap()
+            },
+        ),
+    ] {
+        let sim = sim(0x5eed_0002);
+        let runner = runner(config, &sim);
+        for seed in 0..24 {
+            if let Err(m) = runner.run(&Program::from_seed(seed)) {
+                panic!("{name}, seed {seed}: {m}");
+            }
+        }
+        finish(runner, &sim);
+    }
+}

@@ -1,0 +1,146 @@
+//! Allocation counts in steady state, asserted (issue 6: `allocs_per_read` = 0,
+//! `allocs_per_instr` = 0), by a process-wide counting global allocator:
+//!
+//! * sync small reads and writes — multi-thread mode with the worker path
+//!   (`inline_sync_access` off), with inline accesses (the default), and single-thread
+//!   mode: the thread-local ring waits for its oldest entry instead of allocating;
+//! * pooled instructions: `call` with a plain `fn` and with a 64-byte closure (stored
+//!   inline), `touch_tensors`, `release_tensor` (a tensor's last handle), a sync read and
+//!   `sync()` — released instructions go back to the VM's pool, builders take them there.
+//!
+//! Everything runs in one `#[test]` (the counter is process-wide), the same rounds first
+//! unmeasured (warm-up: rings, pools and engine slabs reach their steady size), then
+//! measured.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use ivm_std::{Config, KernelCtx, Tensor, VirtualMachine};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to `System`, only counting.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs_during(f: impl FnOnce()) -> usize {
+    ALLOCS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    f();
+    COUNTING.store(false, Ordering::SeqCst);
+    ALLOCS.load(Ordering::SeqCst)
+}
+
+fn sync_accesses(vm: &VirtualMachine, t: &Tensor, n: u64) {
+    let mut buf = [0u8; 8];
+    for i in 0..n {
+        vm.sync_write_small_mem(t, &i.to_ne_bytes()).unwrap();
+        vm.sync_read_small_mem(t, &mut buf).unwrap();
+        assert_eq!(u64::from_ne_bytes(buf), i);
+    }
+}
+
+fn plain(k: &mut KernelCtx<'_>) {
+    let x = k.input_u64(0)[0];
+    k.output_u64(0)[0] = x + 1;
+}
+
+/// One round: 32 × (call with a plain fn, call with a 64-byte closure, touch), a release,
+/// a sync read, `sync()`. Returns the instructions it submitted.
+fn pooled_round(vm: &VirtualMachine, t: &[Tensor], spare: &mut Vec<Tensor>) -> usize {
+    let s = vm.default_stream();
+    let mut n = 0;
+    vm.run(|b| {
+        for i in 0..32u64 {
+            b.call(&s, &[&t[0]], &[&t[1]], plain)?;
+            let captured = [i; 8]; // 64 bytes: stored inline in the instruction
+            b.call(&s, &[&t[1]], &[&t[2]], move |k| {
+                k.output_u64(0)[0] = captured.iter().sum::<u64>();
+            })?;
+            b.touch_tensors(&s, &[&t[2], &t[3]])?;
+            n += 3;
+        }
+        if let Some(x) = spare.pop() {
+            b.release_tensor(x)?;
+            n += 1;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut buf = [0u8; 8];
+    vm.sync_read_small_mem(&t[2], &mut buf).unwrap();
+    vm.sync().unwrap();
+    n + 2
+}
+
+#[test]
+fn steady_state_allocates_nothing() {
+    // Sync reads and writes.
+    for cfg in [
+        Config {
+            inline_sync_access: false,
+            ..Config::default()
+        },
+        Config::default(),
+        Config::single_thread(),
+    ] {
+        let mode = format!("{:?}, inline {}", cfg.mode, cfg.inline_sync_access);
+        let vm = VirtualMachine::new(cfg).unwrap();
+        let t = vm.new_tensor(16).unwrap();
+        sync_accesses(&vm, &t, 500);
+        vm.sync().unwrap();
+        let n = allocs_during(|| sync_accesses(&vm, &t, 1_000));
+        assert_eq!(n, 0, "allocations in 2000 steady-state sync accesses ({mode})");
+        drop(t);
+        vm.shutdown().unwrap();
+    }
+
+    // Pooled instruction kinds.
+    for cfg in [Config::default(), Config::single_thread()] {
+        let mode = format!("{:?}", cfg.mode);
+        let vm = VirtualMachine::new(cfg).unwrap();
+        let t: Vec<Tensor> = (0..4).map(|_| vm.new_tensor(8).unwrap()).collect();
+        let mut spare: Vec<Tensor> = (0..400).map(|_| vm.new_tensor(8).unwrap()).collect();
+        for _ in 0..200 {
+            pooled_round(&vm, &t, &mut spare);
+        }
+        let mut instrs = 0;
+        let n = allocs_during(|| {
+            for _ in 0..100 {
+                instrs += pooled_round(&vm, &t, &mut spare);
+            }
+        });
+        assert_eq!(
+            n, 0,
+            "allocations in {instrs} steady-state pooled instructions ({mode})"
+        );
+        drop((t, spare));
+        vm.shutdown().unwrap();
+        let c = vm.debug_counters();
+        assert_eq!((c.instructions, c.accesses, c.edges, c.flying), (0, 0, 0, 0));
+    }
+}

@@ -1,0 +1,47 @@
+//! The VM equivalence target (`vm_program`) on the cpu plus two sim devices: kernels on
+//! compute, host-to-device and device-to-host streams of every device, copies between
+//! the host and the devices, lazy-job launches, sync accesses of device tensors, with
+//! random (seeded) sim latencies. Results must equal the sequential interpreter.
+//!
+//! Kernel panics are stripped (libFuzzer aborts on any panic). `IVM_FUZZ_STATS=1` prints,
+//! at exit, how many programs crossed streams and devices.
+#![no_main]
+
+#[path = "common/stats.rs"]
+mod stats;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ivm_device::sim::{Latency, SimAdapter, SimConfig, sim_device};
+use ivm_std::fuzzing::{HashKernels, Program, Runner, Topology};
+use ivm_std::{Config, DeviceAdapter};
+use libfuzzer_sys::fuzz_target;
+
+static RUNNER: OnceLock<Runner> = OnceLock::new();
+
+fn runner() -> Runner {
+    let us = Duration::from_micros;
+    let sim: Arc<dyn DeviceAdapter> = SimAdapter::new(SimConfig {
+        devices: 2,
+        launch_latency: Latency::between(us(0), us(40)),
+        kernel_latency: Latency::between(us(0), us(80)),
+        copy_latency: Latency::between(us(0), us(40)),
+        seed: 0x1d_5eed,
+    });
+    Runner::with_topology(
+        Config::default(),
+        vec![sim],
+        Topology::with_devices(&[sim_device(0), sim_device(1)]),
+        HashKernels,
+    )
+    .expect("start the VM")
+}
+
+fuzz_target!(|program: Program| {
+    let runner = RUNNER.get_or_init(runner);
+    match runner.run(&program.without_panics()) {
+        Ok(o) => stats::record(&o),
+        Err(mismatch) => panic!("{mismatch}"),
+    }
+});
