@@ -51,7 +51,11 @@ fn finish(runner: Runner, sim: &SimAdapter) {
     assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
     for dev in 0..2 {
         let st = sim.allocator_stats(dev).unwrap();
-        assert_eq!((st.use_after_free, st.live_bytes), (0, 0), "sim:{dev}: {st:?}");
+        assert_eq!(
+            (st.use_after_free, st.live_bytes),
+            (0, 0),
+            "sim:{dev}: {st:?}"
+        );
     }
 }
 
@@ -90,7 +94,16 @@ fn vm_on_cpu_and_two_sim_devices_matches_interpreter_proptest() {
     if let Err(e) = result {
         panic!("{e}");
     }
-    let [kernels, copies, launches, panics, cross, cross_dev, progs, progs_dev] = totals.get();
+    let [
+        kernels,
+        copies,
+        launches,
+        panics,
+        cross,
+        cross_dev,
+        progs,
+        progs_dev,
+    ] = totals.get();
     println!(
         "{} programs on cpu + 2 sim in {:?}: {kernels} kernels, {copies} copies, {launches} \
          launches, {panics} kernel panics (cpu); {cross} cross-stream uses ({cross_dev} \
@@ -98,7 +111,10 @@ fn vm_on_cpu_and_two_sim_devices_matches_interpreter_proptest() {
         cases(),
         start.elapsed()
     );
-    assert!(copies > 0 && launches > 0, "the generator made no copy or launch");
+    assert!(
+        copies > 0 && launches > 0,
+        "the generator made no copy or launch"
+    );
     assert!(cross_dev > 0, "no cross-device use");
     finish(runner, &sim);
 }
@@ -133,4 +149,69 @@ fn seeded_programs_match_without_stream_wait_and_single_thread() {
         }
         finish(runner, &sim);
     }
+}
+
+/// Regressions the generator found (minimised), replayed many times on one runner.
+#[test]
+fn minimised_regressions() {
+    use ivm_std::fuzzing::{Delay, KernelOp, Op};
+    let kernel = |stream, inputs, outputs| {
+        Op::Kernel(KernelOp {
+            stream,
+            id: 7,
+            inputs,
+            outputs,
+            delay: Delay::Yield,
+            panic: false,
+        })
+    };
+    let cases = [
+        // A tensor given up with `release_tensor` in the batch that still reads it on
+        // another stream: its release was enqueued ahead of the batch, so the sim freed it
+        // before the read ("use after free"; with a caching allocator, the block was
+        // recycled into the next tensor while the batch still wrote it).
+        (
+            "release inside the batch that uses the tensor",
+            vec![
+                Op::Recreate { tensor: 3, home: 2 },
+                kernel(3, 0b1000, 0b0010),
+                Op::Recreate { tensor: 3, home: 8 },
+            ],
+        ),
+        // sim:1 compute copies t2 into cpu t3 (done at launch); sim:1 h2d reads t3 after a
+        // device-side wait (which writes t3 for the engine); a cpu kernel reading t3 ran
+        // once that wait was *launched*, before the compute copy completed.
+        (
+            "device-side wait on a copy stream completes by event",
+            vec![
+                Op::SyncWrite {
+                    tensor: 2,
+                    value: 0x6ce1_65b7_3a1e_a375,
+                },
+                Op::Copy {
+                    stream: 7,
+                    src: 2,
+                    dst: 3,
+                },
+                Op::Copy {
+                    stream: 8,
+                    src: 3,
+                    dst: 2,
+                },
+                kernel(0, 0b1000, 0b0001),
+            ],
+        ),
+    ];
+    let sim = sim(0x5eed_0003);
+    let runner = runner(Config::default(), &sim);
+    for (name, ops) in cases {
+        let p = Program { ops };
+        assert_eq!(runner.topology().fit(&p), p, "{name}: not a fitted program");
+        for round in 0..40 {
+            if let Err(m) = runner.run(&p) {
+                panic!("{name}, round {round}: {m}");
+            }
+        }
+    }
+    finish(runner, &sim);
 }

@@ -15,6 +15,8 @@ use crate::tensor::Tensor;
 thread_local! {
     /// A spare instruction list per thread, so a `run` allocates no list in steady state.
     static SPARE: RefCell<Vec<Arc<Instruction>>> = const { RefCell::new(Vec::new()) };
+    /// Likewise for the handles given up with `release_tensor`.
+    static SPARE_RELEASED: RefCell<Vec<Tensor>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Collects the instructions of one [`run`](crate::VirtualMachine::run); they are handed
@@ -42,11 +44,12 @@ impl<'vm> InstructionsBuilder<'vm> {
                 .map(|mut s| std::mem::take(&mut *s))
                 .unwrap_or_default()
         });
-        Self {
-            vm,
-            list,
-            released: Vec::new(),
-        }
+        let released = SPARE_RELEASED.with(|s| {
+            s.try_borrow_mut()
+                .map(|mut s| std::mem::take(&mut *s))
+                .unwrap_or_default()
+        });
+        Self { vm, list, released }
     }
 
     /// Hands the collected instructions to the VM, then drops the handles given up with
@@ -342,6 +345,16 @@ impl<'vm> InstructionsBuilder<'vm> {
 impl Drop for InstructionsBuilder<'_> {
     fn drop(&mut self) {
         self.list.clear();
+        // After the list was received (or discarded): their releases come after it.
+        self.released.clear();
+        let released = std::mem::take(&mut self.released);
+        SPARE_RELEASED.with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.capacity() < released.capacity()
+            {
+                *s = released;
+            }
+        });
         let list = std::mem::take(&mut self.list);
         SPARE.with(|s| {
             if let Ok(mut s) = s.try_borrow_mut()

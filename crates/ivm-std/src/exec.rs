@@ -10,8 +10,9 @@
 //!   sets `DONE` (Release) and unparks the scheduler, which never polls.
 //! * A caller waiting on an instruction (sync access) is released by a host closure queued
 //!   after the instruction's work (stream order), or by the completion callback.
-//! * Soft-sync instructions (stream wait, record event, wait event) are done at launch,
-//!   except a host-observed record, done when its event completes.
+//! * Soft-sync record events are done at launch, except a host-observed record, done when
+//!   its event completes; device-side waits (stream wait, wait event) complete as the
+//!   stream's policy says (at launch on compute streams, by event on copy streams).
 //! * Sticky failures: a queued kernel that fails sets its stream's sticky failure and
 //!   poisons its outputs; every data instruction launched (or reached on the device) on
 //!   that stream afterwards poisons its outputs with it, until a host-observed completion
@@ -329,10 +330,14 @@ fn launch_kind(
                 dev.allocator.free_on(&b.mem, stream).map_err(err)?;
             }
         }
+        // Device-side waits complete like the stream's other work: at launch on a compute
+        // stream, when an event recorded after them completes on a copy stream. They write
+        // the tensors they order, so a host-side reader whose last writer is such a wait
+        // must not start before the waited-for work (e.g. a compute-stream copy into a cpu
+        // tensor, then read on a copy stream, then by a cpu kernel).
         Kind::StreamWait { from } => {
             let ev = from.dev.stream.record_event().map_err(err)?;
             stream.wait_event(&*ev).map_err(err)?;
-            return Ok(Outcome::AtLaunch);
         }
         Kind::RecordEvent { slot } => {
             let ev = stream.record_event().map_err(err)?;
@@ -349,7 +354,6 @@ fn launch_kind(
                 .get()
                 .ok_or_else(|| failure(instr, "soft sync: no event was recorded to wait for"))?;
             stream.wait_event(&**ev).map_err(err)?;
-            return Ok(Outcome::AtLaunch);
         }
     }
     if st.policy.done_at_launch() {

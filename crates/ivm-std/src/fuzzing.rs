@@ -148,8 +148,9 @@ pub fn stream_ids() -> [StreamId; STREAMS] {
 /// dropped when they would join two accelerators; planned panics stay only on cpu
 /// streams and only in programs without launches (a kernel failing on an asynchronous
 /// stream poisons, stickily, what is launched on that stream later, and poison through a
-/// graph run is not modelled by [`interpret`]). For the default cpu topology (the
-/// [`stream_ids`]) `fit` changes nothing but drops self-copies.
+/// graph run is not modelled by [`interpret`]). An op whose stream is already valid keeps
+/// it, so `fit` is idempotent (a fitted program replays as it is). For the default cpu
+/// topology (the [`stream_ids`]) `fit` changes nothing but drops self-copies.
 ///
 /// The topology of devices other than the cpu needs their adapters: build the runner with
 /// [`Runner::with_topology`]. Every device's memory must be host-accessible (lazy launches
@@ -179,8 +180,8 @@ impl Topology {
     }
 
     /// The cpu (default stream, compute on thread 1) plus, per device in `devices`:
-    /// compute on threads 0 and 1, host-to-device on thread 0 and device-to-host on thread
-    /// 1. Tensors start on the cpu default stream, the first device, the last device and the
+    /// compute on threads 0 and 1, host-to-device on thread 0, device-to-host on thread 1.
+    /// Tensors start on the cpu default stream, the first device, the last device and the
     /// cpu's second stream.
     pub fn with_devices(devices: &[Device]) -> Self {
         let c = Device::CPU;
@@ -267,7 +268,10 @@ impl Topology {
             match *op {
                 Op::Kernel(mut k) => {
                     let s0 = usize::from(k.stream) % n;
-                    let d = k.output_slots().next().map_or(self.device_of(s0), |t| dev[t]);
+                    let d = k
+                        .output_slots()
+                        .next()
+                        .map_or(self.device_of(s0), |t| dev[t]);
                     let s = if self.device_of(s0) == d {
                         s0
                     } else {
@@ -308,7 +312,9 @@ impl Topology {
                         .filter(|&i| Some(self.streams[i].stream_type) == want)
                         .collect();
                     let b = usize::from(stream);
-                    let s = if b % 2 == 0 && !pref.is_empty() {
+                    let s = if self.device_of(b) == d {
+                        b % n
+                    } else if b % 2 == 0 && !pref.is_empty() {
                         pref[(b / 2) % pref.len()]
                     } else {
                         c[b % c.len()]

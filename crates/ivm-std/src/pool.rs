@@ -16,6 +16,9 @@ use crate::stream::StreamShared;
 
 /// Most released instructions a VM keeps for reuse.
 pub(crate) const POOL_MAX: usize = 4096;
+/// Most released instructions still shared by their executor that the engine keeps
+/// retrying to pool (see [`InstrPool::give_back`]).
+pub(crate) const RETRY_MAX: usize = 256;
 
 /// A VM's pool of released instructions, each held only by the pool.
 #[derive(Default)]
@@ -45,17 +48,29 @@ impl InstrPool {
     }
 
     /// Engine: takes back every instruction in `released` that nobody else holds (up to
-    /// [`POOL_MAX`]), freeing the rest; leaves `released` empty.
+    /// [`POOL_MAX`]). An instruction without a waiter that is still shared is kept in
+    /// `released` for the next call (at most [`RETRY_MAX`]): its executor sets DONE before
+    /// it drops its own reference, so the engine may release it a moment before. The rest
+    /// (sync-access ring entries, waited-on instructions) is let go.
     pub(crate) fn give_back(&self, released: &mut Vec<Arc<Instruction>>) {
         let mut free = lock(&self.free);
         if free.capacity() == 0 {
             free.reserve_exact(POOL_MAX);
         }
-        for mut a in released.drain(..) {
-            if free.len() < POOL_MAX && Arc::get_mut(&mut a).is_some() {
-                free.push(a);
+        let mut kept = 0;
+        released.retain_mut(|a| {
+            if Arc::get_mut(a).is_some() {
+                if free.len() < POOL_MAX {
+                    free.push(a.clone());
+                    // The clone's count is dropped with `a` below: the pool holds the
+                    // only reference again.
+                }
+                return false;
             }
-        }
+            let retry = a.waiter.is_none() && kept < RETRY_MAX;
+            kept += usize::from(retry);
+            retry
+        });
     }
 
     /// Frees every pooled instruction (VM shutdown).

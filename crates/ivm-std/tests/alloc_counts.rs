@@ -64,6 +64,18 @@ fn sync_accesses(vm: &VirtualMachine, t: &Tensor, n: u64) {
     }
 }
 
+/// Makes sure every VM thread has started (a thread allocates its own bookkeeping when it
+/// first runs, which with callers driving the engine can be late): a kernel on the
+/// default stream's worker, and a probe on the scheduler thread.
+fn start_threads(vm: &VirtualMachine) {
+    let t = vm.new_tensor(8).unwrap();
+    let s = vm.default_stream();
+    vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+        .unwrap();
+    vm.sync().unwrap();
+    vm.blocking_run_probe(|| true).unwrap();
+}
+
 fn plain(k: &mut KernelCtx<'_>) {
     let x = k.input_u64(0)[0];
     k.output_u64(0)[0] = x + 1;
@@ -111,6 +123,7 @@ fn steady_state_allocates_nothing() {
         let mode = format!("{:?}, inline {}", cfg.mode, cfg.inline_sync_access);
         let vm = VirtualMachine::new(cfg).unwrap();
         let t = vm.new_tensor(16).unwrap();
+        start_threads(&vm);
         sync_accesses(&vm, &t, 500);
         vm.sync().unwrap();
         let n = allocs_during(|| sync_accesses(&vm, &t, 1_000));
@@ -125,6 +138,7 @@ fn steady_state_allocates_nothing() {
         let vm = VirtualMachine::new(cfg).unwrap();
         let t: Vec<Tensor> = (0..4).map(|_| vm.new_tensor(8).unwrap()).collect();
         let mut spare: Vec<Tensor> = (0..400).map(|_| vm.new_tensor(8).unwrap()).collect();
+        start_threads(&vm);
         for _ in 0..200 {
             pooled_round(&vm, &t, &mut spare);
         }
