@@ -7,8 +7,12 @@
 //! reads the previous one's output:
 //!
 //! * `vm_one_stream`: all on the default stream (worker thread 0);
+//! * `vm_one_per_run`: as `vm_one_stream` with one instruction per `run`;
 //! * `vm_two_stream_chain`: instruction `i` on stream `i % 2` (compute streams on worker
 //!   threads 0 and 1), so each one reads the previous one's output *on the other stream*;
+//! * `vm_fan_out_fan_in`: groups of 6: a source on stream 0 writes `a`, four kernels on
+//!   alternating streams read `a` and write `b[k]`, a sink on stream 1 reads the four and
+//!   writes `c` (which the next group's source reads);
 //! * `channel_closures`: the bound: [`PER_ITER`] boxed closures capturing 32 bytes sent
 //!   over an unbounded crossbeam channel to one worker (blocking `recv`), then a last
 //!   closure that answers on a second channel (the "sync").
@@ -43,10 +47,14 @@ struct VmChain {
     vm: VirtualMachine,
     streams: Vec<Stream>,
     tensors: Vec<Tensor>,
+    /// Instructions per `run`.
+    batch: usize,
+    /// Fan-out/fan-in groups instead of a chain.
+    fan: bool,
 }
 
 impl VmChain {
-    fn new(two_streams: bool) -> Self {
+    fn new(two_streams: bool, batch: usize, fan: bool) -> Self {
         let vm = VirtualMachine::new(Config::from_env().expect("IVM_* variables parse"))
             .expect("VM starts");
         let mut streams = vec![vm.default_stream()];
@@ -63,18 +71,48 @@ impl VmChain {
             vm,
             streams,
             tensors,
+            batch,
+            fan,
         }
+    }
+
+    /// [`PER_ITER`] instructions as fan-out/fan-in groups of 6.
+    fn fan_iteration(&mut self) {
+        let t = &self.tensors;
+        let (a, b, c) = (&t[0], &t[1..5], &t[5]);
+        let s = &self.streams;
+        for g in 0..PER_ITER / 6 {
+            self.vm
+                .run(|bl| {
+                    bl.call(&s[0], &[c], &[a], move |k| k.output_u64(0)[0] = g as u64)?;
+                    for (k, bk) in b.iter().enumerate() {
+                        bl.call(&s[k % s.len()], &[a], &[bk], |kc| {
+                            let x = kc.input_u64(0)[0];
+                            kc.output_u64(0)[0] = x + 1;
+                        })?;
+                    }
+                    bl.call(&s[1 % s.len()], &[&b[0], &b[1], &b[2], &b[3]], &[c], |kc| {
+                        let sum = (0..4).map(|i| kc.input_u64(i)[0]).sum::<u64>();
+                        kc.output_u64(0)[0] = sum;
+                    })
+                })
+                .expect("run");
+        }
+        self.vm.sync().expect("sync");
     }
 }
 
 impl Scenario for VmChain {
     fn iteration(&mut self) {
-        let (streams, t) = (&self.streams, &self.tensors);
+        if self.fan {
+            return self.fan_iteration();
+        }
+        let (streams, t, batch) = (&self.streams, &self.tensors, self.batch);
         let mut i = 0usize;
-        for _ in 0..PER_ITER / BATCH {
+        for _ in 0..PER_ITER / batch {
             self.vm
                 .run(|b| {
-                    for _ in 0..BATCH {
+                    for _ in 0..batch {
                         let s = &streams[i % streams.len()];
                         b.call(s, &[&t[i % TENSORS]], &[&t[(i + 1) % TENSORS]], |_k| {})?;
                         i += 1;
@@ -150,12 +188,23 @@ impl Drop for ChannelClosures {
     }
 }
 
-const NAMES: [&str; 3] = ["vm_one_stream", "vm_two_stream_chain", "channel_closures"];
+const NAMES: [&str; 5] = [
+    "vm_one_stream",
+    "vm_one_per_run",
+    "vm_two_stream_chain",
+    "vm_fan_out_fan_in",
+    "channel_closures",
+];
+
+/// The baseline's index in [`NAMES`].
+const BOUND: usize = NAMES.len() - 1;
 
 fn make(name: &str) -> Box<dyn Scenario> {
     match name {
-        "vm_one_stream" => Box::new(VmChain::new(false)),
-        "vm_two_stream_chain" => Box::new(VmChain::new(true)),
+        "vm_one_stream" => Box::new(VmChain::new(false, BATCH, false)),
+        "vm_one_per_run" => Box::new(VmChain::new(false, 1, false)),
+        "vm_two_stream_chain" => Box::new(VmChain::new(true, BATCH, false)),
+        "vm_fan_out_fan_in" => Box::new(VmChain::new(true, BATCH, true)),
         "channel_closures" => Box::new(ChannelClosures::new()),
         _ => unreachable!("unknown scenario {name}"),
     }
@@ -218,9 +267,9 @@ fn ratio_summary() {
     for (name, r) in NAMES.iter().zip(&med) {
         println!("  {name:<20} {:10.0} /s", r);
     }
-    let bound = med[2];
-    for (v, r) in med.iter().enumerate().take(2) {
-        println!("RATIO {}/{} {:.3}", NAMES[v], NAMES[2], r / bound);
+    let bound = med[BOUND];
+    for (v, r) in med.iter().enumerate().take(BOUND) {
+        println!("RATIO {}/{} {:.3}", NAMES[v], NAMES[BOUND], r / bound);
     }
 }
 

@@ -1,10 +1,15 @@
 //! Sync small-memory read round trip on an otherwise idle VM, against crossbeam-channel
 //! request/response baselines, all in one criterion group (one run, comparable figures).
 //!
-//! * `vm_skip`: `sync_read_small_mem` of 8 bytes, multi-thread mode, notify-skip on
-//!   (`skip_blocking_threshold` = 2, the default: the caller spins from the start);
-//! * `vm_no_skip`: the same with notify-skip off (`skip_blocking_threshold` = 0: the caller
-//!   first blocks on its notifier until the worker starts the read);
+//! * `vm_inline`: `sync_read_small_mem` of 8 bytes, multi-thread mode, default config:
+//!   nothing is in flight, so the caller runs the read itself (`inline_sync_access`);
+//! * `vm_skip`: the same with `inline_sync_access` off, so the read runs on the default
+//!   stream's worker; notify-skip on (`skip_blocking_threshold` = 2, the default: the
+//!   caller spins from the start);
+//! * `vm_no_skip`: the worker path with notify-skip off (`skip_blocking_threshold` = 0:
+//!   the caller first blocks on its notifier until the worker starts the read);
+//! * `spin_pingpong`: the floor: a two-thread round trip through one atomic, both sides
+//!   spinning with a spin-loop hint;
 //! * `channel_polling`: the caller sends a request over a crossbeam channel to a worker that
 //!   polls with `try_recv` and answers 8 bytes over a second channel (`recv` in the caller);
 //! * `channel_blocking`: the same with a worker that waits in a blocking `recv`.
@@ -39,9 +44,10 @@ struct VmRead {
 }
 
 impl VmRead {
-    fn new(skip: bool) -> Self {
+    fn new(skip: bool, inline: bool) -> Self {
         let mut config = Config::from_env().expect("IVM_* variables parse");
         config.skip_blocking_threshold = if skip { 2 } else { 0 };
+        config.inline_sync_access = inline;
         let vm = VirtualMachine::new(config).expect("VM starts");
         let s = vm.default_stream();
         let tensor = vm.new_tensor(8).expect("tensor");
@@ -142,17 +148,85 @@ impl Drop for ChannelRead {
     }
 }
 
-const NAMES: [&str; 4] = [
+/// Two threads passing a token through one atomic, both spinning (the floor).
+struct SpinPingPong {
+    flag: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    round: u64,
+    peer: Option<JoinHandle<()>>,
+}
+
+impl SpinPingPong {
+    /// The peer answers odd values with the next even one; `u64::MAX` stops it.
+    fn new() -> Self {
+        use std::sync::atomic::Ordering::{Acquire, Release};
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let f = flag.clone();
+        let peer = std::thread::Builder::new()
+            .name("spin-peer".into())
+            .spawn(move || {
+                let mut seen = 0;
+                loop {
+                    let v = f.load(Acquire);
+                    if v == u64::MAX {
+                        return;
+                    }
+                    if v != seen && v % 2 == 1 {
+                        seen = v + 1;
+                        f.store(seen, Release);
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+            .expect("spawn peer");
+        Self {
+            flag,
+            round: 0,
+            peer: Some(peer),
+        }
+    }
+}
+
+impl Scenario for SpinPingPong {
+    fn round_trip(&mut self) -> [u8; 8] {
+        use std::sync::atomic::Ordering::{Acquire, Release};
+        self.round += 2;
+        self.flag.store(self.round - 1, Release);
+        while self.flag.load(Acquire) != self.round {
+            std::hint::spin_loop();
+        }
+        self.round.to_ne_bytes()
+    }
+}
+
+impl Drop for SpinPingPong {
+    fn drop(&mut self) {
+        self.flag
+            .store(u64::MAX, std::sync::atomic::Ordering::Release);
+        if let Some(p) = self.peer.take() {
+            p.join().expect("peer exits cleanly");
+        }
+    }
+}
+
+const NAMES: [&str; 6] = [
+    "vm_inline",
     "vm_skip",
     "vm_no_skip",
+    "spin_pingpong",
     "channel_polling",
     "channel_blocking",
 ];
 
+/// Scenarios before this index are VM variants; the rest are baselines.
+const VM_VARIANTS: usize = 3;
+
 fn make(name: &str) -> Box<dyn Scenario> {
     match name {
-        "vm_skip" => Box::new(VmRead::new(true)),
-        "vm_no_skip" => Box::new(VmRead::new(false)),
+        "vm_inline" => Box::new(VmRead::new(true, true)),
+        "vm_skip" => Box::new(VmRead::new(true, false)),
+        "vm_no_skip" => Box::new(VmRead::new(false, false)),
+        "spin_pingpong" => Box::new(SpinPingPong::new()),
         "channel_polling" => Box::new(ChannelRead::new(true)),
         "channel_blocking" => Box::new(ChannelRead::new(false)),
         _ => unreachable!("unknown scenario {name}"),
@@ -212,8 +286,8 @@ fn ratio_summary() {
     for (name, us) in NAMES.iter().zip(&med) {
         println!("  {name:<17} p50 {us:8.2} µs");
     }
-    for (v, vm) in med.iter().enumerate().take(2) {
-        for (b, base) in med.iter().enumerate().skip(2) {
+    for (v, vm) in med.iter().enumerate().take(VM_VARIANTS) {
+        for (b, base) in med.iter().enumerate().skip(VM_VARIANTS) {
             println!("RATIO {}/{} {:.2}", NAMES[v], NAMES[b], vm / base);
         }
     }

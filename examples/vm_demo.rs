@@ -5,9 +5,11 @@
 //!    `vel += f(pos, step)`, on stream 1 `pos += vel`, on stream 0 `energy = Σ pos` — then
 //!    `sync_read_small_mem(energy)` (8 bytes), checked against the same update done
 //!    sequentially in the caller. Prints the iteration latency (`run` of 3 kernels + the
-//!    read, which waits for them) and the read's own latency, as percentiles.
-//! 2. **Warm reads**: back-to-back 8-byte sync reads of a ready tensor (nothing in flight):
-//!    the pure round trip caller → scheduler → worker → caller.
+//!    read, which waits for them) and the read's own latency, as percentiles. The first
+//!    200 iterations are traced (`ivm_std::trace`) and written as Chrome trace JSON
+//!    (Perfetto) to `$IVM_TRACE_OUT` or the temp directory's `ivm_vm_demo_trace.json`.
+//! 2. **Warm reads**: back-to-back 8-byte sync reads of a ready tensor (nothing in flight:
+//!    with the default `inline_sync_access` the caller does them itself).
 //! 3. **Batch**: 100 000 no-op instructions in `run` batches of 64, alternating the two
 //!    streams, each reading the previous one's output, timed until `sync()` returns.
 //!
@@ -24,6 +26,9 @@ use ivm::ivm_std::{Config, Device, StreamId, Tensor, VirtualMachine};
 const LANES: usize = 8;
 const LOOP_ITERS: usize = 5_000;
 const LOOP_BUDGET: Duration = Duration::from_secs(3);
+/// Loop iterations recorded in the trace (`IVM_TRACE_OUT` names the file; default: the
+/// temp directory's `ivm_vm_demo_trace.json`).
+const TRACE_ITERS: u64 = 200;
 const WARM_READS: usize = 20_000;
 const WARM_BUDGET: Duration = Duration::from_secs(2);
 const BATCH_INSTRS: usize = 100_000;
@@ -155,7 +160,8 @@ fn main() {
         vel: [0; LANES],
     };
 
-    // 1. The loop.
+    // 1. The loop (its first iterations traced).
+    ivm::ivm_std::trace::set_enabled(true);
     let mut iter_lat = Vec::with_capacity(LOOP_ITERS);
     let mut read_lat = Vec::with_capacity(LOOP_ITERS);
     let start = Instant::now();
@@ -163,6 +169,9 @@ fn main() {
     for step in 0..LOOP_ITERS as u64 {
         if start.elapsed() > LOOP_BUDGET {
             break;
+        }
+        if step == TRACE_ITERS {
+            ivm::ivm_std::trace::set_enabled(false);
         }
         let t_iter = Instant::now();
         vm.run(|b| {
@@ -193,6 +202,22 @@ fn main() {
     let loop_wall = t0.elapsed();
     let st1 = thread_stats();
     let iters = iter_lat.len();
+    ivm::ivm_std::trace::set_enabled(false);
+    let trace_path = std::env::var_os("IVM_TRACE_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("ivm_vm_demo_trace.json"));
+    match std::fs::File::create(&trace_path)
+        .and_then(|mut f| ivm::ivm_std::trace::write_chrome_json(&mut f))
+    {
+        Ok(()) => println!(
+            "trace of the first {TRACE_ITERS} iterations (Chrome trace JSON, opens in Perfetto): {}\n",
+            trace_path.display()
+        ),
+        Err(e) => println!(
+            "could not write the trace to {}: {e}\n",
+            trace_path.display()
+        ),
+    }
 
     // 2. Warm reads of a ready tensor.
     let expected = read_u64(&vm, &energy);

@@ -230,7 +230,11 @@ impl Wake {
         }
         // Acquire: synchronises with the marking RMWs (their input is visible to us now).
         let prev = self.state.swap(LOCKED, Ordering::Acquire);
-        debug_assert_eq!(prev, LOCKED | DIRTY, "ivm: unlock of an engine we do not hold");
+        debug_assert_eq!(
+            prev,
+            LOCKED | DIRTY,
+            "ivm: unlock of an engine we do not hold"
+        );
         false
     }
 
@@ -266,6 +270,8 @@ pub(crate) struct EngineCell {
     engine: UnsafeCell<Option<Engine>>,
     /// Small sync accesses run inline by a driver, ever (diagnostics and tests).
     inline_runs: AtomicUsize,
+    /// Small sync accesses done directly by their caller (`try_direct`), ever.
+    direct_runs: AtomicUsize,
     /// Released instructions for reuse (both modes).
     pub(crate) pool: crate::pool::InstrPool,
 }
@@ -281,6 +287,7 @@ impl EngineCell {
         Self {
             engine: UnsafeCell::new(engine),
             inline_runs: AtomicUsize::new(0),
+            direct_runs: AtomicUsize::new(0),
             pool: crate::pool::InstrPool::default(),
         }
     }
@@ -295,6 +302,17 @@ impl EngineCell {
     pub(crate) fn inline_runs(&self) -> usize {
         // Relaxed: a statistic.
         self.inline_runs.load(Ordering::Relaxed)
+    }
+
+    /// Small sync accesses done directly by their caller so far.
+    pub(crate) fn direct_runs(&self) -> usize {
+        // Relaxed: a statistic.
+        self.direct_runs.load(Ordering::Relaxed)
+    }
+
+    fn count_direct(&self) {
+        // Relaxed: a statistic.
+        self.direct_runs.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The engine.
@@ -319,41 +337,60 @@ pub(crate) const RELEASE_DEFER: Duration = Duration::from_micros(20);
 /// the first thread that takes the engine after the mark drains every input, and the only
 /// write that clears `DIRTY` on an unlocked word is such an acquisition. So the debt is
 /// gone as soon as the word no longer reads "dirty, unlocked"; otherwise the worker
-/// drives after [`RELEASE_DEFER`], before it runs anything else, and before it sleeps.
+/// drives after about [`RELEASE_DEFER`] of polling, before it runs anything else, and
+/// before it sleeps.
 #[derive(Debug, Default)]
 pub(crate) struct Owed {
+    owed: std::cell::Cell<bool>,
+    /// `settle(false)` calls since the mark (the clock is read only from the 64th on).
+    steps: std::cell::Cell<u32>,
     since: std::cell::Cell<Option<std::time::Instant>>,
 }
 
 impl Owed {
     /// After a finished sync access: mark the word; owe a drive if nobody held it.
     pub(crate) fn mark(&self, shared: &VmShared) {
-        if shared.parking.mark() && self.since.get().is_none() {
-            self.since.set(Some(std::time::Instant::now()));
+        if shared.parking.mark() && !self.owed.get() {
+            self.owed.set(true);
+            self.steps.set(0);
+            self.since.set(None);
         }
     }
 
     /// A drive attempt (`VmShared::completed`) took care of everything marked so far.
     pub(crate) fn discharged(&self) {
-        self.since.set(None);
+        self.owed.set(false);
     }
 
     pub(crate) fn is_owed(&self) -> bool {
-        self.since.get().is_some()
+        self.owed.get()
     }
 
-    /// Pays the debt if it is still there and `force` or overdue.
+    /// Pays the debt if it is still there and `force` or overdue ([`RELEASE_DEFER`]; a
+    /// polling worker calls this every step, so the clock is read only now and then).
     pub(crate) fn settle(&self, shared: &VmShared, force: bool) {
-        let Some(since) = self.since.get() else {
-            return;
-        };
-        if !shared.parking.dirty_unlocked() {
-            // Somebody took the engine after our mark: it saw our input.
-            self.since.set(None);
+        if !self.owed.get() {
             return;
         }
-        if force || since.elapsed() >= RELEASE_DEFER {
-            self.since.set(None);
+        if !shared.parking.dirty_unlocked() {
+            // Somebody took the engine after our mark: it saw our input.
+            self.owed.set(false);
+            return;
+        }
+        let overdue = force || {
+            let steps = self.steps.get().wrapping_add(1);
+            self.steps.set(steps);
+            match self.since.get() {
+                None if steps >= 64 => {
+                    self.since.set(Some(std::time::Instant::now()));
+                    false
+                }
+                Some(since) if steps.is_multiple_of(16) => since.elapsed() >= RELEASE_DEFER,
+                _ => false,
+            }
+        };
+        if overdue {
+            self.owed.set(false);
             // If this fails, somebody took the engine after our mark: it sees our input.
             if shared.parking.try_lock() {
                 shared.drive_as(Driver::Worker);
@@ -405,7 +442,10 @@ impl VmShared {
     /// until it is clean or the driver's step budget is spent, then lets go (see the
     /// module docs). The scheduler thread has its own loop (`scheduler.rs`).
     pub(crate) fn drive_as(&self, who: Driver) -> DriveEnd {
-        debug_assert!(who != Driver::Scheduler, "ivm: the scheduler drives in its own loop");
+        debug_assert!(
+            who != Driver::Scheduler,
+            "ivm: the scheduler drives in its own loop"
+        );
         // SAFETY: we hold LOCKED (our caller took it); the reference ends before we let go.
         let Some(engine) = (unsafe { self.cell.get() }).as_mut() else {
             // Shut down: the scheduler took the engine out and keeps the word locked.
@@ -436,6 +476,75 @@ impl VmShared {
         }
     }
 
+    /// The fast path of a small sync access (`Config::inline_sync_access`): takes the
+    /// engine if nobody holds it, brings it to rest (drains the pending queue, steps until
+    /// no progress, at most a few steps), and if it is then idle — nothing lively, nothing
+    /// received, no probe — runs `f` (the access) right there, holding the engine, and
+    /// returns `true`. Then lets go like any driver (driving on if input was marked
+    /// meanwhile).
+    ///
+    /// Why `f` may touch the tensor's memory: with the engine idle every instruction ever
+    /// received is released (its body finished: DONE was read with Acquire), and while we
+    /// hold the engine nothing can be dispatched, so no body accesses any tensor. A write
+    /// submitted by another thread at the same moment waits in the pending queue and is
+    /// handled (and ordered after this access) once we let go. The access itself is a
+    /// plain copy, no user code. `tests/inline_access_stress.rs` checks it under load.
+    pub(crate) fn try_direct(&self, f: impl FnOnce()) -> bool {
+        const REST_STEPS: u32 = 8;
+        if let Some(m) = &self.engine {
+            // Single-thread mode: the caller drives anyway.
+            let Ok(mut engine) = m.try_lock() else {
+                return false;
+            };
+            let _reentry = ReentryGuard::enter(self.id);
+            for _ in 0..REST_STEPS {
+                self.drain_pending(&mut engine);
+                if !engine.step(self) {
+                    break;
+                }
+            }
+            let rest = engine.is_idle() && self.pending.is_empty();
+            if rest {
+                f();
+                self.cell.count_direct();
+            }
+            return rest;
+        }
+        if !self.parking.try_lock() {
+            return false;
+        }
+        let (rest, needs_scheduler) = {
+            // SAFETY: we hold the engine token; the reference ends in this block.
+            let Some(engine) = (unsafe { self.cell.get() }).as_mut() else {
+                // Shut down: the scheduler keeps the token; never reached (callers are
+                // refused first), and nothing to let go.
+                return false;
+            };
+            let _reentry = ReentryGuard::enter(self.id);
+            engine.set_driver(Driver::Caller, self.config.inline_sync_access);
+            for _ in 0..REST_STEPS {
+                self.drain_pending(engine);
+                if !engine.step(self) {
+                    break;
+                }
+            }
+            let needs_scheduler = engine.needs_scheduler();
+            let rest = engine.is_idle() && self.pending.is_empty() && !needs_scheduler;
+            if rest {
+                f();
+                self.cell.count_direct();
+            }
+            (rest, needs_scheduler)
+        };
+        // Let go like any driver (we took on every input marked before our lock).
+        if needs_scheduler || self.stop_requested() {
+            self.parking.unlock_to_scheduler();
+        } else if !self.parking.unlock() {
+            self.drive_as(Driver::Caller);
+        }
+        rest
+    }
+
     /// Holder of the engine: moves everything on the pending queue into the engine. An
     /// `Inconsistent` end needs no retry: that producer marks the word after its push
     /// completes (module docs), so some driver drains it then.
@@ -452,26 +561,48 @@ impl VmShared {
 /// worker runs.
 pub(crate) const CALLER_YIELD_SPIN: Duration = Duration::from_micros(300);
 
-/// Spins until `done()` (a few pure spins, then `yield_now`), for at most `budget`.
-/// Returns whether `done()` held.
-pub(crate) fn spin_yield_until(mut done: impl FnMut() -> bool, budget: Duration) -> bool {
-    for _ in 0..64 {
-        if done() {
-            return true;
-        }
-        ivm_core::sync::spin_loop();
-    }
+/// Spins until `done()`, for at most `budget`: with spin-loop hints for up to
+/// [`PURE_SPIN`] while `peer_running()` (the thread it waits for is running), else with
+/// `yield_now` (a thread that was just woken is not running yet, and may need this very
+/// core). Returns whether `done()` held.
+pub(crate) fn spin_yield_until(
+    mut done: impl FnMut() -> bool,
+    budget: Duration,
+    peer_running: impl Fn() -> bool,
+) -> bool {
     let start = std::time::Instant::now();
+    let mut elapsed = Duration::ZERO;
+    let mut steps = 0u32;
     loop {
         if done() {
             return true;
         }
-        if start.elapsed() >= budget {
-            return false;
+        steps = steps.wrapping_add(1);
+        if steps.is_multiple_of(32) {
+            elapsed = start.elapsed();
+            if elapsed >= budget {
+                return false;
+            }
         }
-        std::thread::yield_now();
+        if elapsed < PURE_SPIN && peer_running() {
+            ivm_core::sync::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
+
+/// How long a thread waiting for another *running* thread spins with a spin-loop hint only
+/// before it starts yielding its CPU (a `sched_yield` costs about as much as a whole
+/// hand-over between two running threads, so yielding early only adds latency; yielding
+/// later lets a thread that shares the core run).
+pub(crate) const PURE_SPIN: Duration = Duration::from_micros(10);
+
+/// How long an idle worker polls its queue with spin-loop hints only, before it backs off
+/// to yielding for the rest of its poll window: short, since it does not know whether
+/// anyone is about to hand it work (a caller doing back-to-back sync accesses comes back
+/// within a microsecond), and on two cores a spinning worker keeps that caller off a CPU.
+pub(crate) const WORKER_PURE_SPIN: Duration = Duration::from_micros(2);
 
 /// A caller waiting behind other instructions keeps spinning (yielding) only while some
 /// instruction was released within this long.

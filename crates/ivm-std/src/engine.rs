@@ -129,6 +129,9 @@ pub(crate) struct Engine {
 // thread once and is used there only (or under the engine lock).
 unsafe impl Send for Engine {}
 
+/// Lively instructions the engine's pools are sized for up front.
+const PRESIZE: u32 = 256;
+
 fn lively_hook(n: &mut Node) -> &mut Links {
     &mut n.lively
 }
@@ -142,15 +145,21 @@ fn access_hook(a: &mut Access) -> &mut Links {
 impl Engine {
     pub(crate) fn new(pending_window: usize) -> Self {
         Self {
-            nodes: Slab::new(),
-            accesses: Slab::new(),
+            // Pre-sized (issue 6: a steady state allocates nothing, deterministically, as
+            // long as fewer than `PRESIZE` instructions are lively).
+            nodes: Slab::prefilled(PRESIZE, || Node {
+                out: Vec::with_capacity(4),
+                accesses: Vec::with_capacity(4),
+                ..Node::default()
+            }),
+            accesses: Slab::prefilled(2 * PRESIZE, Access::default),
             edges: 0,
             lively: IdxList::new(),
-            streams: Vec::new(),
-            active: Vec::new(),
-            ready: VecDeque::new(),
-            barriers: VecDeque::new(),
-            pending: VecDeque::new(),
+            streams: Vec::with_capacity(16),
+            active: Vec::with_capacity(16),
+            ready: VecDeque::with_capacity(PRESIZE as usize),
+            barriers: VecDeque::with_capacity(16),
+            pending: VecDeque::with_capacity(PRESIZE as usize),
             probes: Vec::new(),
             pending_window,
             strict: false,
@@ -158,7 +167,7 @@ impl Engine {
             needs_scheduler: false,
             inline_small: false,
             inline_runs: 0,
-            recycled: Vec::new(),
+            recycled: Vec::with_capacity(PRESIZE as usize),
             #[cfg(feature = "fuzzing")]
             planted: crate::fuzzing::PlantedBug::None,
         }
@@ -258,7 +267,9 @@ impl Engine {
             shared.after_release(released);
         }
         if self.inline_runs > 0 {
-            shared.cell.count_inline(std::mem::take(&mut self.inline_runs));
+            shared
+                .cell
+                .count_inline(std::mem::take(&mut self.inline_runs));
         }
         if !self.recycled.is_empty() {
             shared.cell.pool.give_back(&mut self.recycled);
@@ -622,6 +633,8 @@ impl Engine {
         }
         shared.instruction_released();
         if premature {
+            // Waited-on instructions (sync-access ring entries, sync callbacks) belong to
+            // their waiter, not to the pool.
             drop(instr);
         } else {
             // Back to the VM's pool at the end of the step (when nobody else holds it).

@@ -17,7 +17,9 @@ pub enum Error {
     /// The VM was created in another process: this process is a `fork()` child that
     /// inherited it. The VM's threads do not exist here, so every entry point refuses
     /// (see [`crate::contract`]). Create a new VM in the child instead.
-    #[error("ivm: this virtual machine belongs to the parent of a fork(); create a new one in the child")]
+    #[error(
+        "ivm: this virtual machine belongs to the parent of a fork(); create a new one in the child"
+    )]
     Forked,
     /// An argument that no call accepts (a zero timeout, for example).
     #[error("ivm: invalid argument: {0}")]

@@ -47,16 +47,16 @@ mod dependence;
 mod drive;
 mod engine;
 mod error;
-mod fork;
 mod exec;
+mod fork;
 mod instruction;
+mod pool;
 mod scheduler;
 mod shared;
-mod pool;
 mod slab;
 mod smallfn;
-pub mod stats;
 mod soft_sync;
+pub mod stats;
 mod stream;
 mod sync_access;
 mod tensor;
@@ -64,25 +64,25 @@ mod vm;
 mod worker;
 
 pub use builder::InstructionsBuilder;
+pub use completion::{Completion, ReadSmallMem};
 pub use config::{Config, Mode, SPIN_WINDOW_MIN_CORES};
 pub use cpu::{CpuAdapter, CpuAllocator, CpuEvent, CpuStream, HostMemory};
 pub use device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
 };
-pub use engine::DebugCounters;
 /// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
 pub use drive::Wake;
+pub use engine::DebugCounters;
 pub use error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use instruction::KernelCtx;
 pub use lazy::LazyGraph;
+pub use stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use stream::{
     CpuStreamPolicy, Device, DeviceKind, DeviceStreamPolicy, Placement, Stream, StreamId,
     StreamPolicy, StreamType,
 };
-pub use completion::{Completion, ReadSmallMem};
-pub use stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use sync_access::RING_MAX;
 pub use tensor::Tensor;
 pub use vm::VirtualMachine;

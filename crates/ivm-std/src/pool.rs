@@ -20,10 +20,20 @@ pub(crate) const POOL_MAX: usize = 4096;
 /// retrying to pool (see [`InstrPool::give_back`]).
 pub(crate) const RETRY_MAX: usize = 256;
 
+/// Instructions the pool makes at once the first time it runs dry (so that a steady state
+/// with fewer lively instructions never allocates, whatever the timing).
+pub(crate) const PREFILL: usize = 256;
+
+#[derive(Default)]
+struct Free {
+    v: Vec<Arc<Instruction>>,
+    prefilled: bool,
+}
+
 /// A VM's pool of released instructions, each held only by the pool.
 #[derive(Default)]
 pub(crate) struct InstrPool {
-    free: Mutex<Vec<Arc<Instruction>>>,
+    free: Mutex<Free>,
 }
 
 impl InstrPool {
@@ -34,7 +44,18 @@ impl InstrPool {
         stream: &Arc<StreamShared>,
         kind: Kind,
     ) -> Arc<Instruction> {
-        let taken = lock(&self.free).pop();
+        let taken = {
+            let mut free = lock(&self.free);
+            if free.v.is_empty() && !free.prefilled {
+                free.prefilled = true;
+                free.v.reserve_exact(POOL_MAX);
+                for _ in 0..PREFILL {
+                    let spare = Instruction::new("pooled", stream.clone(), Kind::Noop);
+                    free.v.push(Arc::new(spare));
+                }
+            }
+            free.v.pop()
+        };
         if let Some(mut a) = taken {
             // `get_mut` succeeds: the pool held the only reference (the engine checked
             // with `get_mut`, whose Acquire ordered every earlier use before it).
@@ -54,9 +75,10 @@ impl InstrPool {
     /// (sync-access ring entries, waited-on instructions) is let go.
     pub(crate) fn give_back(&self, released: &mut Vec<Arc<Instruction>>) {
         let mut free = lock(&self.free);
-        if free.capacity() == 0 {
-            free.reserve_exact(POOL_MAX);
+        if free.v.capacity() == 0 {
+            free.v.reserve_exact(POOL_MAX);
         }
+        let free = &mut free.v;
         let mut kept = 0;
         released.retain_mut(|a| {
             if Arc::get_mut(a).is_some() {
@@ -75,7 +97,7 @@ impl InstrPool {
 
     /// Frees every pooled instruction (VM shutdown).
     pub(crate) fn clear(&self) {
-        let v = std::mem::take(&mut *lock(&self.free));
+        let v = std::mem::take(&mut lock(&self.free).v);
         drop(v);
     }
 }

@@ -497,7 +497,10 @@ impl VmShared {
             home,
             &mut push,
         );
-        let instr = self.cell.pool.instruction("release_tensor", home, Kind::Free);
+        let instr = self
+            .cell
+            .pool
+            .instruction("release_tensor", home, Kind::Free);
         // SAFETY: not shared yet; we own the body (ownership step 1).
         unsafe { instr.body_mut() }.outputs.push(blob.clone());
         push(instr);

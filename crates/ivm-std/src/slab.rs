@@ -17,12 +17,30 @@ pub(crate) struct Slab<T> {
 }
 
 impl<T: Default> Slab<T> {
+    /// An empty pool (the engine uses [`Slab::prefilled`]).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) const fn new() -> Self {
         Self {
             entries: Vec::new(),
             free: Vec::new(),
             live: 0,
         }
+    }
+
+    /// A pool with `n` free slots made by `make` (pre-sized: the first `n` live entries
+    /// allocate nothing, beyond what `make` reserved up front).
+    pub(crate) fn prefilled(n: u32, mut make: impl FnMut() -> T) -> Self {
+        let mut s = Self {
+            entries: Vec::with_capacity(n as usize),
+            free: Vec::with_capacity(n as usize),
+            live: 0,
+        };
+        for _ in 0..n {
+            s.entries.push(make());
+        }
+        // LIFO: slot 0 is taken first.
+        s.free.extend((0..n).rev());
+        s
     }
 
     /// Takes a slot (a reused one if any) and returns its index. The slot holds whatever

@@ -146,7 +146,11 @@ mod tests {
         fn plain(_c: &mut KernelCtx<'_>) {}
         assert!(KernelFn::new(plain).is_inline());
         assert_eq!(hits.load(Ordering::Relaxed), 8);
-        assert_eq!(Arc::strong_count(&hits), 1, "captures dropped after the call");
+        assert_eq!(
+            Arc::strong_count(&hits),
+            1,
+            "captures dropped after the call"
+        );
     }
 
     #[test]

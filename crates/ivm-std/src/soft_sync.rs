@@ -111,7 +111,11 @@ pub(crate) fn before_use<'a>(
         if l == s.index || l == NIL || !vm.events {
             continue;
         }
-        match groups.iter_mut().chain(spill.iter_mut()).find(|(g, _)| *g == l) {
+        match groups
+            .iter_mut()
+            .chain(spill.iter_mut())
+            .find(|(g, _)| *g == l)
+        {
             Some((_, blobs)) => blobs.push(u.blob.clone()),
             None => {
                 let mut blobs = Operands::default();

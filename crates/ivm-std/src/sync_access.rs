@@ -226,12 +226,41 @@ fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
     Ok(())
 }
 
+/// A small access done by the caller itself, with the engine held and at rest (nothing
+/// lively, nothing received: see `VmShared::try_direct`): what the instruction would do,
+/// without one. A poisoned tensor fails as the instruction would.
+fn direct_access(
+    t: &Tensor,
+    offset: usize,
+    len: usize,
+    read: Option<&mut [u8]>,
+    write: Option<&[u8]>,
+) -> Result<()> {
+    let blob = t.blob();
+    if let Some(f) = blob.poison() {
+        return Err(f.poison_error());
+    }
+    if let Some(out) = read {
+        // SAFETY: the engine is held and at rest: no instruction that accesses this blob
+        // is lively, and none can be dispatched before we let go (engine-ordered
+        // invariant); a synchronous device with host-visible memory (checked by the
+        // caller) has no device work in flight on it; bounds checked by `small_access`.
+        let src = unsafe { &blob.bytes()[offset..offset + len] };
+        out.copy_from_slice(src);
+    } else if let Some(src) = write {
+        // SAFETY: as above, exclusive: nothing else accesses the blob meanwhile.
+        let dst = unsafe { &mut blob.bytes_mut()[offset..offset + len] };
+        dst.copy_from_slice(src);
+    }
+    Ok(())
+}
+
 /// `sync_read_small_mem` / `sync_write_small_mem`.
 pub(crate) fn small_access(
     shared: &Arc<VmShared>,
     t: &Tensor,
     offset: usize,
-    read: Option<&mut [u8]>,
+    mut read: Option<&mut [u8]>,
     write: Option<&[u8]>,
 ) -> Result<()> {
     shared.check_caller()?;
@@ -243,6 +272,19 @@ pub(crate) fn small_access(
     check_bounds(t, offset, len)?;
     let stream = shared.default_stream_of(t.device())?;
     soft_sync(shared, t, &stream)?;
+    if shared.config.inline_sync_access
+        && !stream.dev.is_async()
+        && t.blob().mem.host_ptr().is_some()
+    {
+        // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
+        let mut result = None;
+        let read = &mut read;
+        if shared.try_direct(|| {
+            result = Some(direct_access(t, offset, len, read.as_deref_mut(), write));
+        }) {
+            return result.unwrap_or(Ok(()));
+        }
+    }
     let kind = if read.is_some() {
         SmallKind::Read
     } else {
@@ -329,7 +371,9 @@ fn wait_small(
     let done = || waiter.btb.is_done();
     if skip && shared.flying().saturating_sub(own_done) < shared.config.skip_blocking_threshold {
         waiter.btb.skip_blocking();
-        if crate::drive::spin_yield_until(done, crate::drive::CALLER_YIELD_SPIN) {
+        let worker = instr.stream.thread.as_deref();
+        let running = || worker.is_none_or(|w| !w.is_parked());
+        if crate::drive::spin_yield_until(done, crate::drive::CALLER_YIELD_SPIN, running) {
             return Ok(());
         }
     } else if crate::drive::spin_while_progress(shared, done) {

@@ -599,11 +599,16 @@ impl VirtualMachine {
         self.shared.is_shut()
     }
 
-    /// How many small sync accesses ran inline in the caller (or another driver) instead
-    /// of on a worker (see [`Config::inline_sync_access`]); for tests and benchmarks.
+    /// How many small sync accesses ran without a worker (see
+    /// [`Config::inline_sync_access`]): `(direct, inline)` — done by their caller with no
+    /// instruction at all (nothing in flight), or run as an instruction by the thread that
+    /// drove the engine. For tests and benchmarks.
     #[doc(hidden)]
-    pub fn debug_inline_accesses(&self) -> usize {
-        self.shared.cell.inline_runs()
+    pub fn debug_inline_accesses(&self) -> (usize, usize) {
+        (
+            self.shared.cell.direct_runs(),
+            self.shared.cell.inline_runs(),
+        )
     }
 
     /// Live engine objects and instructions in flight. After `shutdown` all are zero.

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use ivm_core::mpsc::MpscQueue;
 use ivm_core::notifier::Notifier;
+use ivm_core::sync::{AtomicBool, Ordering};
 
 use crate::futex::FutexWait;
 use crate::instruction::{self, Instruction, WorkerTag};
@@ -22,6 +23,10 @@ pub(crate) struct ThreadCtx {
     pub(crate) name: String,
     queue: MpscQueue<Instruction, WorkerTag>,
     notifier: Notifier<FutexWait>,
+    /// A hint, not part of any protocol: set while the worker sleeps on its notifier (and
+    /// until it runs again after a wake). Waiters spin with spin-loop hints only while it
+    /// is clear (the worker is running), and yield their CPU otherwise.
+    parked: AtomicBool,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -38,7 +43,14 @@ impl ThreadCtx {
             name,
             queue: MpscQueue::new(),
             notifier: Notifier::new(),
+            parked: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the worker sleeps (or was woken and has not run yet): a hint.
+    pub(crate) fn is_parked(&self) -> bool {
+        // Relaxed: a hint; nothing is read through it.
+        self.parked.load(Ordering::Relaxed)
     }
 
     /// Hands `instr` to this worker (engine side). Wakes the worker only on the
@@ -93,6 +105,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
         }
     };
     let mut idle_since: Option<Instant> = None;
+    let (mut idle_steps, mut idle_for) = (0u32, std::time::Duration::ZERO);
     // Polling backs off to `yield_now` (few cores: do not starve the caller).
     let backoff = ivm_core::sync::Backoff::new();
     loop {
@@ -103,6 +116,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
         });
         if ran {
             idle_since = None;
+            (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
             backoff.reset();
             continue;
         }
@@ -112,10 +126,20 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             continue;
         }
         owed.settle(&shared, false);
-        let now = Instant::now();
-        let since = *idle_since.get_or_insert(now);
-        if now.duration_since(since) < poll {
-            backoff.snooze();
+        // Poll: spin-loop hints first (the next instruction of a busy caller comes within
+        // microseconds), then back off to `yield_now` (few cores: do not starve anyone),
+        // reading the clock every 16 steps only.
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        idle_steps = idle_steps.wrapping_add(1);
+        if idle_steps.is_multiple_of(16) {
+            idle_for = since.elapsed();
+        }
+        if idle_for < poll {
+            if idle_for < crate::drive::WORKER_PURE_SPIN {
+                ivm_core::sync::spin_loop();
+            } else {
+                backoff.snooze();
+            }
             continue;
         }
         if owed.is_owed() {
@@ -123,11 +147,15 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             owed.settle(&shared, true);
             continue;
         }
+        // Relaxed: hints (see `ThreadCtx::parked`).
+        ctx.parked.store(true, Ordering::Relaxed);
         let woken = ctx.notifier.wait_and_clear();
+        ctx.parked.store(false, Ordering::Relaxed);
         counters.record(true, woken.is_ok());
         match woken {
             Ok(()) => {
                 idle_since = None;
+                (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
                 backoff.reset();
             }
             Err(_closed) => {

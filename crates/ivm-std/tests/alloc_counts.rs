@@ -127,7 +127,10 @@ fn steady_state_allocates_nothing() {
         sync_accesses(&vm, &t, 500);
         vm.sync().unwrap();
         let n = allocs_during(|| sync_accesses(&vm, &t, 1_000));
-        assert_eq!(n, 0, "allocations in 2000 steady-state sync accesses ({mode})");
+        assert_eq!(
+            n, 0,
+            "allocations in 2000 steady-state sync accesses ({mode})"
+        );
         drop(t);
         vm.shutdown().unwrap();
     }
@@ -155,6 +158,9 @@ fn steady_state_allocates_nothing() {
         drop((t, spare));
         vm.shutdown().unwrap();
         let c = vm.debug_counters();
-        assert_eq!((c.instructions, c.accesses, c.edges, c.flying), (0, 0, 0, 0));
+        assert_eq!(
+            (c.instructions, c.accesses, c.edges, c.flying),
+            (0, 0, 0, 0)
+        );
     }
 }

@@ -88,7 +88,10 @@ fn every_instruction_has_ordered_events_in_the_chrome_trace() {
     ];
     let mut complete = 0;
     for (id, phases) in &by_instr {
-        let ts: Vec<u64> = ORDER.iter().filter_map(|p| phases.get(*p).copied()).collect();
+        let ts: Vec<u64> = ORDER
+            .iter()
+            .filter_map(|p| phases.get(*p).copied())
+            .collect();
         assert!(
             ts.windows(2).all(|w| w[0] <= w[1]),
             "instruction {id}: events out of order: {phases:?}"
@@ -99,6 +102,8 @@ fn every_instruction_has_ordered_events_in_the_chrome_trace() {
             panic!("instruction {id}: missing events: {phases:?}");
         }
     }
-    // 200 × (2 kernels + touch + read) + 20 writes + sync + releases of 4 tensors.
-    assert!(complete >= 200 * 4 + 20, "only {complete} complete instructions");
+    // 200 × (2 kernels + touch), plus the sync accesses that were instructions (a sync
+    // access with nothing in flight is done by the caller itself, without one), `sync()`
+    // and the releases of the 4 tensors.
+    assert!(complete >= 200 * 3, "only {complete} complete instructions");
 }
