@@ -731,18 +731,7 @@ impl VirtualMachine {
         list.push(instr.clone());
         shared.receive_list(&mut list, true)?;
         wait_deadline(shared, &instr, timeout, true)?;
-        // SAFETY: the wait returned Ok (Acquire on the executor's Release decrease): the
-        // executor is done with `failure` and `small`; the engine never touches them.
-        if let Some(f) = instr.failure.with(|p| unsafe { (*p).clone() }) {
-            return Err(f.poison_error());
-        }
-        if let Some(out) = read {
-            // SAFETY: as above.
-            instr
-                .small
-                .with(|p| unsafe { out.copy_from_slice(&(&*p)[..len]) });
-        }
-        Ok(())
+        crate::sync_access::small_result(&instr, read)
     }
 }
 

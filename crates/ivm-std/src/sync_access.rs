@@ -316,14 +316,21 @@ pub(crate) fn small_access(
         abandon(&waited);
         return Err(e);
     }
-    // SAFETY: the wait returned Ok (Acquire on the executor's Release decrease), so the
-    // executor is done with `failure` and `small`; the engine never touches them.
-    if let Some(f) = waited.failure.with(|p| unsafe { (*p).clone() }) {
+    small_result(&waited, read)
+}
+
+/// The outcome of a small access whose wait returned `Ok`: the executor's failure, or
+/// (for a read) the bytes copied out of the instruction's own buffer into `out`.
+pub(crate) fn small_result(instr: &Instruction, read: Option<&mut [u8]>) -> Result<()> {
+    // SAFETY: the caller's wait returned Ok (Acquire on the executor's Release decrease),
+    // so the executor is done with `failure` and `small`; the engine never touches them.
+    if let Some(f) = instr.failure.with(|p| unsafe { (*p).clone() }) {
         return Err(f.poison_error());
     }
     if let Some(out) = read {
+        let len = out.len();
         // SAFETY: as above.
-        waited
+        instr
             .small
             .with(|p| unsafe { out.copy_from_slice(&(&*p)[..len]) });
     }
