@@ -394,24 +394,22 @@ impl<'vm> Device<'vm> {
     /// slot, then the step's instructions.
     fn submit_step(&self, batch: &Batch, next: Option<&Batch>, slot: usize) -> Result<()> {
         let d = self;
-        d.vm.run(|b| {
-            match (&d.staging, next) {
-                (None, _) => d.load(b, batch, slot)?,
-                // The next batch first: soft sync orders its copy after the last use of
-                // the other slot by recording an event on the compute stream where the
-                // copy is submitted — before this step's kernels, so the copy waits for
-                // the previous step only, not for this one.
-                (Some(_), Some(next)) => d.load(b, next, slot ^ 1)?,
-                (Some(_), None) => {}
-            }
-            for op in &d.prog.ops {
-                d.push_op(b, op, slot)?;
-            }
-            if let (Some(_), Some(_)) = (&d.staging, next) {
-                d.handover(b, slot ^ 1)?;
-            }
-            Ok(())
-        })
+        d.vm.run(|b| match (&d.staging, next) {
+            (None, _) => d.load(b, batch, slot),
+            // The next batch first: soft sync orders its copy after the last use of
+            // the other slot by recording an event on the compute stream where the
+            // copy is submitted — before this step's kernels, so the copy waits for
+            // the previous step only, not for this one.
+            (Some(_), Some(next)) => d.load(b, next, slot ^ 1),
+            (Some(_), None) => Ok(()),
+        })?;
+        for op in &d.prog.ops {
+            d.vm.run(|b| d.push_op(b, op, slot))?;
+        }
+        if let (Some(_), Some(_)) = (&d.staging, next) {
+            d.vm.run(|b| d.handover(b, slot ^ 1))?;
+        }
+        Ok(())
     }
 
     /// One op as an instruction on the compute stream.

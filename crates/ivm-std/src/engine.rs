@@ -335,10 +335,10 @@ impl Engine {
         // tensors, not in stream order: its tensor edges on its own stream are strict.
         self.strict = instr.stream.id.stream_type == StreamType::CriticalSection;
         for b in body.outputs.as_slice() {
-            self.write(NonNull::from(&b.dep), n);
+            self.write(NonNull::from(&*b.dep), n);
         }
         for b in body.inputs.as_slice() {
-            self.read(NonNull::from(&b.dep), n);
+            self.read(NonNull::from(&*b.dep), n);
         }
         self.strict = false;
         if self.nodes[n].blocking == 0 {

@@ -4,6 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crossbeam_utils::CachePadded;
+
 use ivm_core::sync::{AtomicBool, AtomicU32, Ordering};
 
 use crate::cpu::HostMemory;
@@ -28,7 +30,12 @@ pub(crate) struct Blob {
     /// thread or device queue; work on other streams of an asynchronous device is ordered
     /// by soft sync).
     pub(crate) mem: Arc<dyn DeviceMemory>,
-    pub(crate) dep: Dependence,
+    /// Written by the engine for every instruction that uses the blob, on whichever thread
+    /// drives it (usually the submitting caller): on cache lines of its own, so that a
+    /// worker on another core reading `mem`, `nbytes` and `poisoned` (every instruction
+    /// body does) does not miss each time. `CachePadded` also aligns the whole blob, which
+    /// keeps `Arc`'s reference counts (cloned by the builder) off those lines too.
+    pub(crate) dep: CachePadded<Dependence>,
     poisoned: AtomicBool,
     poison: Mutex<Option<Failure>>,
 }
@@ -49,7 +56,7 @@ impl Blob {
             device: mem.device(),
             nbytes: mem.nbytes(),
             mem,
-            dep: Dependence::new(vm_id),
+            dep: CachePadded::new(Dependence::new(vm_id)),
             poisoned: AtomicBool::new(false),
             poison: Mutex::new(None),
         }

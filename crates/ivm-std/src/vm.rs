@@ -133,6 +133,7 @@ impl VirtualMachine {
             stop: AtomicBool::new(false),
             flying: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
+            helpers: AtomicUsize::new(0),
             bp_seq: AtomicU32::new(0),
             bp_waiters: AtomicUsize::new(0),
             probes: Mutex::new(Vec::new()),

@@ -86,8 +86,11 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
     // A release this worker owes the engine (see `drive::Owed`).
     let owed = crate::drive::Owed::default();
     let run = |instr: Arc<Instruction>| {
-        // Before running anything (it may take long), settle what we owe.
-        owed.settle(&shared, true);
+        // Before running anything (it may take long), settle what we owe, unless a
+        // helper spins: it takes care of it (`drive::Helping`).
+        if owed.is_owed() {
+            owed.settle(&shared, !shared.helper_spinning());
+        }
         let sync_access = instr.waiter.is_some();
         instruction::execute(&instr);
         drop(instr);
@@ -96,7 +99,11 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             // Its caller is about to come back and drive the engine anyway (usually
             // within a microsecond): leave the release to it, so the engine's data stays
             // in the caller's cache; settled below if nobody takes the engine soon.
-            owed.mark(&shared);
+            owed.mark(&shared, true);
+        } else if !ctx.queue.is_empty() && shared.helper_spinning() {
+            // More to run, and a caller spins waiting: it releases this one while we run
+            // the next (checked again after the mark, before the next instruction).
+            owed.mark(&shared, false);
         } else {
             // Releases it here (readying its successors, on any stream) when nobody
             // holds the engine, else marks it for the holder (`drive.rs`).
