@@ -261,6 +261,9 @@ fn train(
             losses.push(trainer.step(&batch, next.as_ref())?);
         }
         last_epoch = e0.elapsed();
+        if std::env::var_os("TRAIN_EPOCH_DBG").is_some() {
+            eprintln!("epoch_us {}", last_epoch.as_micros());
+        }
         if last && trace_pid.is_some() {
             trainer.sync()?;
             trace::stop();

@@ -504,6 +504,12 @@ enum Slot {
 /// parameter kernel when it touches state, so parameter updates keep program order).
 pub fn compile(prog: &Program) -> Result<Graph> {
     let mut g = GraphBuilder::new("train_step");
+    // One thread: a training step is a chain of short kernels, and every hand-over
+    // between graph threads would cost more than most of them take.
+    g.threads(1);
+    // One register slot per blob: with one thread nothing runs ahead, and a second copy of
+    // every activation would only double the working set (out of the L2 cache).
+    g.pipeline_depth(1);
     g.trace(trace::graph_event);
     let slots: Vec<Slot> = prog
         .bufs
@@ -537,32 +543,25 @@ pub fn compile(prog: &Program) -> Result<Graph> {
             Slot::Param(p) => (Vec::new(), Some(p)),
         };
         let uses_params = dst.is_some() || srcs.iter().any(|s| matches!(s, Src::Param(_)));
-        // `GraphCtx` lends one blob at a time (its accessors borrow the context), so the
-        // operands are copied into scratch buffers owned by the kernel, then the kernel
-        // writes its one output in place.
-        let mut scratch: Vec<Vec<f32>> = op
-            .reads
-            .iter()
-            .map(|&r| vec![0.0; prog.bufs[r].len])
-            .collect();
+        // Every operand borrowed in place (`GraphCtx::io`): the kernel reads the graph's
+        // blobs and the parameter tensors directly and writes its one output (a blob, or
+        // a parameter updated in place) without copies.
+        let n = srcs.len();
         let kernel = op.kernel.clone();
         let body = move |ctx: &mut GraphCtx<'_>| {
-            for (s, src) in scratch.iter_mut().zip(&srcs) {
-                let bytes = match *src {
-                    Src::Input(j) => ctx.input(j),
-                    Src::Param(p) => ctx.param(p),
-                };
-                s.copy_from_slice(f32s(bytes));
-            }
+            let io = ctx.io(dst);
             let mut reads: [&[f32]; 4] = [&[]; 4];
-            for (r, s) in reads.iter_mut().zip(&scratch) {
-                *r = s;
+            for (r, src) in reads.iter_mut().zip(&srcs) {
+                *r = f32s(match *src {
+                    Src::Input(j) => io.inputs[j],
+                    Src::Param(p) => io.params.get(p),
+                });
             }
-            let out = match dst {
-                None => ctx.output(0),
-                Some(p) => ctx.param_mut(p),
+            let out: &mut [u8] = match io.param_mut {
+                Some(p) => p,
+                None => &mut *io.outputs[0],
             };
-            kernel(&reads[..scratch.len()], f32s_mut(out));
+            kernel(&reads[..n], f32s_mut(out));
         };
         let name = format!("{i}:{}", op.name);
         if uses_params {

@@ -106,6 +106,12 @@ impl Driver {
 pub struct Wake {
     state: AtomicU32,
     parking: Parking<FutexWait>,
+    /// Callers spinning in a wait that drive the engine when they see input marked
+    /// ([`Helping`]): while one is registered, a producer need not wake the scheduler.
+    pub(crate) helpers: Helpers,
+    /// The VM, for completions that drive the engine on their own thread
+    /// ([`complete_outside`](Self::complete_outside)); set once the VM exists.
+    vm: std::sync::OnceLock<std::sync::Weak<VmShared>>,
 }
 
 impl std::fmt::Debug for Wake {
@@ -130,7 +136,14 @@ impl Wake {
         Self {
             state: AtomicU32::new(0),
             parking: Parking::new(),
+            helpers: Helpers::new(),
+            vm: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Links the word to its VM (once, right after the VM is created).
+    pub(crate) fn set_vm(&self, vm: &std::sync::Arc<VmShared>) {
+        let _ = self.vm.set(std::sync::Arc::downgrade(vm));
     }
 
     /// Producer, **after** publishing its input (a completion, a probe, shutdown, a push
@@ -144,7 +157,40 @@ impl Wake {
         if old & LOCKED != 0 {
             return false;
         }
+        if self.helpers.spinning() {
+            // A registered helper sees the mark (while it spins, or when it leaves: the
+            // fences of `Helpers`) and drives; it hands over to the scheduler if the input
+            // needs it (a probe, shutdown). No wake-up here.
+            return false;
+        }
         self.parking.unpark()
+    }
+
+    /// A completion on a thread that is not one of the VM's (a graph runtime's thread
+    /// finishing a lazy-job instruction), after publishing it (`DONE`): marks the word;
+    /// then, if nobody holds the engine and no helper spins, drives the engine right here
+    /// (as a worker does after an instruction) instead of waking the scheduler thread,
+    /// which would cost the completion a wake-up (tens of microseconds on a small VM).
+    /// In single-thread mode, or once the VM is gone, it is [`unpark`](Self::unpark).
+    pub(crate) fn complete_outside(&self) {
+        let Some(vm) = self.vm.get().and_then(std::sync::Weak::upgrade) else {
+            self.unpark();
+            return;
+        };
+        if vm.single_thread() || crate::shared::inside(vm.id) {
+            // A VM thread (or a caller's engine step): its own driving covers it.
+            self.unpark();
+            return;
+        }
+        // Release (in `mark`): as in `unpark`.
+        if !self.mark() || self.helpers.spinning() {
+            // Held: the holder sees the mark. A helper: it drives (see `unpark`).
+            return;
+        }
+        if self.try_lock() {
+            vm.drive_as(Driver::Worker);
+        }
+        // Else somebody took the engine after our mark: they see our input.
     }
 
     /// Consumer side of the parking spot (the scheduler thread in multi-thread mode, the
@@ -429,7 +475,8 @@ impl Owed {
 /// wake word) and the helper's deregistration (an RMW on `helpers`) are each followed by a
 /// SeqCst fence and a load of the other word, so at least one of them sees the other (the
 /// store-buffering pattern): either the worker sees no helper and pays its debt before it
-/// runs on, or the leaving helper sees the mark and drives.
+/// runs on, or the leaving helper sees the mark and drives. The counter and its fences
+/// live in [`Helpers`]; the loom model `tests/loom_helpers.rs` checks the protocol.
 pub(crate) struct Helping<'a> {
     shared: &'a VmShared,
 }
@@ -437,9 +484,7 @@ pub(crate) struct Helping<'a> {
 impl<'a> Helping<'a> {
     /// Registers a helper (multi-thread mode, a caller outside any VM thread).
     pub(crate) fn enter(shared: &'a VmShared) -> Self {
-        // Relaxed: the fence in `helper_spinning` / `Drop` orders it (see the type docs);
-        // a worker that misses the increment merely drives itself.
-        shared.helpers.fetch_add(1, Ordering::Relaxed);
+        shared.parking.helpers.enter();
         Self { shared }
     }
 
@@ -454,21 +499,101 @@ impl<'a> Helping<'a> {
 
 impl Drop for Helping<'_> {
     fn drop(&mut self) {
-        // Relaxed RMW, then SeqCst fence, then the load: pairs with the worker's mark,
-        // fence and load of `helpers` (type docs).
-        self.shared.helpers.fetch_sub(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        // Deregister (RMW, then SeqCst fence), then the load of the wake word in `poll`:
+        // pairs with the worker's mark, fence and load of the count (type docs).
+        self.shared.parking.helpers.leave();
         self.poll();
     }
 }
 
-impl VmShared {
-    /// Whether a caller is registered as a helper (see [`Helping`]). The SeqCst fence
-    /// orders the worker's preceding mark before this load (type docs of `Helping`).
-    pub(crate) fn helper_spinning(&self) -> bool {
+/// The number of registered helpers ([`Helping`]) with the fences of its protocol: a
+/// worker that marked the wake word checks [`spinning`](Self::spinning) before it runs on
+/// owing a release; a helper [`leave`](Self::leave)s, then reads the wake word once more.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_helpers.rs`.
+pub struct Helpers {
+    count: AtomicUsize,
+}
+
+impl std::fmt::Debug for Helpers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helpers")
+            // Relaxed: a diagnostic snapshot.
+            .field("count", &self.count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Default for Helpers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Helpers {
+    /// No helper registered.
+    pub fn new() -> Self {
+        Self {
+            count: AtomicUsize::new(0),
+        }
+    }
+
+    /// A helper registers (before its first poll of the wake word).
+    pub fn enter(&self) {
+        // Relaxed: nothing is published through it. A worker that misses the increment
+        // merely drives itself; the fences of `spinning` / `leave` order what matters.
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A helper deregisters; the caller then reads the wake word once more (and drives if
+    /// it reads "dirty, unlocked").
+    pub fn leave(&self) {
+        // Relaxed RMW, then a SeqCst fence before the caller's load of the wake word:
+        // pairs with the SeqCst fence in `spinning` (between the worker's marking RMW on
+        // the wake word and its load of the count). Of the two fences, the later one in
+        // their single total order makes its thread see the other thread's RMW: either
+        // the worker reads the count without this helper and pays its debt, or this
+        // helper's poll reads the worker's mark and drives.
+        self.count.fetch_sub(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Worker, after its marking RMW on the wake word ([`Wake::mark`]): whether a helper
+    /// is registered, i.e. will see the mark (then the worker may run on owing the
+    /// release).
+    pub fn spinning(&self) -> bool {
+        // SeqCst fence after the worker's marking RMW, before this load: pairs with the
+        // SeqCst fence in `leave` (between the helper's decrement and its load of the
+        // wake word); see there.
         fence(Ordering::SeqCst);
         // Relaxed: ordered by the fence above.
-        self.helpers.load(Ordering::Relaxed) > 0
+        self.count.load(Ordering::Relaxed) > 0
+    }
+
+    /// [`leave`](Self::leave) without its fence: a planted bug for the loom model
+    /// `tests/loom_helpers.rs` (the helper's poll may miss a mark whose worker saw it
+    /// registered).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_leave_without_fence(&self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// [`spinning`](Self::spinning) without its fence: a planted bug for the loom model
+    /// `tests/loom_helpers.rs` (the worker may read a stale count after the helper's
+    /// last poll missed its mark).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_spinning_without_fence(&self) -> bool {
+        self.count.load(Ordering::Relaxed) > 0
+    }
+}
+
+impl VmShared {
+    /// Whether a caller is registered as a helper (see [`Helping`], [`Helpers::spinning`]:
+    /// a SeqCst fence orders the worker's preceding mark before the load).
+    pub(crate) fn helper_spinning(&self) -> bool {
+        self.parking.helpers.spinning()
     }
 }
 

@@ -487,6 +487,12 @@ impl Engine {
             self.inline_runs += 1;
             return;
         }
+        if self.can_run_protocol_inline(n, stream, &instr) {
+            // A lazy-job protocol step the driver does now, without blocking (see
+            // `can_run_protocol_inline`): no hand-over to the stream's thread, no wake.
+            instruction::execute_as(&instr, false);
+            return;
+        }
         let es = self.streams[stream as usize]
             .as_ref()
             .expect("ivm engine: unknown stream");
@@ -511,6 +517,47 @@ impl Engine {
     /// after it ran; a same-stream successor prescheduled by this dispatch is dispatched
     /// only after `execute` below returned). Every other accessor of the tensor is ordered
     /// by an edge, and a released source has finished (its DONE was read with Acquire).
+    /// Whether node `n` (just dispatched on `stream`) is a lazy-job protocol step — a
+    /// critical-section begin or end, or a launch: a deferred body on a critical-section or
+    /// launcher stream — that the driving thread may run itself: every other instruction of
+    /// its stream that is dispatched and unreleased has already run its body (`BODY_RAN`,
+    /// read with Acquire: so the stream's own thread runs nothing of it now, nothing is
+    /// queued there, and stream order holds — which is all that a prescheduled same-stream
+    /// edge asks for; edges from other streams and strict ones are satisfied only at their
+    /// source's release, before `n` was ready), and its body would not block (every buffer
+    /// it pushes to has room). The body is the VM's own code (pushes to the graph's
+    /// buffers, a callback registration), never user code.
+    ///
+    /// Each of these steps on its stream's thread would cost a wake-up when that thread
+    /// sleeps — tens of microseconds on a small VM, per step of every launch.
+    fn can_run_protocol_inline(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
+        if !instr.stream.id.stream_type.needs_own_thread() {
+            return false;
+        }
+        let Some(es) = self.streams[stream as usize].as_ref() else {
+            return false;
+        };
+        let mut m = es.running.head;
+        while m != NIL {
+            if m != n {
+                let ran = self.nodes[m].instr.as_ref().is_some_and(|i| {
+                    // Acquire: pairs with the Release in `lazy::launch::run_deferred`.
+                    i.status.load(Ordering::Acquire) & status::BODY_RAN != 0
+                });
+                if !ran {
+                    return false;
+                }
+            }
+            m = self.nodes[m].running.next;
+        }
+        // SAFETY: the engine owns the body until it hands the instruction to an executor
+        // (ownership step 2); we have not yet.
+        let body = unsafe { instr.body() };
+        body.deferred
+            .as_ref()
+            .is_some_and(crate::lazy::launch::Deferred::runs_without_blocking)
+    }
+
     fn can_run_inline(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
         if instr.waiter.is_none() || instr.stream.dev.is_async() || self.nodes[n].in_edges != 0 {
             return false;

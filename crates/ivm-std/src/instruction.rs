@@ -23,6 +23,8 @@ pub(crate) mod status {
     pub(crate) const DONE: u32 = 4;
     /// Its body failed (panicked or refused poisoned input); `failure` is set.
     pub(crate) const FAILED: u32 = 8;
+    /// Its deferred body returned (it completes later): the executor is done with it.
+    pub(crate) const BODY_RAN: u32 = 16;
 }
 
 /// Operands inline up to 4, spilled to the heap beyond.
@@ -134,7 +136,7 @@ pub(crate) struct Body {
     pub(crate) outputs: Operands,
     /// A deferred body (critical sections, lazy-job launches): run instead of `kind`, it
     /// completes the instruction later through a `lazy::launch::Completion`.
-    pub(crate) deferred: Option<crate::lazy::launch::DeferredFn>,
+    pub(crate) deferred: Option<crate::lazy::launch::Deferred>,
 }
 
 /// Tag of the hook that queues an instruction on the VM's pending queue.
@@ -384,6 +386,12 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
 /// marks it done. The caller owns the body (step 3 of the ownership order).
 pub(crate) fn execute(instr: &Arc<Instruction>) {
+    execute_as(instr, true);
+}
+
+/// [`execute`]; `may_block`: false when the engine runs the instruction inline on the
+/// driving thread (a deferred body then must not wait for room in a buffer).
+pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
     crate::trace::record(instr, crate::trace::Phase::ComputeStart);
     if instr.stream.dev.is_async() {
         // The launch is traced as a zero-length compute (its device work completes later;
@@ -398,7 +406,7 @@ pub(crate) fn execute(instr: &Arc<Instruction>) {
     if let Some(w) = &instr.waiter {
         w.started();
     }
-    if crate::lazy::launch::run_deferred(instr) {
+    if crate::lazy::launch::run_deferred(instr, may_block) {
         // Completed later, by whoever holds its completion.
         return;
     }

@@ -70,6 +70,10 @@ pub use cpu::{CpuAdapter, CpuAllocator, CpuEvent, CpuStream, HostMemory};
 pub use device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
 };
+/// Loom models only: the helper count of the `Helping` protocol (`drive.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use drive::Helpers;
 /// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
 #[cfg(loom)]
 #[doc(hidden)]

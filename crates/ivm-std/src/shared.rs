@@ -122,9 +122,6 @@ pub(crate) struct VmShared {
     pub(crate) flying: AtomicUsize,
     /// Released instructions, ever (progress detection for timeouts).
     pub(crate) finished: AtomicUsize,
-    /// Callers spinning in a wait that drive the engine whenever a worker left it work
-    /// (`drive::Helping`).
-    pub(crate) helpers: AtomicUsize,
     pub(crate) bp_seq: AtomicU32,
     pub(crate) bp_waiters: AtomicUsize,
     pub(crate) probes: Mutex<Vec<Probe>>,

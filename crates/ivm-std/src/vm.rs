@@ -133,7 +133,6 @@ impl VirtualMachine {
             stop: AtomicBool::new(false),
             flying: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
-            helpers: AtomicUsize::new(0),
             bp_seq: AtomicU32::new(0),
             bp_waiters: AtomicUsize::new(0),
             probes: Mutex::new(Vec::new()),
@@ -172,6 +171,7 @@ impl VirtualMachine {
                 .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.scheduler = Some(h);
         }
+        shared.parking.set_vm(&shared);
         let vm = VirtualMachine {
             shared,
             threads: Mutex::new(threads),

@@ -25,9 +25,14 @@
 //! where `depth` (the pipeline depth, default 2) is the number of register slots of every
 //! produced blob. So iterations of one graph pipeline — run *i + 1*'s input kernels can
 //! copy while run *i*'s compute kernels still run — and a slow consumer holds its producer
-//! back. Actors live on at least two threads: the protocol actors (ticks, wait, interface
-//! kernels, callbacks) on thread 0, compute kernels spread over the others. A thread runs
-//! whatever of its actors is ready and sleeps on a notifier when none is.
+//! back. Actors live on [`GraphBuilder::threads`] threads (default 2): the protocol actors
+//! (ticks, wait, interface kernels, callbacks) on thread 0, compute kernels spread over the
+//! others — or everything on one thread. A thread runs whatever of its actors is ready,
+//! polls for a short window when none is ([`GraphBuilder::poll_window`]), then sleeps on
+//! a notifier.
+//!
+//! A kernel gets its operands from a [`GraphCtx`]: one at a time, or all at once with
+//! [`GraphCtx::io`] (in place, no copies).
 //!
 //! Kernels that use parameters ([`GraphBuilder::param_kernel`]) run in one global order,
 //! iteration after iteration, so a parameter update of run *i* is seen by run *i + 1*.
@@ -73,6 +78,7 @@ mod tests;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::lazy::{DEFAULT_BUFFER_RUNS, JobInstance, LazyGraph};
@@ -148,6 +154,7 @@ pub struct GraphBuilder {
     pub(crate) threads: usize,
     pub(crate) depth: usize,
     pub(crate) buffer_runs: usize,
+    pub(crate) poll: Duration,
     pub(crate) trace: Option<TraceFn>,
 }
 
@@ -174,6 +181,7 @@ impl GraphBuilder {
             threads: 2,
             depth: 2,
             buffer_runs: DEFAULT_BUFFER_RUNS,
+            poll: DEFAULT_POLL_WINDOW,
             trace: None,
         }
     }
@@ -272,8 +280,9 @@ impl GraphBuilder {
         KernelId(self.kernels.len() - 1)
     }
 
-    /// Runs kernel `k` on thread `thread` (`1..threads`; thread 0 runs the protocol
-    /// actors). By default compute kernels are spread round-robin over threads 1.. .
+    /// Runs kernel `k` on thread `thread`: `1..threads` (thread 0 runs the protocol
+    /// actors), or 0 in a one-thread graph. By default compute kernels are spread
+    /// round-robin over threads 1.. (all on thread 0 in a one-thread graph).
     pub fn on_thread(&mut self, k: KernelId, thread: usize) -> &mut Self {
         if let Some(d) = self.kernels.get_mut(k.0) {
             d.thread = Some(thread);
@@ -281,9 +290,23 @@ impl GraphBuilder {
         self
     }
 
-    /// Number of actor threads (at least 2; default 2).
+    /// Number of actor threads (at least 1; default 2). With one, the protocol actors
+    /// and every kernel share it: no hand-over inside the graph, the right choice for a
+    /// chain of short kernels on a machine with few cores. With more, the protocol actors
+    /// run on thread 0 and the kernels on the others, so a run's interface copies overlap
+    /// another run's kernels.
     pub fn threads(&mut self, n: usize) -> &mut Self {
-        self.threads = n.max(2);
+        self.threads = n.max(1);
+        self
+    }
+
+    /// How long a graph thread with nothing ready keeps looking (spinning briefly, then
+    /// yielding its CPU) before it sleeps until an actor is notified (default
+    /// [`DEFAULT_POLL_WINDOW`]; zero: sleep at once). A thread that sleeps between runs
+    /// costs every run a wake-up (tens of microseconds on a small VM); one that polls
+    /// between runs that come faster than the window never sleeps.
+    pub fn poll_window(&mut self, window: Duration) -> &mut Self {
+        self.poll = window;
         self
     }
 
@@ -327,14 +350,80 @@ impl GraphBuilder {
     }
 }
 
+/// How long a graph thread polls before it sleeps, by default (see
+/// [`GraphBuilder::poll_window`]): the same order as the VM workers' poll window.
+pub const DEFAULT_POLL_WINDOW: Duration = Duration::from_micros(100);
+
 /// What a graph kernel sees: its iteration, its input and output blobs' bytes and, for
 /// parameter kernels, the run's parameter tensors.
+///
+/// The accessors lend one operand at a time; [`io`](Self::io) lends all of them at once
+/// (no copies: a kernel reads its inputs and parameters and writes its outputs in place).
 pub struct GraphCtx<'a> {
     pub(crate) kernel: &'a str,
     pub(crate) iteration: u64,
-    pub(crate) reads: Vec<&'a [u8]>,
-    pub(crate) writes: Vec<&'a mut [u8]>,
+    pub(crate) reads: &'a [&'a [u8]],
+    pub(crate) writes: &'a mut [&'a mut [u8]],
     pub(crate) job: Option<&'a JobInstance>,
+}
+
+/// Every operand of a graph kernel at once (see [`GraphCtx::io`]).
+#[derive(Debug)]
+pub struct KernelIo<'c, 'a> {
+    /// The bytes of each read blob, in declaration order.
+    pub inputs: &'c [&'a [u8]],
+    /// The bytes of each written blob, in declaration order.
+    pub outputs: &'c mut [&'a mut [u8]],
+    /// The run's parameters, read-only, except the one in `param_mut`.
+    pub params: Params<'c>,
+    /// The parameter lent mutably, if one was asked for.
+    pub param_mut: Option<&'c mut [u8]>,
+}
+
+/// Read-only access to the parameters of a run, inside a parameter kernel (see
+/// [`GraphCtx::io`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Params<'c> {
+    kernel: &'c str,
+    job: Option<&'c JobInstance>,
+    /// The parameter lent mutably (not readable here).
+    except: Option<usize>,
+}
+
+impl<'c> Params<'c> {
+    /// Number of parameters (0 outside parameter kernels).
+    pub fn len(&self) -> usize {
+        self.job.map_or(0, JobInstance::num_params)
+    }
+
+    /// Whether there are none (always outside parameter kernels).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes of parameter `i`.
+    ///
+    /// # Panics
+    /// Outside a parameter kernel, for an index out of range, and for the parameter lent
+    /// mutably in the same [`KernelIo`] (a panic fails the iteration).
+    pub fn get(&self, i: usize) -> &'c [u8] {
+        let job = self.job.unwrap_or_else(|| {
+            panic!(
+                "graph kernel `{}` uses parameters: declare it with param_kernel",
+                self.kernel
+            )
+        });
+        assert!(
+            self.except != Some(i),
+            "graph kernel `{}`: parameter {i} is lent mutably (use `param_mut`)",
+            self.kernel
+        );
+        // SAFETY: as in `GraphCtx::param` (parameter kernels run one at a time while the
+        // launch instruction holds every parameter); the only mutable slice of a
+        // parameter lent out with this view is `except`'s, which this refuses, and the
+        // view does not outlive the kernel call (`'c` is a borrow of its `GraphCtx`).
+        unsafe { job.param(i).bytes() }
+    }
 }
 
 impl fmt::Debug for GraphCtx<'_> {
@@ -386,6 +475,58 @@ impl<'a> GraphCtx<'a> {
     /// Written blob `i` as `u64`s.
     pub fn output_u64(&mut self, i: usize) -> &mut [u64] {
         words_mut(self.writes[i])
+    }
+
+    /// Every operand at once: the inputs and outputs, read-only access to the
+    /// parameters, and parameter `param_mut` (if any) mutably. Parameters need a
+    /// parameter kernel.
+    ///
+    /// # Panics
+    /// A `param_mut` outside a parameter kernel or out of range (a panic fails the
+    /// iteration).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ivm_std::graph::GraphBuilder;
+    ///
+    /// let mut g = GraphBuilder::new("axpy");
+    /// let x = g.input("x", 16);
+    /// let y = g.blob("y", 16);
+    /// let w = g.param("w", 16);
+    /// // y = w * x, then w += y: every operand borrowed at once, nothing copied.
+    /// g.param_kernel("axpy", &[x], &[y], move |ctx| {
+    ///     let mut io = ctx.io(Some(w));
+    ///     let w = io.param_mut.take().expect("asked for it");
+    ///     for i in 0..16 {
+    ///         io.outputs[0][i] = w[i].wrapping_mul(io.inputs[0][i]);
+    ///         w[i] = w[i].wrapping_add(io.outputs[0][i]);
+    ///     }
+    /// });
+    /// # let _ = g;
+    /// ```
+    pub fn io(&mut self, param_mut: Option<usize>) -> KernelIo<'_, 'a> {
+        let mutable = param_mut.map(|i| {
+            let job = self.job();
+            assert!(
+                i < job.num_params(),
+                "graph kernel `{}`: no parameter {i}",
+                self.kernel
+            );
+            // SAFETY: as in `param_mut`; `Params` refuses to lend this parameter, so this
+            // is its only slice while the `KernelIo` lives (it borrows `self` mutably).
+            unsafe { job.param(i).bytes_mut() }
+        });
+        KernelIo {
+            inputs: self.reads,
+            outputs: &mut *self.writes,
+            params: Params {
+                kernel: self.kernel,
+                job: self.job,
+                except: param_mut,
+            },
+            param_mut: mutable,
+        }
     }
 
     fn job(&self) -> &'a JobInstance {

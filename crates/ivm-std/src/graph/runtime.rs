@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
@@ -96,8 +97,14 @@ struct ActorShared {
     done: AtomicUsize,
     /// Per register slot: the failure of the iteration using it, as seen by this actor.
     failures: Box<[Mutex<Option<Error>>]>,
+    /// Per register slot: whether `failures` holds one (written by the actor's thread
+    /// before its Release store of `done`, read after an Acquire load of it), so that a
+    /// successor locks `failures` only when there is a failure to read.
+    failed: Box<[AtomicBool]>,
     /// Position among parameter kernels.
     param: Option<usize>,
+    /// The parameter kernel after this one (the next turn), if this is one.
+    next_param: Option<usize>,
 }
 
 /// The part of an actor its thread owns.
@@ -147,6 +154,8 @@ pub(crate) struct Shared {
     /// Runs finished by the callback notifier (counted before the launch is finished).
     runs_finished: AtomicUsize,
     trace: Option<TraceFn>,
+    /// How long an idle thread polls before it sleeps ([`GraphBuilder::poll_window`]).
+    poll: Duration,
 }
 
 /// A running graph: its actors' threads and its [`LazyGraph`]. Launch it with
@@ -244,7 +253,10 @@ fn dedup(v: &mut Vec<usize>) {
 pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
     let lazy = describe(&b)?;
     let nblobs = b.blobs.len();
-    let nthreads = b.threads.max(2);
+    let nthreads = b.threads.max(1);
+    // Threads that run compute kernels: 1.. (thread 0 runs the protocol actors), or
+    // thread 0 alone in a one-thread graph.
+    let first_compute = usize::from(nthreads > 1);
     // Producer of each blob: actor index, filled below.
     let mut producer: Vec<Option<usize>> = vec![None; nblobs];
     let check_blob = |b: &GraphBuilder, x: usize, what: &str| -> Result<()> {
@@ -327,14 +339,14 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         }
         dedup(&mut p);
         let thread = match k.thread {
-            Some(t) if (1..nthreads).contains(&t) => t,
+            Some(t) if (first_compute..nthreads).contains(&t) => t,
             Some(t) => {
                 return Err(b.invalid(format!(
-                    "{what} on thread {t}: kernels run on threads 1..{nthreads}"
+                    "{what} on thread {t}: kernels run on threads {first_compute}..{nthreads}"
                 )));
             }
             None => {
-                let t = 1 + rr % (nthreads - 1);
+                let t = first_compute + rr % (nthreads - first_compute);
                 rr += 1;
                 t
             }
@@ -431,7 +443,12 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
             succs: std::mem::take(&mut succs[i]),
             done: AtomicUsize::new(0),
             failures: (0..depth).map(|_| Mutex::new(None)).collect(),
+            failed: (0..depth).map(|_| AtomicBool::new(false)).collect(),
             param: param_of[i],
+            next_param: param_of[i].and_then(|p| {
+                let next = (p + 1) % param_kernels;
+                param_of.iter().position(|&x| x == Some(next))
+            }),
         })
         .collect();
     let notifiers: Vec<Arc<Notifier<FutexWait>>> =
@@ -478,6 +495,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         jobs: Mutex::new(VecDeque::new()),
         stop: AtomicBool::new(false),
         runs_finished: AtomicUsize::new(0),
+        poll: b.poll,
         trace: b.trace.take(),
     });
 
@@ -500,22 +518,80 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
     Ok(graph)
 }
 
-fn thread_loop(s: &Shared, t: usize, mut actors: Vec<LocalActor>) {
+/// How long an idle graph thread polls with spin-loop hints only before it starts
+/// yielding (see `thread_loop`).
+const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
+
+fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
     let notifier = &s.notifiers[t];
+    let (mut compute, mut protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
+        .into_iter()
+        .partition(|a| matches!(a.kind, Local::Compute { .. }));
+    // Per compute actor of this thread: the positions in `protocol` of its protocol
+    // successors (the outputs copying what it writes, the callback notifier).
+    let proto_succs: Vec<Vec<usize>> = compute
+        .iter()
+        .map(|k| {
+            s.actors[k.id]
+                .succs
+                .iter()
+                .filter_map(|&c| protocol.iter().position(|p| p.id == c))
+                .collect()
+        })
+        .collect();
+    // Polling: spin-loop hints for a moment (the next firing of a busy graph comes within
+    // microseconds), then yield the CPU (few cores: do not starve the threads that feed
+    // us) until the poll window ends.
+    let backoff = ivm_core::sync::Backoff::new();
+    let mut idle_since: Option<Instant> = None;
     loop {
         // Acquire: pairs with `shutdown`'s Release store.
         if s.stop.load(Ordering::Acquire) {
             break;
         }
         let mut any = false;
-        for a in actors.iter_mut() {
-            if try_fire(s, a) {
+        for (k, succs) in compute.iter_mut().zip(&proto_succs) {
+            if try_fire(s, k) {
+                any = true;
+                // Protocol actors first after every kernel: an output copies its blob out
+                // as soon as it is produced (the eager side may go on while later kernels
+                // run); and if anything was pushed to the job's buffers (their listeners
+                // notify this thread), the next run's actors get their turn before more
+                // kernels. A hint only: the full scan below and before sleeping decides.
+                for &p in succs {
+                    try_fire(s, &mut protocol[p]);
+                }
+                if notifier.pending() > 0 {
+                    notifier.clear();
+                    for p in protocol.iter_mut() {
+                        try_fire(s, p);
+                    }
+                }
+            }
+        }
+        for p in protocol.iter_mut() {
+            if try_fire(s, p) {
                 any = true;
             }
         }
         if any {
+            idle_since = None;
+            backoff.reset();
             continue;
         }
+        if !s.poll.is_zero() {
+            let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
+            if idle < s.poll {
+                if idle < POLL_PURE_SPIN {
+                    ivm_core::sync::spin_loop();
+                } else {
+                    backoff.snooze();
+                }
+                continue;
+            }
+        }
+        idle_since = None;
+        backoff.reset();
         // Whatever makes one of our actors ready afterwards notifies us; a notification
         // that arrived during the scan is still pending, so this returns at once.
         if notifier.wait_and_clear().is_err() {
@@ -523,7 +599,8 @@ fn thread_loop(s: &Shared, t: usize, mut actors: Vec<LocalActor>) {
         }
     }
     // Held critical-section instances drop here: unfinished ones fail their records.
-    drop(actors);
+    drop(protocol);
+    drop(compute);
 }
 
 impl Shared {
@@ -633,10 +710,15 @@ fn try_fire(s: &Shared, a: &mut LocalActor) -> bool {
     }
 
     let slot = it % s.depth;
-    let upstream: Option<Error> = me
-        .preds
-        .iter()
-        .find_map(|&p| lock(&s.actors[p].failures[slot]).clone());
+    let upstream: Option<Error> = me.preds.iter().find_map(|&p| {
+        let pred = &s.actors[p];
+        // Relaxed: ordered by the Acquire load of the predecessor's `done` above.
+        if pred.failed[slot].load(Ordering::Relaxed) {
+            lock(&pred.failures[slot]).clone()
+        } else {
+            None
+        }
+    });
     s.trace(a.id, it, Phase::Start, upstream.is_some());
     let result: Option<Error> = match &mut a.kind {
         Local::SourceTick => {
@@ -716,7 +798,12 @@ fn try_fire(s: &Shared, a: &mut LocalActor) -> bool {
         }
     };
     let failed = result.is_some();
-    *lock(&me.failures[slot]) = result;
+    // Relaxed: only this thread writes our flags; published by the Release store of
+    // `done` below.
+    if failed || me.failed[slot].load(Ordering::Relaxed) {
+        *lock(&me.failures[slot]) = result;
+        me.failed[slot].store(failed, Ordering::Relaxed);
+    }
     s.trace(a.id, it, Phase::End, failed);
     if me.param.is_some() {
         // Release: publishes our parameter accesses to the next parameter kernel.
@@ -725,15 +812,10 @@ fn try_fire(s: &Shared, a: &mut LocalActor) -> bool {
     // Release: publishes the slot we wrote, our failure entry, and (to producers) that we
     // are done reading their slots of iteration `it`.
     me.done.store(it.wrapping_add(1), Ordering::Release);
-    for &p in &me.preds {
-        s.notify(p);
-    }
-    for &c in &me.succs {
-        s.notify(c);
-    }
-    if me.param.is_some() && s.param_kernels > 0 {
-        let next = (me.param.unwrap_or(0) + 1) % s.param_kernels;
-        if let Some(n) = s.actors.iter().position(|x| x.param == Some(next)) {
+    // Wake the threads of the actors this firing may have made ready. Our own thread
+    // rescans after every firing: no notification needed for its actors.
+    for &n in me.preds.iter().chain(&me.succs).chain(&me.next_param) {
+        if s.actors[n].thread != me.thread {
             s.notify(n);
         }
     }
@@ -758,18 +840,37 @@ fn run_kernel(
     } else {
         None
     };
-    let ins: Vec<&[u8]> = reads
-        .iter()
-        // SAFETY: each read blob's producer published iteration `it` (or it is a
-        // constant); nobody overwrites it before our `done` moves on.
-        .map(|&r| unsafe { s.blobs[r].read(it) })
-        .collect();
-    let outs: Vec<&mut [u8]> = writes
-        .iter()
-        // SAFETY: we produce these (distinct) blobs and fire iteration `it`; every
-        // consumer finished the slot's previous iteration.
-        .map(|&w| unsafe { s.blobs[w].write(it) })
-        .collect();
+    // The operand lists live on the stack up to `INLINE` operands (no allocation per
+    // firing), on the heap beyond.
+    const INLINE: usize = 8;
+    // SAFETY: each read blob's producer published iteration `it` (or it is a constant);
+    // nobody overwrites it before our `done` moves on.
+    let read = |r: usize| unsafe { s.blobs[r].read(it) };
+    // SAFETY: we produce these (distinct) blobs and fire iteration `it`; every consumer
+    // finished the slot's previous iteration.
+    let write = |w: usize| unsafe { s.blobs[w].write(it) };
+    let mut ins_inline: [&[u8]; INLINE] = [&[]; INLINE];
+    let ins_heap: Vec<&[u8]>;
+    let ins: &[&[u8]] = if reads.len() <= INLINE {
+        for (slot, &r) in ins_inline.iter_mut().zip(reads) {
+            *slot = read(r);
+        }
+        &ins_inline[..reads.len()]
+    } else {
+        ins_heap = reads.iter().map(|&r| read(r)).collect();
+        &ins_heap
+    };
+    let mut outs_inline: [&mut [u8]; INLINE] = Default::default();
+    let mut outs_heap: Vec<&mut [u8]>;
+    let outs: &mut [&mut [u8]] = if writes.len() <= INLINE {
+        for (slot, &w) in outs_inline.iter_mut().zip(writes) {
+            *slot = write(w);
+        }
+        &mut outs_inline[..writes.len()]
+    } else {
+        outs_heap = writes.iter().map(|&w| write(w)).collect();
+        &mut outs_heap
+    };
     let mut ctx = GraphCtx {
         kernel: &me.name,
         iteration: it as u64,

@@ -26,8 +26,35 @@ use crate::shared::{NEXT_BLOB_ID, lock};
 use crate::stream::{Device, StreamId, StreamShared, StreamType};
 use crate::tensor::{Blob, Tensor};
 
-/// A deferred instruction body (see the module docs).
-pub(crate) type DeferredFn = Box<dyn FnOnce(Completion) + Send>;
+/// A deferred instruction body (see the module docs): called with the right to finish the
+/// instruction and whether it may block (`false` when the engine runs it inline on the
+/// driving thread).
+pub(crate) type DeferredFn = Box<dyn FnOnce(Completion, bool) + Send>;
+
+/// A deferred body and whether it can do its work right now without blocking.
+pub(crate) struct Deferred {
+    pub(crate) run: DeferredFn,
+    /// `None`: it never blocks. Otherwise: whether every buffer it pushes to has room now
+    /// (then a non-blocking run keeps the buffers' bounds). Only the instruction's own
+    /// stream pushes to those buffers, one instruction at a time, so the answer holds
+    /// until the body runs.
+    pub(crate) ready_now: Option<Box<dyn Fn() -> bool + Send>>,
+}
+
+impl Deferred {
+    /// A body that never blocks.
+    fn never_blocks(run: DeferredFn) -> Self {
+        Self {
+            run,
+            ready_now: None,
+        }
+    }
+
+    /// Whether the engine may run it inline now (it would not block).
+    pub(crate) fn runs_without_blocking(&self) -> bool {
+        self.ready_now.as_ref().is_none_or(|f| f())
+    }
+}
 
 /// The right to finish one instruction whose body is deferred.
 pub(crate) struct Completion {
@@ -78,20 +105,21 @@ fn finish(instr: &Arc<Instruction>, result: Result<(), Failure>) {
     if let Some(w) = &instr.waiter {
         w.finished();
     }
-    // After DONE: the scheduler (or a single-thread caller) may release it now.
-    instr.stream.dev.wake.unpark();
+    // After DONE: release it — on this thread when nobody drives the engine (usually a
+    // graph runtime's thread: no scheduler wake-up), else by the holder or a helper.
+    instr.stream.dev.wake.complete_outside();
 }
 
 /// Runs `instr`'s deferred body, if it has one (the executor, after marking it
-/// launched). Returns whether it did; the instruction is then completed by whoever holds
-/// its [`Completion`].
-pub(crate) fn run_deferred(instr: &Arc<Instruction>) -> bool {
+/// launched; `may_block`: it runs on its stream's own thread). Returns whether it did; the
+/// instruction is then completed by whoever holds its [`Completion`].
+pub(crate) fn run_deferred(instr: &Arc<Instruction>, may_block: bool) -> bool {
     let f = {
         // SAFETY: the executor owns the body until DONE (ownership step 3); this borrow
         // ends before the completion exists.
         let body = unsafe { instr.body_mut() };
         match body.deferred.take() {
-            Some(f) => f,
+            Some(d) => d.run,
             None => return false,
         }
     };
@@ -99,7 +127,11 @@ pub(crate) fn run_deferred(instr: &Arc<Instruction>) -> bool {
         instr: Some(instr.clone()),
     };
     // A panic drops the completion during unwinding, which fails the instruction.
-    let _ = catch_unwind(AssertUnwindSafe(move || f(c)));
+    let _ = catch_unwind(AssertUnwindSafe(move || f(c, may_block)));
+    // Release: pairs with the engine's Acquire in `can_run_protocol_inline`: this body's
+    // effects (its pushes) happen before a later step of the stream that the engine runs
+    // on another thread.
+    instr.status.fetch_or(status::BODY_RAN, Ordering::Release);
     true
 }
 
@@ -245,6 +277,25 @@ impl VmLazy {
 }
 
 impl LazyGraph {
+    /// Whether a critical-section begin of `kind` would find room in every buffer it
+    /// pushes to.
+    pub(crate) fn room_for_begin(&self, kind: CsKind) -> bool {
+        let bufs = &self.inner.buffers;
+        let per_op = match kind {
+            CsKind::Input => &bufs.inputs,
+            CsKind::Output => &bufs.outputs,
+        };
+        let room = |b: &crate::lazy::Buffer<_>| b.len() < b.capacity();
+        room(&bufs.wait) && room(&bufs.callback) && per_op.iter().flatten().all(room)
+    }
+
+    /// Whether a launch would find room for its job instance.
+    pub(crate) fn room_for_job(&self) -> bool {
+        let bufs = &self.inner.buffers;
+        bufs.callback_notifier.len() < bufs.callback_notifier.capacity()
+            && bufs.source_tick.len() < bufs.source_tick.capacity()
+    }
+
     /// A critical-section begin's body: builds the run's instance over `blobs` and
     /// `records` (one per interface op, in declaration order) and publishes it into the
     /// wait and callback buffers and each valid op's buffer. If the graph is closed, the
@@ -312,7 +363,7 @@ fn new_instr(
     stream: &Arc<StreamShared>,
     inputs: &[&Arc<Blob>],
     outputs: &[&Arc<Blob>],
-    deferred: DeferredFn,
+    deferred: Deferred,
 ) -> Arc<Instruction> {
     let mut instr = Instruction::new(name, stream.clone(), Kind::Noop);
     instr.stream_sequential = stream.id.stream_type == StreamType::CriticalSection;
@@ -468,30 +519,38 @@ impl InstructionsBuilder<'_> {
         // 2. Input and output critical-section begins.
         {
             let (gr, b, r) = (graph.clone(), in_blobs.clone(), in_records.clone());
+            let room = graph.clone();
             let refs: Vec<&Arc<Blob>> = in_blobs.iter().collect();
             self.push_instr(new_instr(
                 "input_critical_section_begin",
                 &cs,
                 &refs,
                 &[],
-                Box::new(move |c| {
-                    gr.begin(CsKind::Input, b, r, block);
-                    c.complete(Ok(()));
-                }),
+                Deferred {
+                    run: Box::new(move |c, may_block| {
+                        gr.begin(CsKind::Input, b, r, block && may_block);
+                        c.complete(Ok(()));
+                    }),
+                    ready_now: Some(Box::new(move || room.room_for_begin(CsKind::Input))),
+                },
             ));
         }
         {
             let (gr, b, r) = (graph.clone(), out_blobs.clone(), out_records.clone());
+            let room = graph.clone();
             let refs: Vec<&Arc<Blob>> = out_blobs.iter().collect();
             self.push_instr(new_instr(
                 "output_critical_section_begin",
                 &cs,
                 &[],
                 &refs,
-                Box::new(move |c| {
-                    gr.begin(CsKind::Output, b, r, block);
-                    c.complete(Ok(()));
-                }),
+                Deferred {
+                    run: Box::new(move |c, may_block| {
+                        gr.begin(CsKind::Output, b, r, block && may_block);
+                        c.complete(Ok(()));
+                    }),
+                    ready_now: Some(Box::new(move || room.room_for_begin(CsKind::Output))),
+                },
             ));
         }
 
@@ -500,6 +559,7 @@ impl InstructionsBuilder<'_> {
             let mut writes: Vec<&Arc<Blob>> = param_blobs.iter().collect();
             writes.push(&lazy.transport);
             let (gr, queue, params) = (graph.clone(), lazy.queue.clone(), param_blobs.clone());
+            let room = graph.clone();
             let t: Vec<&Tensor> = parameters.to_vec();
             self.soft_sync_onto(&t, &launcher);
             self.push_instr(new_instr(
@@ -507,25 +567,28 @@ impl InstructionsBuilder<'_> {
                 &launcher,
                 &[],
                 &writes,
-                Box::new(move |c| {
-                    let id = gr.id();
-                    let q = queue.clone();
-                    queue.submit(
-                        id,
-                        Box::new(move |on_launcher| {
-                            let label = format!("launch_lazy_job `{}`", gr.job_name());
-                            let job = Arc::new(JobInstance::new(
-                                gr.inner.job.clone(),
-                                params,
-                                Box::new(move |r| {
-                                    q.dequeue(id);
-                                    c.complete(r.map_err(|e| failure_of(&e, &label)));
-                                }),
-                            ));
-                            gr.push_job(job, on_launcher && block);
-                        }),
-                    );
-                }),
+                Deferred {
+                    ready_now: Some(Box::new(move || room.room_for_job())),
+                    run: Box::new(move |c, may_block| {
+                        let id = gr.id();
+                        let q = queue.clone();
+                        queue.submit(
+                            id,
+                            Box::new(move |on_launcher| {
+                                let label = format!("launch_lazy_job `{}`", gr.job_name());
+                                let job = Arc::new(JobInstance::new(
+                                    gr.inner.job.clone(),
+                                    params,
+                                    Box::new(move |r| {
+                                        q.dequeue(id);
+                                        c.complete(r.map_err(|e| failure_of(&e, &label)));
+                                    }),
+                                ));
+                                gr.push_job(job, on_launcher && block && may_block);
+                            }),
+                        );
+                    }),
+                },
             ));
         }
 
@@ -553,9 +616,9 @@ impl InstructionsBuilder<'_> {
                 &cs,
                 &ins,
                 &outs,
-                Box::new(move |c| {
+                Deferred::never_blocks(Box::new(move |c, _| {
                     r.on_done(move |res| c.complete(res.map_err(|e| failure_of(&e, &label))));
-                }),
+                })),
             ));
         }
         Ok(())
