@@ -194,7 +194,8 @@ struct Device<'vm> {
     /// The dataset on the device (without staging).
     all: Option<(HostTensor, HostTensor)>,
     staging: Option<Staging>,
-    width: usize,
+    /// The dataset on the host (the host data loader's source).
+    rows: TrainRows,
     lat: Vec<Duration>,
 }
 
@@ -244,7 +245,7 @@ impl<'vm> Device<'vm> {
             tensors,
             all,
             staging,
-            width: rows.width,
+            rows: rows.clone(),
             lat: Vec::new(),
         })
     }
@@ -291,7 +292,7 @@ impl<'vm> Device<'vm> {
                 batch,
                 &x_all.tensor,
                 &self.tensors[p.x].tensor,
-                self.width,
+                self.rows.width,
             )?;
             return self.gather_one(
                 b,
@@ -308,7 +309,14 @@ impl<'vm> Device<'vm> {
             .expect("a device has the dataset or staging");
         let (sx, sy) = &st.stage[slot];
         let (dx, dy) = &st.dev[slot];
-        self.gather_one(b, &st.host, batch, &st.x_all.tensor, &sx.tensor, self.width)?;
+        self.gather_one(
+            b,
+            &st.host,
+            batch,
+            &st.x_all.tensor,
+            &sx.tensor,
+            self.rows.width,
+        )?;
         self.gather_one(b, &st.host, batch, &st.y_all.tensor, &sy.tensor, 1)?;
         // Trace markers around the copies (only while recording): spans of the copy
         // stream's queue from before the first copy to after the second.
@@ -332,6 +340,25 @@ impl<'vm> Device<'vm> {
                     trace::record_span("h2d copy x, y", Cat::Copy, s, trace::now_us());
                 },
             )?;
+        }
+        Ok(())
+    }
+
+    /// The host data loader: gathers `batch`'s rows of the host dataset straight into the
+    /// `x` and `y` tensors with `sync_access_blob_by_callback_mut` (each waits until the
+    /// tensor is free, i.e. the previous run copied it in). When the stream is idle the
+    /// VM hands such a callback to the calling thread: no worker runs, nothing wakes.
+    fn load_on_host(&self, batch: &Batch) -> Result<()> {
+        let p = &self.prog;
+        let (start, end) = (batch.start, batch.start + p.batch);
+        for (src, dst, width) in [(&self.rows.x, p.x, self.rows.width), (&self.rows.y, p.y, 1)] {
+            let (src, order) = (src.clone(), batch.order.clone());
+            self.vm
+                .sync_access_blob_by_callback_mut(&self.tensors[dst].tensor, move |b| {
+                    trace::span("gather", Cat::Kernel, || {
+                        kernels::gather(&src, &order[start..end], f32s_mut(b), width)
+                    })
+                })?;
         }
         Ok(())
     }
@@ -579,9 +606,12 @@ pub fn compile(prog: &Program) -> Result<Graph> {
     g.build()
 }
 
-/// Lazy: the data loader's gathers are eager instructions, then one launch of the
-/// compiled step graph (inputs: the batch; outputs: the loss; parameters: the state),
-/// then the loss is read with `sync_read_small_mem`.
+/// Lazy: the host data loader fills the batch tensors (see `Device::load_on_host`), then
+/// one launch of the compiled step graph (inputs: the batch; outputs: the loss;
+/// parameters: the state), then the loss is read with `sync_read_small_mem`. The graph
+/// runs on its own thread; the step's loss is out after the forward pass, so the host
+/// loads and launches the next step while the graph still runs this one's backward pass
+/// and update.
 pub struct Lazy<'vm> {
     dev: Device<'vm>,
     graph: Graph,
@@ -616,9 +646,9 @@ impl Trainer for Lazy<'_> {
     fn step(&mut self, batch: &Batch, _next: Option<&Batch>) -> Result<f32> {
         let d = &self.dev;
         let p = &d.prog;
+        d.load_on_host(batch)?;
         trace::span("run", Cat::Submit, || {
             d.vm.run(|b| {
-                d.load(b, batch, 0)?;
                 let params: Vec<&Tensor> =
                     self.params.iter().map(|&i| &d.tensors[i].tensor).collect();
                 b.launch_lazy_job(

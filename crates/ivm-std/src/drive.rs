@@ -17,6 +17,12 @@
 //! * a **worker** that finished an instruction takes the engine if it is free and releases
 //!   it at once, readying and dispatching its successors (also on other streams: no
 //!   scheduler round trip on a cross-stream edge);
+//! * a **caller waiting** for a result (a sync access) is a *helper* ([`Helping`]) while
+//!   it spins: it drives whenever input is marked, so a worker with more instructions
+//!   queued leaves its releases to it ([`Owed`]) and any producer skips waking the
+//!   scheduler ([`Wake::unpark`]);
+//! * a **lazy-job completion** on a graph runtime's thread drives the engine right there
+//!   when nobody holds it and no helper spins ([`Wake::complete_outside`]);
 //! * the **scheduler thread** is the driver of last resort: probes, user barriers (their
 //!   callbacks run on the scheduler thread, as DESIGN.md says), device completions that
 //!   arrive while nobody drives, shutdown, and hand-overs from a driver that ran out of its

@@ -487,6 +487,13 @@ impl Engine {
             self.inline_runs += 1;
             return;
         }
+        if self.can_hand_to_caller(n, stream, &instr) {
+            // Its waiting caller drives the engine right now: it runs the instruction
+            // after letting go of the engine (`sync_access::sync_callback`).
+            // Relaxed: read by this very thread.
+            instr.status.fetch_or(status::CLAIMED, Ordering::Relaxed);
+            return;
+        }
         if self.can_run_protocol_inline(n, stream, &instr) {
             // A lazy-job protocol step the driver does now, without blocking (see
             // `can_run_protocol_inline`): no hand-over to the stream's thread, no wake.
@@ -556,6 +563,43 @@ impl Engine {
         body.deferred
             .as_ref()
             .is_some_and(crate::lazy::launch::Deferred::runs_without_blocking)
+    }
+
+    /// Whether node `n` (just dispatched on `stream`) is a sync callback
+    /// (`sync_access_blob_by_callback[_mut]`) that its waiting caller may run itself: that
+    /// caller is the thread driving the engine now, inside the submission of this very
+    /// instruction (`sync_access::claimable`: it runs it as soon as the submission
+    /// returns, before it waits), the stream is a worker's stream of a synchronous device with nothing else
+    /// dispatched and unreleased, every source is released (`in_edges == 0`), and the
+    /// operand is host memory. As for an inline small access (`can_run_inline`), nothing
+    /// else then touches the tensor until the callback is done and released, and stream
+    /// order holds; unlike it, the callback is user code and may take long, so it runs
+    /// after the caller let go of the engine, not inside this step.
+    fn can_hand_to_caller(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
+        if instr.waiter.is_none()
+            || self.driver != Driver::Caller
+            || !crate::sync_access::claimable(instr)
+            || instr.stream.dev.is_async()
+            || instr.stream.thread.is_none()
+            || self.nodes[n].in_edges != 0
+        {
+            return false;
+        }
+        let only = self.streams[stream as usize]
+            .as_ref()
+            .is_some_and(|es| es.running.len == 1 && es.running.head == n);
+        if !only {
+            return false;
+        }
+        // SAFETY: the engine owns the body until it hands the instruction to an executor
+        // (ownership step 2); we have not yet.
+        let body = unsafe { instr.body() };
+        let operand = match body.kind {
+            Kind::Read(_) => body.inputs.as_slice().first(),
+            Kind::Write(_) => body.outputs.as_slice().first(),
+            _ => return false,
+        };
+        body.deferred.is_none() && operand.is_some_and(|b| b.mem.host_ptr().is_some())
     }
 
     fn can_run_inline(&self, n: u32, stream: u32, instr: &Instruction) -> bool {

@@ -25,6 +25,9 @@ pub(crate) mod status {
     pub(crate) const FAILED: u32 = 8;
     /// Its deferred body returned (it completes later): the executor is done with it.
     pub(crate) const BODY_RAN: u32 = 16;
+    /// Handed by the engine to its waiting caller, who runs it (a sync callback on an idle
+    /// stream: see `Engine::can_hand_to_caller`).
+    pub(crate) const CLAIMED: u32 = 32;
 }
 
 /// Operands inline up to 4, spilled to the heap beyond.
@@ -392,6 +395,16 @@ pub(crate) fn execute(instr: &Arc<Instruction>) {
 /// [`execute`]; `may_block`: false when the engine runs the instruction inline on the
 /// driving thread (a deferred body then must not wait for room in a buffer).
 pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
+    execute_inner(instr, may_block, true);
+}
+
+/// [`execute`] by the caller waiting for `instr`, which the engine handed to it
+/// (`status::CLAIMED`): no "started" notification (the waiter is the executor).
+pub(crate) fn execute_claimed(instr: &Arc<Instruction>) {
+    execute_inner(instr, true, false);
+}
+
+fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) {
     crate::trace::record(instr, crate::trace::Phase::ComputeStart);
     if instr.stream.dev.is_async() {
         // The launch is traced as a zero-length compute (its device work completes later;
@@ -403,7 +416,7 @@ pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
     }
     // Relaxed: LAUNCHED is diagnostic only.
     instr.status.fetch_or(status::LAUNCHED, Ordering::Relaxed);
-    if let Some(w) = &instr.waiter {
+    if let Some(w) = instr.waiter.as_ref().filter(|_| notify_start) {
         w.started();
     }
     if crate::lazy::launch::run_deferred(instr, may_block) {

@@ -37,6 +37,18 @@ pub(crate) struct Waiter {
     pub(crate) btb: BlockingThenBusy<FutexWait>,
 }
 
+thread_local! {
+    /// The sync callback this thread is submitting (its address), while its submission
+    /// drives the engine: the only instruction the engine may hand to this thread
+    /// (`status::CLAIMED`), since the thread runs it right after (`sync_callback`).
+    static CLAIMABLE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the engine, driven by this thread, may hand `instr` to it (see `CLAIMABLE`).
+pub(crate) fn claimable(instr: &Instruction) -> bool {
+    CLAIMABLE.with(std::cell::Cell::get) == std::ptr::from_ref(instr) as usize
+}
+
 impl Waiter {
     pub(crate) fn new() -> Self {
         Self {
@@ -444,7 +456,22 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         }
     }
     let instr = Arc::new(instr);
-    shared.receive_one(instr.clone(), true)?;
+    CLAIMABLE.with(|c| c.set(Arc::as_ptr(&instr) as usize));
+    let received = shared.receive_one(instr.clone(), true);
+    CLAIMABLE.with(|c| c.set(0));
+    received?;
+    // Relaxed: set by this very thread, while it drove the engine in `receive_one`.
+    if instr.status.load(Ordering::Relaxed) & crate::instruction::status::CLAIMED != 0 {
+        // The engine handed it to us (its stream was idle, its sources released): run it
+        // here instead of on the stream's thread — no hand-over, no wake-up — as that
+        // thread would (a reentrant call from `f` is refused alike), then have it
+        // released like a worker does.
+        {
+            let _reentry = crate::shared::ReentryGuard::enter(shared.id);
+            crate::instruction::execute_claimed(&instr);
+        }
+        shared.after_push(true);
+    }
     wait(shared, &instr, true)?;
     // SAFETY: the wait returned Ok: the executor is done with `failure`.
     if let Some(f) = instr.failure.with(|p| unsafe { (*p).clone() }) {

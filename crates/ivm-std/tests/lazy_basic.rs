@@ -379,3 +379,51 @@ fn launch_streams_are_their_own() {
     drop((x, y));
     assert_drained(&vm);
 }
+
+/// A training-loop shape: each step the host fills the input with a sync callback (it
+/// waits for the previous run to have copied it in), launches a one-thread graph, and
+/// reads the output, which leaves the graph before its parameter update. The protocol
+/// steps run inline in whichever thread drives the VM, completions drive it from the
+/// graph's thread, and the caller helps while it waits: values must follow run order, in
+/// both VM modes.
+#[test]
+fn host_loader_launch_read_loop_on_a_one_thread_graph() {
+    for cfg in [Config::default(), Config::single_thread()] {
+        let cfg = Config {
+            timeout_period: Duration::from_secs(10),
+            ..cfg
+        };
+        let vm = VirtualMachine::new(cfg).unwrap();
+        let mut g = GraphBuilder::new("loop");
+        let x = g.input("x", 8);
+        let w = g.param("w", 8);
+        let y = g.blob("y", 8);
+        g.param_kernel("fwd", &[x], &[y], move |k| {
+            let v = k.input_u64(0)[0] * k.param_u64(w)[0];
+            k.output_u64(0)[0] = v;
+        });
+        g.param_kernel("upd", &[y], &[], move |k| {
+            let d = k.input_u64(0)[0] % 5 + 1;
+            k.param_u64_mut(w)[0] += d;
+        });
+        g.output("y", y);
+        g.threads(1).pipeline_depth(1);
+        let graph = g.build().unwrap();
+        let (xt, wt, yt) = (tensor(&vm, 0), tensor(&vm, 1), tensor(&vm, 0));
+        let mut wv = 1u64;
+        for i in 1..=300u64 {
+            vm.sync_access_blob_by_callback_mut(&xt, move |b| {
+                b[..8].copy_from_slice(&i.to_ne_bytes());
+            })
+            .unwrap();
+            vm.run(|b| b.launch_lazy_job(&[&xt], &[&yt], &[&wt], graph.lazy()))
+                .unwrap();
+            assert_eq!(read_u64(&vm, &yt).unwrap(), i * wv, "step {i}");
+            wv += (i * wv) % 5 + 1;
+        }
+        vm.sync().unwrap();
+        assert_eq!(read_u64(&vm, &wt).unwrap(), wv);
+        drop(graph);
+        assert_drained(&vm);
+    }
+}

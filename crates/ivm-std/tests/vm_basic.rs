@@ -366,3 +366,108 @@ fn config_from_env_reads_ivm_variables() {
     vm.sync_write_small_mem(&t, &7u64.to_ne_bytes()).unwrap();
     assert_eq!(read_u64(&vm, &t), 7);
 }
+
+/// A sync callback on a tensor nobody else is using runs on the calling thread (the VM
+/// hands it over instead of waking the stream's worker), and sees and makes the same
+/// effects as anywhere else.
+#[test]
+fn sync_callback_on_an_idle_stream_runs_on_the_caller() {
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let t = vm
+        .new_tensor_from(&vm.default_stream(), &7u64.to_ne_bytes())
+        .unwrap();
+    let me = std::thread::current().id();
+    let (ran_on, seen) = vm
+        .sync_access_blob_by_callback_mut(&t, |b| {
+            let v = u64::from_ne_bytes(b[..8].try_into().unwrap());
+            b[..8].copy_from_slice(&(v + 1).to_ne_bytes());
+            (std::thread::current().id(), v)
+        })
+        .unwrap();
+    assert_eq!(ran_on, me);
+    assert_eq!(seen, 7);
+    assert_eq!(read_u64(&vm, &t), 8);
+    // Inside it, the VM refuses reentrant calls as it does on a worker.
+    let vm2 = Arc::new(vm);
+    let inner = vm2.clone();
+    let r = vm2
+        .sync_access_blob_by_callback(&t, move |_| inner.sync().err())
+        .unwrap();
+    assert!(matches!(r, Some(Error::Reentrant)), "{r:?}");
+    assert_drained(&vm2);
+}
+
+/// A sync callback submitted while a kernel still writes its tensor waits for it, then
+/// runs (wherever the VM runs it) and sees the kernel's write — also when it becomes
+/// ready while its caller helps the engine in its wait.
+#[test]
+fn sync_callback_behind_a_running_kernel() {
+    for cfg in modes() {
+        let cfg = Config {
+            timeout_period: Duration::from_secs(10),
+            ..cfg
+        };
+        let vm = VirtualMachine::new(cfg).unwrap();
+        let s = vm.default_stream();
+        let t = vm.new_tensor(8).unwrap();
+        for i in 0..20u64 {
+            vm.run(|b| {
+                b.call(&s, &[], &[&t], move |k| {
+                    std::thread::sleep(Duration::from_millis(1));
+                    k.output_u64(0)[0] = i;
+                })
+            })
+            .unwrap();
+            let v = vm
+                .sync_access_blob_by_callback_mut(&t, |b| {
+                    let v = u64::from_ne_bytes(b[..8].try_into().unwrap());
+                    b[..8].copy_from_slice(&(v * 10).to_ne_bytes());
+                    v
+                })
+                .unwrap();
+            assert_eq!(v, i);
+            assert_eq!(read_u64(&vm, &t), i * 10);
+        }
+        assert_drained(&vm);
+    }
+}
+
+/// A sync callback whose source (on another stream) finishes while its caller waits,
+/// with more work queued behind the source on that stream's worker (which then leaves
+/// the source's release to the waiting caller): the callback runs once, after the
+/// source, and its caller gets the result.
+#[test]
+fn sync_callback_readied_by_its_helping_caller() {
+    let spin = |d: Duration| {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    };
+    let cfg = Config {
+        timeout_period: Duration::from_secs(10),
+        ..Config::default()
+    };
+    let vm = VirtualMachine::new(cfg).unwrap();
+    let s1 = vm.stream(StreamId::compute(Device::CPU, 1)).unwrap();
+    let (t, other) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());
+    for i in 0..50u64 {
+        vm.run(|b| {
+            // The writer, then more work queued behind it on the same worker, so that the
+            // worker leaves the writer's release to the spinning caller.
+            b.call(&s1, &[], &[&t], move |k| {
+                spin(Duration::from_micros(20));
+                k.output_u64(0)[0] = i;
+            })?;
+            b.call(&s1, &[], &[&other], move |_| {
+                spin(Duration::from_micros(200))
+            })
+        })
+        .unwrap();
+        let v = vm
+            .sync_access_blob_by_callback(&t, |b| u64::from_ne_bytes(b[..8].try_into().unwrap()))
+            .unwrap();
+        assert_eq!(v, i);
+    }
+    assert_drained(&vm);
+}

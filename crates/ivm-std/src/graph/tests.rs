@@ -416,3 +416,70 @@ fn parameter_use_outside_param_kernel_fails_the_run() {
         other => panic!("expected KernelPanicked, got {other:?}"),
     }
 }
+
+/// y = w * x; w += y, with every operand borrowed at once (`GraphCtx::io`), on a
+/// one-thread graph (protocol actors and kernels share it) that sleeps as soon as it is
+/// idle (no poll window): values follow run order, and outputs still leave before the
+/// run's callback.
+#[test]
+fn one_thread_graph_with_io_and_no_poll_window() {
+    let mut g = GraphBuilder::new("io");
+    let x = g.input("x", 8);
+    let w = g.param("w", 8);
+    let y = g.blob("y", 8);
+    let z = g.blob("z", 8);
+    g.param_kernel("mul", &[x], &[y], move |k| {
+        let io = k.io(None);
+        let v = u64::from_ne_bytes(io.inputs[0][..8].try_into().unwrap())
+            * u64::from_ne_bytes(io.params.get(w)[..8].try_into().unwrap());
+        io.outputs[0][..8].copy_from_slice(&v.to_ne_bytes());
+    });
+    g.param_kernel("upd", &[y], &[z], move |k| {
+        let mut io = k.io(Some(w));
+        let p = io.param_mut.take().unwrap();
+        let v = u64::from_ne_bytes(p[..8].try_into().unwrap())
+            + u64::from_ne_bytes(io.inputs[0][..8].try_into().unwrap());
+        p[..8].copy_from_slice(&v.to_ne_bytes());
+        io.outputs[0][..8].copy_from_slice(&v.to_ne_bytes());
+    });
+    g.output("y", y);
+    g.threads(1).poll_window(Duration::ZERO).pipeline_depth(1);
+    let log = log_trace(&mut g);
+    let graph = g.build().unwrap();
+    assert_eq!(graph.num_threads(), 1);
+    assert!(graph.actors().iter().all(|(_, t)| *t == 0));
+    let param = blob(&2u64.to_ne_bytes());
+    let mut wv = 2u64;
+    for i in 1..=5u64 {
+        let (xb, yb) = (blob(&i.to_ne_bytes()), blob(&[0; 8]));
+        let run = launch(&graph, &[&xb], &[&yb], &[&param]);
+        run.wait().unwrap();
+        assert_eq!(u64_of(&yb), i * wv, "run {i}");
+        wv += i * wv;
+    }
+    assert_eq!(u64_of(&param), wv);
+    let log = log.lock().unwrap();
+    for it in 0..5 {
+        // The output fires right after the kernel that produced it, before the update.
+        assert!(pos(&log, "output/y", it, Phase::End) < pos(&log, "upd", it, Phase::Start));
+        assert!(pos(&log, "output/y", it, Phase::End) < pos(&log, "callback", it, Phase::End));
+    }
+}
+
+#[test]
+fn io_refuses_the_parameter_it_lends_mutably() {
+    let mut g = GraphBuilder::new("alias");
+    let w = g.param("w", 8);
+    g.param_kernel("both", &[], &[], move |k| {
+        let io = k.io(Some(w));
+        let _ = io.params.get(w);
+    });
+    g.threads(1);
+    let graph = g.build().unwrap();
+    let param = blob(&1u64.to_ne_bytes());
+    let err = launch(&graph, &[], &[], &[&param]).wait().unwrap_err();
+    assert!(
+        matches!(&err, Error::KernelPanicked { message, .. } if message.contains("lent mutably")),
+        "{err}"
+    );
+}
