@@ -78,6 +78,17 @@ use crate::engine::Engine;
 use crate::futex::FutexWait;
 use crate::shared::{ReentryGuard, VmShared};
 
+thread_local! {
+    /// This thread runs a graph runtime's actors (see [`Wake::complete_outside`]).
+    static GRAPH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as a graph runtime's thread: lazy-job completions on it may
+/// drive the engine ([`Wake::complete_outside`]).
+pub(crate) fn mark_graph_thread() {
+    GRAPH_THREAD.with(|g| g.set(true));
+}
+
 /// Somebody holds the engine.
 const LOCKED: u32 = 1;
 /// Input was published that the engine may not have seen.
@@ -172,19 +183,37 @@ impl Wake {
         self.parking.unpark()
     }
 
-    /// A completion on a thread that is not one of the VM's (a graph runtime's thread
-    /// finishing a lazy-job instruction), after publishing it (`DONE`): marks the word;
-    /// then, if nobody holds the engine and no helper spins, drives the engine right here
-    /// (as a worker does after an instruction) instead of waking the scheduler thread,
-    /// which would cost the completion a wake-up (tens of microseconds on a small VM).
-    /// In single-thread mode, or once the VM is gone, it is [`unpark`](Self::unpark).
+    /// A lazy-job instruction completed (its `DONE` published), on whatever thread
+    /// finished it:
+    /// * on a VM thread, or inside a caller's engine step or claimed callback: marks the
+    ///   word (that thread drives, or holds the engine, right after);
+    /// * on a graph runtime's thread ([`mark_graph_thread`]): marks it; then, if nobody
+    ///   holds the engine and no helper spins, drives the engine right there (as a worker
+    ///   does after an instruction) instead of waking the scheduler thread, which would
+    ///   cost the completion a wake-up (tens of microseconds on a small VM);
+    /// * anywhere else (a user thread dropping a graph, a device's callback thread, which
+    ///   must stay short), in single-thread mode, or once the VM is gone:
+    ///   [`unpark`](Self::unpark).
     pub(crate) fn complete_outside(&self) {
+        if !GRAPH_THREAD.with(std::cell::Cell::get) {
+            if self
+                .vm
+                .get()
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|vm| !vm.single_thread() && crate::shared::inside(vm.id))
+            {
+                // Release (in `mark`): as in `unpark`.
+                self.mark();
+            } else {
+                self.unpark();
+            }
+            return;
+        }
         let Some(vm) = self.vm.get().and_then(std::sync::Weak::upgrade) else {
             self.unpark();
             return;
         };
-        if vm.single_thread() || crate::shared::inside(vm.id) {
-            // A VM thread (or a caller's engine step): its own driving covers it.
+        if vm.single_thread() {
             self.unpark();
             return;
         }

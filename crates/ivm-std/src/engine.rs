@@ -75,6 +75,11 @@ struct Access {
 struct EngineStream {
     shared: Arc<StreamShared>,
     running: IdxList,
+    /// A node handed to its waiting caller (`status::CLAIMED`) and not yet released. It
+    /// runs on the caller's thread, outside stream order as the stream's worker sees it,
+    /// so later nodes of the stream wait in `held` (in dispatch order) until its release.
+    claimed: Option<u32>,
+    held: Vec<u32>,
 }
 
 /// Live-object counts (see [`crate::VirtualMachine::debug_counters`]).
@@ -304,6 +309,8 @@ impl Engine {
             self.streams[i] = Some(EngineStream {
                 shared: s.clone(),
                 running: IdxList::new(),
+                claimed: None,
+                held: Vec::new(),
             });
         }
         s.index
@@ -451,6 +458,14 @@ impl Engine {
 
     fn dispatch(&mut self, n: u32) {
         let stream = self.nodes[n].stream;
+        if let Some(es) = self.streams[stream as usize].as_mut()
+            && es.claimed.is_some()
+        {
+            // Its stream's last node runs on its caller's thread: wait for its release
+            // (stream order; see `EngineStream::claimed`).
+            es.held.push(n);
+            return;
+        }
         self.nodes[n].state = NodeState::Dispatched;
         let instr = self.nodes[n]
             .instr
@@ -492,6 +507,9 @@ impl Engine {
             // after letting go of the engine (`sync_access::sync_callback`).
             // Relaxed: read by this very thread.
             instr.status.fetch_or(status::CLAIMED, Ordering::Relaxed);
+            if let Some(es) = self.streams[stream as usize].as_mut() {
+                es.claimed = Some(n);
+            }
             return;
         }
         if self.can_run_protocol_inline(n, stream, &instr) {
@@ -510,25 +528,11 @@ impl Engine {
         }
     }
 
-    /// Whether node `n` (just dispatched on `stream`, its instruction `instr`) may run in
-    /// the driving thread instead of on its stream's thread: a small sync access (8-odd
-    /// bytes copied, no user code) on a synchronous device, over host-visible memory, whose
-    /// every source is **released** (`in_edges == 0`: DONE, not merely dispatched — OneFlow
-    /// #7607) and whose stream has nothing else dispatched and unreleased (so no earlier
-    /// instruction of the stream, which got no edge to it, is still running).
-    ///
-    /// Why this stays correct when another thread submits a write to the same tensor at
-    /// that moment: the engine is held by this driver, so that write is handled either
-    /// before this access (then the access has an edge from it: `in_edges > 0`, no inline)
-    /// or after it (then the write has an edge from this access, which is released only
-    /// after it ran; a same-stream successor prescheduled by this dispatch is dispatched
-    /// only after `execute` below returned). Every other accessor of the tensor is ordered
-    /// by an edge, and a released source has finished (its DONE was read with Acquire).
     /// Whether node `n` (just dispatched on `stream`) is a lazy-job protocol step — a
     /// critical-section begin or end, or a launch: a deferred body on a critical-section or
     /// launcher stream — that the driving thread may run itself: every other instruction of
-    /// its stream that is dispatched and unreleased has already run its body (`BODY_RAN`,
-    /// read with Acquire: so the stream's own thread runs nothing of it now, nothing is
+    /// its stream that is dispatched and unreleased has already run its body (`BODY_RAN`, or
+    /// `DONE` for a step without deferred body; read with Acquire: so the stream's own thread runs nothing of it now, nothing is
     /// queued there, and stream order holds — which is all that a prescheduled same-stream
     /// edge asks for; edges from other streams and strict ones are satisfied only at their
     /// source's release, before `n` was ready), and its body would not block (every buffer
@@ -548,8 +552,9 @@ impl Engine {
         while m != NIL {
             if m != n {
                 let ran = self.nodes[m].instr.as_ref().is_some_and(|i| {
-                    // Acquire: pairs with the Release in `lazy::launch::run_deferred`.
-                    i.status.load(Ordering::Acquire) & status::BODY_RAN != 0
+                    // Acquire: pairs with the Release in `lazy::launch::run_deferred` (or
+                    // the executor's Release of DONE, for a step without deferred body).
+                    i.status.load(Ordering::Acquire) & (status::BODY_RAN | status::DONE) != 0
                 });
                 if !ran {
                     return false;
@@ -571,10 +576,12 @@ impl Engine {
     /// instruction (`sync_access::claimable`: it runs it as soon as the submission
     /// returns, before it waits), the stream is a worker's stream of a synchronous device with nothing else
     /// dispatched and unreleased, every source is released (`in_edges == 0`), and the
-    /// operand is host memory. As for an inline small access (`can_run_inline`), nothing
-    /// else then touches the tensor until the callback is done and released, and stream
-    /// order holds; unlike it, the callback is user code and may take long, so it runs
-    /// after the caller let go of the engine, not inside this step.
+    /// operand is host memory. As for an inline small access (`can_run_inline`), every
+    /// other accessor of the tensor is ordered by an edge from or to it. Unlike it, the
+    /// callback is user code and may take long, so it runs after the caller let go of the
+    /// engine, not inside this step; meanwhile later nodes of its stream are held back
+    /// (`EngineStream::claimed`), so that stream order holds although the stream's worker
+    /// does not run it.
     fn can_hand_to_caller(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
         if instr.waiter.is_none()
             || self.driver != Driver::Caller
@@ -602,6 +609,20 @@ impl Engine {
         body.deferred.is_none() && operand.is_some_and(|b| b.mem.host_ptr().is_some())
     }
 
+    /// Whether node `n` (just dispatched on `stream`, its instruction `instr`) may run in
+    /// the driving thread instead of on its stream's thread: a small sync access (8-odd
+    /// bytes copied, no user code) on a synchronous device, over host-visible memory, whose
+    /// every source is **released** (`in_edges == 0`: DONE, not merely dispatched — OneFlow
+    /// #7607) and whose stream has nothing else dispatched and unreleased (so no earlier
+    /// instruction of the stream, which got no edge to it, is still running).
+    ///
+    /// Why this stays correct when another thread submits a write to the same tensor at
+    /// that moment: the engine is held by this driver, so that write is handled either
+    /// before this access (then the access has an edge from it: `in_edges > 0`, no inline)
+    /// or after it (then the write has an edge from this access, which is released only
+    /// after it ran; a same-stream successor prescheduled by this dispatch is dispatched
+    /// only after `execute` below returned). Every other accessor of the tensor is ordered
+    /// by an edge, and a released source has finished (its DONE was read with Acquire).
     fn can_run_inline(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
         if instr.waiter.is_none() || instr.stream.dev.is_async() || self.nodes[n].in_edges != 0 {
             return false;
@@ -648,6 +669,13 @@ impl Engine {
                     .as_mut()
                     .expect("ivm engine: unknown stream");
                 es.running.remove(&mut self.nodes, f, running_hook);
+                if es.claimed == Some(f) {
+                    // The caller ran it: the stream's held nodes go on, in order.
+                    es.claimed = None;
+                    for h in es.held.drain(..) {
+                        self.ready.push_back(h);
+                    }
+                }
                 self.release(f, shared);
                 released += 1;
             }

@@ -471,3 +471,64 @@ fn sync_callback_readied_by_its_helping_caller() {
     }
     assert_drained(&vm);
 }
+
+/// While a sync callback that the VM handed to its caller runs on the caller's thread,
+/// later instructions of the same stream — one writing the same tensor, one touching
+/// another tensor — wait for it: stream order holds as if the stream's worker ran it.
+#[test]
+fn stream_order_holds_around_a_callback_run_by_its_caller() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let vm = Arc::new(VirtualMachine::new(Config::default()).unwrap());
+    let s = vm.default_stream();
+    let t = vm.new_tensor_from(&s, &1u64.to_ne_bytes()).unwrap();
+    let other = vm.new_tensor(8).unwrap();
+    let in_callback = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(Mutex::new(Vec::new()));
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel::<()>();
+    let submitter = {
+        let (vm, t, other, s) = (vm.clone(), t.clone(), other.clone(), s.clone());
+        let (flag, overlaps) = (in_callback.clone(), overlaps.clone());
+        std::thread::spawn(move || {
+            entered_rx.recv().unwrap();
+            let (f1, o1, f2, o2) = (flag.clone(), overlaps.clone(), flag, overlaps);
+            vm.run(|b| {
+                b.call(&s, &[], &[&t], move |k| {
+                    o1.lock().unwrap().push(f1.load(Ordering::SeqCst));
+                    k.output_u64(0)[0] = 100;
+                })?;
+                b.call(&s, &[], &[&other], move |_| {
+                    o2.lock().unwrap().push(f2.load(Ordering::SeqCst));
+                })
+            })
+            .unwrap();
+        })
+    };
+    let flag = in_callback.clone();
+    let seen = vm
+        .sync_access_blob_by_callback_mut(&t, move |b| {
+            flag.store(true, Ordering::SeqCst);
+            entered_tx.send(()).unwrap();
+            // Long enough for the other thread to submit and for a worker to run both.
+            std::thread::sleep(Duration::from_millis(30));
+            let v = u64::from_ne_bytes(b[..8].try_into().unwrap());
+            b[..8].copy_from_slice(&(v + 1).to_ne_bytes());
+            flag.store(false, Ordering::SeqCst);
+            v
+        })
+        .unwrap();
+    submitter.join().unwrap();
+    vm.sync().unwrap();
+    assert_eq!(seen, 1);
+    assert_eq!(
+        read_u64(&vm, &t),
+        100,
+        "the later write must come after the callback"
+    );
+    assert_eq!(
+        *overlaps.lock().unwrap(),
+        vec![false, false],
+        "ran during the callback"
+    );
+    let vm = Arc::try_unwrap(vm).unwrap_or_else(|_| panic!("vm still shared"));
+    assert_drained(&vm);
+}

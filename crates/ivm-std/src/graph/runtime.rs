@@ -523,6 +523,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
 const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
 
 fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
+    crate::drive::mark_graph_thread();
     let notifier = &s.notifiers[t];
     let (mut compute, mut protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
         .into_iter()
@@ -557,12 +558,18 @@ fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
                 // as soon as it is produced (the eager side may go on while later kernels
                 // run); and if anything was pushed to the job's buffers (their listeners
                 // notify this thread), the next run's actors get their turn before more
-                // kernels. A hint only: the full scan below and before sleeping decides.
+                // kernels.
                 for &p in succs {
                     try_fire(s, &mut protocol[p]);
                 }
                 if notifier.pending() > 0 {
+                    // Consumes the notifications: the Acquire fence after the clearing RMW
+                    // (which reads the notifiers' Release RMWs) makes what they published
+                    // before notifying — a buffer push, another thread's `done` — visible
+                    // to every scan from here on, so no notification the final sleep
+                    // would have relied on is lost.
                     notifier.clear();
+                    ivm_core::sync::fence(Ordering::Acquire);
                     for p in protocol.iter_mut() {
                         try_fire(s, p);
                     }
