@@ -267,9 +267,6 @@ fn train(
         if !(last && trace_pid.is_some()) {
             // The traced epoch pays for its trace: left out of the epoch statistics.
             epochs.push(last_epoch);
-            if std::env::var_os("TRAIN_EPOCH_DBG").is_some() {
-                eprintln!("epoch_us {}", last_epoch.as_micros());
-            }
         }
         if last && trace_pid.is_some() {
             trainer.sync()?;
@@ -748,11 +745,14 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
         }
     }
     println!();
-    println!(
-        "core-to-core round trip of a cache line, now: {:.2} µs (every hand-over between the \
-         VM's threads pays a few; on a shared VM it varies with where the host puts the vCPUs)",
-        core_round_trip().as_secs_f64() * 1e6
-    );
+    if args.device == DeviceArg::Cpu {
+        println!(
+            "core-to-core round trip of a cache line, now: {:.2} µs (every hand-over between \
+             the VM's threads pays a few; on a shared VM it varies with where the host puts \
+             the vCPUs)",
+            core_round_trip().as_secs_f64() * 1e6
+        );
+    }
     if let Some(mlp_run) = runs.first() {
         let verdict = if mlp_run.accuracy >= baseline.accuracy {
             "at least"

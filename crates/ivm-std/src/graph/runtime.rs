@@ -545,6 +545,7 @@ fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
     // us) until the poll window ends.
     let backoff = ivm_core::sync::Backoff::new();
     let mut idle_since: Option<Instant> = None;
+    let mut job: JobCache = None;
     loop {
         // Acquire: pairs with `shutdown`'s Release store.
         if s.stop.load(Ordering::Acquire) {
@@ -552,7 +553,7 @@ fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
         }
         let mut any = false;
         for (k, succs) in compute.iter_mut().zip(&proto_succs) {
-            if try_fire(s, k) {
+            if try_fire(s, k, &mut job) {
                 any = true;
                 // Protocol actors first after every kernel: an output copies its blob out
                 // as soon as it is produced (the eager side may go on while later kernels
@@ -560,7 +561,7 @@ fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
                 // notify this thread), the next run's actors get their turn before more
                 // kernels.
                 for &p in succs {
-                    try_fire(s, &mut protocol[p]);
+                    try_fire(s, &mut protocol[p], &mut job);
                 }
                 if notifier.pending() > 0 {
                     // Consumes the notifications: the Acquire fence after the clearing RMW
@@ -571,13 +572,13 @@ fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
                     notifier.clear();
                     ivm_core::sync::fence(Ordering::Acquire);
                     for p in protocol.iter_mut() {
-                        try_fire(s, p);
+                        try_fire(s, p, &mut job);
                     }
                 }
             }
         }
         for p in protocol.iter_mut() {
-            if try_fire(s, p) {
+            if try_fire(s, p, &mut job) {
                 any = true;
             }
         }
@@ -586,6 +587,8 @@ fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
             backoff.reset();
             continue;
         }
+        // Idle: let go of the last job instance (its parameter tensors) meanwhile.
+        job = None;
         if !s.poll.is_zero() {
             let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
             if idle < s.poll {
@@ -648,7 +651,11 @@ fn fill(
 }
 
 /// Fires actor `a` once if it is ready. Returns whether it fired.
-fn try_fire(s: &Shared, a: &mut LocalActor) -> bool {
+/// The job instance of the iteration this thread's parameter kernels last ran (saves the
+/// lookup in `Shared::jobs` for every parameter kernel of an iteration but the first).
+type JobCache = Option<(usize, Arc<JobInstance>)>;
+
+fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache) -> bool {
     let me = &s.actors[a.id];
     // Relaxed: only this thread writes our own counter.
     let it = me.done.load(Ordering::Relaxed);
@@ -773,7 +780,7 @@ fn try_fire(s: &Shared, a: &mut LocalActor) -> bool {
             body,
         } => match upstream {
             Some(e) => Some(e),
-            None => run_kernel(s, a.id, it, reads, writes, body),
+            None => run_kernel(s, a.id, it, reads, writes, body, job_cache),
         },
         Local::Callback { held } => {
             for cs in held.drain(..) {
@@ -837,13 +844,24 @@ fn run_kernel(
     reads: &[usize],
     writes: &[usize],
     body: &mut KernelBody,
+    job_cache: &mut JobCache,
 ) -> Option<Error> {
     let me = &s.actors[id];
     let job = if me.param.is_some() {
-        lock(&s.jobs)
-            .iter()
-            .find(|(i, _)| *i == it)
-            .map(|(_, j)| j.clone())
+        // Iteration `it`'s instance stays in `jobs` until its callback notifier fires,
+        // which waits (transitively) for every kernel of the iteration: a cached one for
+        // `it` is the one `jobs` holds.
+        match job_cache {
+            Some((i, j)) if *i == it => Some(j.clone()),
+            _ => {
+                let j = lock(&s.jobs)
+                    .iter()
+                    .find(|(i, _)| *i == it)
+                    .map(|(_, j)| j.clone());
+                *job_cache = j.clone().map(|j| (it, j));
+                j
+            }
+        }
     } else {
         None
     };
