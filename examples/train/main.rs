@@ -20,8 +20,11 @@
 //! cargo run --release --example train -- --mode eager --device sim:20
 //! ```
 //!
-//! Each mode trains `--repeats` times (default 3) from scratch; every repeat must give the
-//! same losses, and the table reports the fastest.
+//! Each mode trains `--repeats` times (default 5) from scratch; every repeat must give the
+//! same losses. The table reports the fastest repeat's steps per second and, robust to the
+//! scheduling hiccups of a small shared machine, the median epoch's over all repeats; the
+//! core-to-core round trip printed with it says how much each hand-over between threads
+//! costs on the machine at that moment.
 //!
 //! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`, `--repeats N`,
 //! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy`, `--quiet`,
@@ -727,7 +730,7 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
     let with_reads: Vec<&Run> = runs.iter().filter(|r| !r.read_lat.is_empty()).collect();
     if !with_reads.is_empty() {
         println!();
-        println!("sync_read_small_mem of the loss, per step (waits for the step's kernels):");
+        println!("sync_read_small_mem of the loss, per step (waits for the kernel that wrote it):");
         println!("| mode     | reads | p50 (µs) | p90 (µs) | p99 (µs) | max (µs) |");
         println!("|----------|------:|---------:|---------:|---------:|---------:|");
         for r in with_reads {
