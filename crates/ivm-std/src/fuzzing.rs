@@ -10,7 +10,8 @@
 //!   or sleep, taken *before* it reads its inputs, so a missing edge lets another thread
 //!   overtake it), and optionally panicking (a failed instruction poisons its outputs);
 //! * [`Op::SyncRead`] / [`Op::SyncWrite`]: `sync_read_small_mem` / `sync_write_small_mem`
-//!   interleaved with the kernels;
+//!   interleaved with the kernels; [`Op::SyncUpdate`]: a read-modify-write through
+//!   `sync_access_blob_by_callback_mut` (which the VM may run on the calling thread);
 //! * [`Op::Recreate`]: drops the tensor's handle (its release is enqueued while kernels
 //!   may still use it) and puts a fresh zeroed tensor, homed on some stream, in its slot;
 //! * [`Op::Barrier`], [`Op::Sync`] and [`Op::Submit`] (ends the current `run` batch).
@@ -367,7 +368,9 @@ impl Topology {
                     used(slot(src), s, &mut last);
                     used(slot(dst), s, &mut last);
                 }
-                Op::SyncRead { tensor } | Op::SyncWrite { tensor, .. } => {
+                Op::SyncRead { tensor }
+                | Op::SyncWrite { tensor, .. }
+                | Op::SyncUpdate { tensor, .. } => {
                     let t = slot(tensor);
                     used(t, StreamId::default_for(dev[t]), &mut last);
                 }
@@ -536,6 +539,14 @@ pub enum Op {
         /// The value written.
         value: u64,
     },
+    /// `sync_access_blob_by_callback_mut` adding `add` (wrapping) to the tensor's first
+    /// 8 bytes; observes the value before.
+    SyncUpdate {
+        /// Slot.
+        tensor: u8,
+        /// The value added.
+        add: u64,
+    },
     /// Drops the slot's tensor (inside the current batch, with `release_tensor`) and puts
     /// a new zeroed tensor homed on stream `home` in the slot.
     Recreate {
@@ -642,9 +653,13 @@ impl<'a> Arbitrary<'a> for Op {
                 })
             }
             60..=71 => Op::SyncRead { tensor: t(u)? },
-            72..=78 => Op::SyncWrite {
+            72..=75 => Op::SyncWrite {
                 tensor: t(u)?,
                 value: u.arbitrary()?,
+            },
+            76..=78 => Op::SyncUpdate {
+                tensor: t(u)?,
+                add: u.arbitrary()?,
             },
             79..=84 => Op::Recreate {
                 tensor: t(u)?,
@@ -703,6 +718,9 @@ impl fmt::Display for Op {
             Op::SyncRead { tensor } => write!(f, "sync_read t{}", slot(*tensor)),
             Op::SyncWrite { tensor, value } => {
                 write!(f, "sync_write t{} = {value:#x}", slot(*tensor))
+            }
+            Op::SyncUpdate { tensor, add } => {
+                write!(f, "sync_update t{} += {add:#x}", slot(*tensor))
             }
             Op::Recreate { tensor, home } => {
                 write!(f, "recreate t{} (home s{home})", slot(*tensor))
@@ -888,6 +906,18 @@ pub fn interpret<K: Kernels + ?Sized>(program: &Program, kernels: &K) -> Trace {
                     None => {
                         value[t] = v;
                         Observed::Written
+                    }
+                };
+                trace.syncs.push((i, o));
+            }
+            Op::SyncUpdate { tensor, add } => {
+                let t = slot(tensor);
+                let o = match &poison[t] {
+                    Some(m) => Observed::Poisoned(m.clone()),
+                    None => {
+                        let old = value[t];
+                        value[t] = old.wrapping_add(add);
+                        Observed::Value(old)
                     }
                 };
                 trace.syncs.push((i, o));
@@ -1244,6 +1274,19 @@ impl<K: Kernels> Runner<K> {
                     trace.syncs.push((i, Observed::from_result(r)));
                     i += 1;
                 }
+                Op::SyncUpdate { tensor, add } => {
+                    let r = vm
+                        .sync_access_blob_by_callback_mut(&tensors[slot(tensor)], move |b| {
+                            let mut w = [0u8; 8];
+                            w.copy_from_slice(&b[..8]);
+                            let old = u64::from_ne_bytes(w);
+                            b[..8].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+                            old
+                        })
+                        .map(Observed::Value);
+                    trace.syncs.push((i, Observed::from_result(r)));
+                    i += 1;
+                }
                 Op::Sync => {
                     vm.sync().map_err(|e| (Some(i), e))?;
                     i += 1;
@@ -1357,7 +1400,11 @@ impl<K: Kernels> Runner<K> {
                 let rec = barriers.clone();
                 b.barrier(move || rec.lock().unwrap_or_else(|e| e.into_inner()).push(index))
             }
-            Op::SyncRead { .. } | Op::SyncWrite { .. } | Op::Sync | Op::Submit => {
+            Op::SyncRead { .. }
+            | Op::SyncWrite { .. }
+            | Op::SyncUpdate { .. }
+            | Op::Sync
+            | Op::Submit => {
                 unreachable!("ivm fuzzing: not a batch op")
             }
         }
