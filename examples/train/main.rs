@@ -189,10 +189,9 @@ struct Run {
     losses: Vec<f32>,
     /// Wall time of the training loop only.
     elapsed: Duration,
-    /// Wall time of the last epoch.
+    /// Wall time of the last epoch (once `run_mode` picked the fastest repeat: of the
+    /// first repeat's, the traced one).
     last_epoch: Duration,
-    /// Wall time of the traced last epoch (first repeat).
-    traced_epoch: Duration,
     /// Wall time of every untraced epoch (of every repeat, once `run_mode` merged them).
     epochs: Vec<Duration>,
     weights: Weights,
@@ -293,7 +292,6 @@ fn train(
         losses,
         elapsed,
         last_epoch,
-        traced_epoch: last_epoch,
         epochs,
         weights,
         accuracy,
@@ -380,7 +378,7 @@ fn run_mode(setup: &Setup<'_>, mode: Mode, prog: &Arc<Program>) -> ivm::ivm_std:
         }
     }
     let mut best = best.expect("at least one repeat");
-    best.traced_epoch = traced;
+    best.last_epoch = traced;
     best.epochs = epochs;
     Ok(best)
 }
@@ -439,7 +437,7 @@ fn where_time_goes(runs: &[Run], spe: usize) {
     for r in runs {
         let c = trace::per_step(r.mode.pid(), spe);
         let get = |k| c.get(&k).copied().unwrap_or(0.0);
-        let wall = r.traced_epoch.as_secs_f64() * 1e6 / spe as f64;
+        let wall = r.last_epoch.as_secs_f64() * 1e6 / spe as f64;
         let kernels = get(trace::Cat::Kernel);
         println!(
             "| {:<8} | {wall:>4.0} | {kernels:>7.1} | {:>14.1} | {:>10.1} | {:>25.1} | {:>20.1} | {:>14.1} |",

@@ -128,7 +128,16 @@ pub struct Wake {
     pub(crate) helpers: Helpers,
     /// The VM, for completions that drive the engine on their own thread
     /// ([`complete_outside`](Self::complete_outside)); set once the VM exists.
-    vm: std::sync::OnceLock<std::sync::Weak<VmShared>>,
+    vm: std::sync::OnceLock<VmLink>,
+}
+
+/// What [`Wake::complete_outside`] needs of its VM: its id and mode without touching the
+/// VM itself (no reference count on a device's callback thread), and a weak handle for
+/// the graph threads that drive it.
+struct VmLink {
+    id: usize,
+    single_thread: bool,
+    shared: std::sync::Weak<VmShared>,
 }
 
 impl std::fmt::Debug for Wake {
@@ -160,7 +169,11 @@ impl Wake {
 
     /// Links the word to its VM (once, right after the VM is created).
     pub(crate) fn set_vm(&self, vm: &std::sync::Arc<VmShared>) {
-        let _ = self.vm.set(std::sync::Arc::downgrade(vm));
+        let _ = self.vm.set(VmLink {
+            id: vm.id,
+            single_thread: vm.single_thread(),
+            shared: std::sync::Arc::downgrade(vm),
+        });
     }
 
     /// Producer, **after** publishing its input (a completion, a probe, shutdown, a push
@@ -195,13 +208,12 @@ impl Wake {
     ///   must stay short), in single-thread mode, or once the VM is gone:
     ///   [`unpark`](Self::unpark).
     pub(crate) fn complete_outside(&self) {
+        let Some(link) = self.vm.get().filter(|l| !l.single_thread) else {
+            self.unpark();
+            return;
+        };
         if !GRAPH_THREAD.with(std::cell::Cell::get) {
-            if self
-                .vm
-                .get()
-                .and_then(std::sync::Weak::upgrade)
-                .is_some_and(|vm| !vm.single_thread() && crate::shared::inside(vm.id))
-            {
+            if crate::shared::inside(link.id) {
                 // Release (in `mark`): as in `unpark`.
                 self.mark();
             } else {
@@ -209,14 +221,10 @@ impl Wake {
             }
             return;
         }
-        let Some(vm) = self.vm.get().and_then(std::sync::Weak::upgrade) else {
+        let Some(vm) = link.shared.upgrade() else {
             self.unpark();
             return;
         };
-        if vm.single_thread() {
-            self.unpark();
-            return;
-        }
         // Release (in `mark`): as in `unpark`.
         if !self.mark() || self.helpers.spinning() {
             // Held: the holder sees the mark. A helper: it drives (see `unpark`).

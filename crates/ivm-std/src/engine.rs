@@ -574,47 +574,24 @@ impl Engine {
     /// (`sync_access_blob_by_callback[_mut]`) that its waiting caller may run itself: that
     /// caller is the thread driving the engine now, inside the submission of this very
     /// instruction (`sync_access::claimable`: it runs it as soon as the submission
-    /// returns, before it waits), the stream is a worker's stream of a synchronous device with nothing else
-    /// dispatched and unreleased, every source is released (`in_edges == 0`), and the
-    /// operand is host memory. As for an inline small access (`can_run_inline`), every
-    /// other accessor of the tensor is ordered by an edge from or to it. Unlike it, the
-    /// callback is user code and may take long, so it runs after the caller let go of the
-    /// engine, not inside this step; meanwhile later nodes of its stream are held back
+    /// returns, before it waits), on a worker's stream, and the access is one
+    /// [`sole_host_access`](Self::sole_host_access) allows. As for an inline small access,
+    /// every other accessor of the tensor is ordered by an edge from or to it. Unlike it,
+    /// the callback is user code and may take long, so it runs after the caller let go of
+    /// the engine, not inside this step; meanwhile later nodes of its stream are held back
     /// (`EngineStream::claimed`), so that stream order holds although the stream's worker
     /// does not run it.
     fn can_hand_to_caller(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
-        if instr.waiter.is_none()
-            || self.driver != Driver::Caller
-            || !crate::sync_access::claimable(instr)
-            || instr.stream.dev.is_async()
-            || instr.stream.thread.is_none()
-            || self.nodes[n].in_edges != 0
-        {
-            return false;
-        }
-        let only = self.streams[stream as usize]
-            .as_ref()
-            .is_some_and(|es| es.running.len == 1 && es.running.head == n);
-        if !only {
-            return false;
-        }
-        // SAFETY: the engine owns the body until it hands the instruction to an executor
-        // (ownership step 2); we have not yet.
-        let body = unsafe { instr.body() };
-        let operand = match body.kind {
-            Kind::Read(_) => body.inputs.as_slice().first(),
-            Kind::Write(_) => body.outputs.as_slice().first(),
-            _ => return false,
-        };
-        body.deferred.is_none() && operand.is_some_and(|b| b.mem.host_ptr().is_some())
+        self.driver == Driver::Caller
+            && crate::sync_access::claimable(instr)
+            && instr.stream.thread.is_some()
+            && self.sole_host_access(n, stream, instr, true)
     }
 
     /// Whether node `n` (just dispatched on `stream`, its instruction `instr`) may run in
     /// the driving thread instead of on its stream's thread: a small sync access (8-odd
-    /// bytes copied, no user code) on a synchronous device, over host-visible memory, whose
-    /// every source is **released** (`in_edges == 0`: DONE, not merely dispatched — OneFlow
-    /// #7607) and whose stream has nothing else dispatched and unreleased (so no earlier
-    /// instruction of the stream, which got no edge to it, is still running).
+    /// bytes copied, no user code) that [`sole_host_access`](Self::sole_host_access)
+    /// allows.
     ///
     /// Why this stays correct when another thread submits a write to the same tensor at
     /// that moment: the engine is held by this driver, so that write is handled either
@@ -624,6 +601,15 @@ impl Engine {
     /// only after `execute` below returned). Every other accessor of the tensor is ordered
     /// by an edge, and a released source has finished (its DONE was read with Acquire).
     fn can_run_inline(&self, n: u32, stream: u32, instr: &Instruction) -> bool {
+        self.sole_host_access(n, stream, instr, false)
+    }
+
+    /// Whether node `n` is a sync access — a small one, or a callback if `callback` —
+    /// with its waiter, on a synchronous device, over host-visible memory, whose every
+    /// source is **released** (`in_edges == 0`: DONE, not merely dispatched — OneFlow
+    /// #7607) and whose stream has nothing else dispatched and unreleased (so no earlier
+    /// instruction of the stream, which got no edge to it, is still running).
+    fn sole_host_access(&self, n: u32, stream: u32, instr: &Instruction, callback: bool) -> bool {
         if instr.waiter.is_none() || instr.stream.dev.is_async() || self.nodes[n].in_edges != 0 {
             return false;
         }
@@ -636,9 +622,13 @@ impl Engine {
         // SAFETY: the engine owns the body until it hands the instruction to an executor
         // (ownership step 2); we have not yet.
         let body = unsafe { instr.body() };
-        let operand = match body.kind {
-            Kind::SmallRead { .. } => body.inputs.as_slice().first(),
-            Kind::SmallWrite { .. } => body.outputs.as_slice().first(),
+        let operand = match (&body.kind, callback) {
+            (Kind::SmallRead { .. }, false) | (Kind::Read(_), true) => {
+                body.inputs.as_slice().first()
+            }
+            (Kind::SmallWrite { .. }, false) | (Kind::Write(_), true) => {
+                body.outputs.as_slice().first()
+            }
             _ => return false,
         };
         body.deferred.is_none() && operand.is_some_and(|b| b.mem.host_ptr().is_some())
