@@ -13,15 +13,14 @@
 //! modest: `cargo bench --bench cold_read -- --measurement-time 3 --warm-up-time 1`.
 
 use std::hint::black_box;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ivm::ivm_core::sync::AtomicU32 as WaitWord;
-use ivm::ivm_core::wait::Wait;
-use ivm::ivm_std::futex::FutexWait;
 use ivm::ivm_std::{Config, Tensor, VirtualMachine};
+
+#[path = "../examples/common/mod.rs"]
+mod common;
+use common::FutexBaseline;
 
 const IDLE: Duration = Duration::from_millis(10);
 
@@ -60,24 +59,7 @@ fn bench_cold(c: &mut Criterion) {
         vm.shutdown().expect("shutdown");
     }
     // The baseline: a futex sleeper; the woken thread stamps the time it runs.
-    let word = Arc::new(WaitWord::new(0));
-    let woke = Arc::new(AtomicU64::new(0));
-    let origin = Instant::now();
-    let (w, a) = (word.clone(), woke.clone());
-    let sleeper = std::thread::spawn(move || {
-        let mut seen = 0;
-        loop {
-            while w.load(Ordering::Acquire) == seen {
-                FutexWait::wait(&w, seen, None);
-            }
-            let now = origin.elapsed().as_nanos() as u64;
-            seen = w.load(Ordering::Acquire);
-            if seen == u32::MAX {
-                return;
-            }
-            a.store(now, Ordering::Release);
-        }
-    });
+    let base = FutexBaseline::new();
     let mut k = 0u32;
     group.bench_function("futex_wake", |b| {
         b.iter_custom(|iters| {
@@ -85,25 +67,12 @@ fn bench_cold(c: &mut Criterion) {
             for _ in 0..iters {
                 std::thread::sleep(IDLE);
                 k += 1;
-                woke.store(0, Ordering::Release);
-                let before = origin.elapsed().as_nanos() as u64;
-                word.store(k, Ordering::Release);
-                FutexWait::wake_one(&word);
-                let at = loop {
-                    let at = woke.load(Ordering::Acquire);
-                    if at != 0 {
-                        break at;
-                    }
-                    std::thread::yield_now();
-                };
-                total += Duration::from_nanos(at.saturating_sub(before));
+                total += base.round(k);
             }
             total
         })
     });
-    word.store(u32::MAX, Ordering::Release);
-    FutexWait::wake_one(&word);
-    sleeper.join().expect("sleeper");
+    drop(base);
     group.finish();
 }
 

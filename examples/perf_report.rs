@@ -25,17 +25,16 @@
 //! | `caller_work_ratio` | the caller's compute rate while the VM streams instructions for it, over its rate with the VM idle |
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded};
-use ivm::ivm_core::sync::AtomicU32 as WaitWord;
-use ivm::ivm_core::wait::Wait;
-use ivm::ivm_std::futex::FutexWait;
 use ivm::ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
+
+mod common;
+use common::{FutexBaseline, cpu_between, my_tid, thread_cpu};
 
 // ---- counting allocator ------------------------------------------------------------------
 
@@ -273,73 +272,6 @@ fn channel_pingpong(n: usize) -> Vec<Duration> {
 }
 
 // ---- 2. cold reads -------------------------------------------------------------------------
-
-/// A thread that sleeps on a futex; each round, the waker records the time just before
-/// its wake call, the woken thread the time it runs.
-struct FutexBaseline {
-    word: Arc<WaitWord>,
-    woke_at: Arc<AtomicU64>,
-    origin: Instant,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl FutexBaseline {
-    fn new() -> Self {
-        let word = Arc::new(WaitWord::new(0));
-        let woke_at = Arc::new(AtomicU64::new(0));
-        let origin = Instant::now();
-        let (w, a) = (word.clone(), woke_at.clone());
-        let thread = std::thread::spawn(move || {
-            let mut seen = 0;
-            loop {
-                while w.load(Ordering::Acquire) == seen {
-                    FutexWait::wait(&w, seen, None);
-                }
-                let now = origin.elapsed().as_nanos() as u64;
-                seen = w.load(Ordering::Acquire);
-                if seen == u32::MAX {
-                    return;
-                }
-                a.store(now, Ordering::Release);
-            }
-        });
-        Self {
-            word,
-            woke_at,
-            origin,
-            thread: Some(thread),
-        }
-    }
-
-    /// One wake of the sleeping thread; the time from just before the wake call to it
-    /// running.
-    fn round(&self, k: u32) -> Duration {
-        self.woke_at.store(0, Ordering::Release);
-        let before = self.origin.elapsed().as_nanos() as u64;
-        self.word.store(k, Ordering::Release);
-        FutexWait::wake_one(&self.word);
-        // Like the VM caller: spin, yielding the CPU, until the other side ran.
-        let mut at;
-        loop {
-            at = self.woke_at.load(Ordering::Acquire);
-            if at != 0 {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        Duration::from_nanos(at.saturating_sub(before))
-    }
-}
-
-impl Drop for FutexBaseline {
-    fn drop(&mut self) {
-        self.word.store(u32::MAX, Ordering::Release);
-        FutexWait::wake_one(&self.word);
-        if let Some(t) = self.thread.take() {
-            t.join().expect("futex thread");
-        }
-    }
-}
 
 fn cold_reads(rep: &mut Report, quick: bool) {
     let n = if quick { 40 } else { 200 };
@@ -723,54 +655,6 @@ fn allocations(rep: &mut Report) {
 
 // ---- 6. CPU use ----------------------------------------------------------------------------
 
-/// Per-thread (name, ns on CPU) of this process.
-fn thread_cpu() -> HashMap<u32, (String, u64)> {
-    let mut m = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return m;
-    };
-    for e in dir.flatten() {
-        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let p = e.path();
-        let name = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
-        let ns = std::fs::read_to_string(p.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-        if let Some(ns) = ns {
-            m.insert(tid, (name.trim().to_string(), ns));
-        }
-    }
-    m
-}
-
-fn my_tid() -> u32 {
-    std::fs::read_link("/proc/thread-self")
-        .ok()
-        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU ns between `a` and `b` of threads named `prefix*`, and of thread `tid`.
-fn cpu_between(
-    a: &HashMap<u32, (String, u64)>,
-    b: &HashMap<u32, (String, u64)>,
-    prefix: &str,
-    tid: u32,
-) -> (u64, u64) {
-    let (mut vm, mut me) = (0, 0);
-    for (t, (name, ns)) in b {
-        let d = ns.saturating_sub(a.get(t).map_or(0, |x| x.1));
-        if *t == tid {
-            me += d;
-        } else if name.starts_with(prefix) {
-            vm += d;
-        }
-    }
-    (vm, me)
-}
-
 fn vm_prefix() -> String {
     // The newest VM's threads are named `ivm<id>-...` (`comm` keeps 15 bytes: the suffix
     // may be cut, the prefix is not).
@@ -813,7 +697,7 @@ fn cpu_use(rep: &mut Report, quick: bool) {
     let (a, t0) = (thread_cpu(), Instant::now());
     std::thread::sleep(period);
     let (b, wall) = (thread_cpu(), t0.elapsed());
-    let (idle_ns, _) = cpu_between(&a, &b, &prefix, tid);
+    let (idle_ns, _, _) = cpu_between(&a, &b, &prefix, tid);
     let idle = idle_ns as f64 / wall.as_nanos() as f64 * 100.0;
     // One kernel sleeps for the period; the caller waits for it with a sync read.
     let (a, t0) = (thread_cpu(), Instant::now());
@@ -826,7 +710,7 @@ fn cpu_use(rep: &mut Report, quick: bool) {
     .expect("run");
     assert_eq!(read8(&vm, &t), 9);
     let (b, wall) = (thread_cpu(), t0.elapsed());
-    let (vm_ns, me_ns) = cpu_between(&a, &b, &prefix, tid);
+    let (vm_ns, me_ns, _) = cpu_between(&a, &b, &prefix, tid);
     // The kernel itself sleeps (no CPU); whatever the VM threads used is overhead.
     let busy = (vm_ns + me_ns) as f64 / wall.as_nanos() as f64 * 100.0;
     println!(

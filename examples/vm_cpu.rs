@@ -14,63 +14,12 @@
 //! `IVM_WORKER_POLL_US=200 IVM_SCHEDULER_WINDOW_US=1000` for the many-core windows).
 //! Run with `cargo run --release --example vm_cpu [seconds]` (default 1 s per phase).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ivm::ivm_std::{Config, VirtualMachine};
 
-/// Per-thread (name, ns on CPU) of this process, keyed by thread id.
-fn thread_cpu() -> HashMap<u32, (String, u64)> {
-    let mut m = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
-        return m;
-    };
-    for e in dir.flatten() {
-        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let p = e.path();
-        let name = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
-        let ns = std::fs::read_to_string(p.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-        if let Some(ns) = ns {
-            m.insert(tid, (name.trim().to_string(), ns));
-        }
-    }
-    m
-}
-
-/// This thread's id (its task in /proc/self/task): `/proc/thread-self` links to
-/// `<pid>/task/<tid>`.
-fn my_tid() -> u32 {
-    std::fs::read_link("/proc/thread-self")
-        .ok()
-        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
-        .expect("/proc/thread-self names this thread")
-}
-
-/// CPU ns used between `before` and `after` by threads whose name starts with `prefix`,
-/// and by thread `tid`; plus per-thread detail.
-fn used(
-    before: &HashMap<u32, (String, u64)>,
-    after: &HashMap<u32, (String, u64)>,
-    prefix: &str,
-    tid: u32,
-) -> (u64, u64, Vec<(String, u64)>) {
-    let (mut vm, mut caller, mut detail) = (0, 0, Vec::new());
-    for (t, (name, ns)) in after {
-        let d = ns - before.get(t).map_or(0, |b| b.1);
-        if *t == tid {
-            caller += d;
-        } else if name.starts_with(prefix) {
-            vm += d;
-            detail.push((name.clone(), d));
-        }
-    }
-    detail.sort();
-    (vm, caller, detail)
-}
+mod common;
+use common::{cpu_between, my_tid, thread_cpu};
 
 fn pct(ns: u64, wall: Duration) -> f64 {
     ns as f64 / wall.as_nanos() as f64 * 100.0
@@ -118,7 +67,7 @@ fn main() {
     let (b0, t0) = (thread_cpu(), Instant::now());
     std::thread::sleep(period);
     let (b1, wall) = (thread_cpu(), t0.elapsed());
-    let (vm_ns, _, detail) = used(&b0, &b1, &prefix, tid);
+    let (vm_ns, _, detail) = cpu_between(&b0, &b1, &prefix, tid);
     println!("\nidle ({:.3} s):", wall.as_secs_f64());
     for (n, ns) in &detail {
         println!(
@@ -141,7 +90,7 @@ fn main() {
     vm.sync_read_small_mem(&t, &mut out).expect("read");
     let (b1, wall) = (thread_cpu(), t0.elapsed());
     assert_eq!(u64::from_ne_bytes(out), 7);
-    let (vm_ns, caller_ns, detail) = used(&b0, &b1, &prefix, tid);
+    let (vm_ns, caller_ns, detail) = cpu_between(&b0, &b1, &prefix, tid);
     println!("\nbusy_kernel ({:.3} s):", wall.as_secs_f64());
     for (n, ns) in &detail {
         println!(
