@@ -19,7 +19,9 @@
 //! vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 1))?;
 //! vm.sync()?;
 //! let st = vm.stats()?;
-//! assert_eq!(st.flying, 0);
+//! // Everything received before `sync` is released; `sync`'s own barrier may still be
+//! // on its way out of the engine (it is done when `sync` returns, released just after).
+//! assert!(st.flying <= 1);
 //! assert!(st.released >= 1);
 //! let dag = vm.dump_dag()?;
 //! assert!(dag.to_dot().starts_with("digraph ivm"));
