@@ -7,7 +7,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`list`] | intrusive doubly-linked list; a node sits in several lists through distinct hooks |
+//! | [`list`] | intrusive doubly-linked list; a node sits in several lists through distinct hooks; pointer hooks ([`List`]) or index hooks over a pool ([`list::IndexList`]) |
 //! | [`mpsc`] | intrusive lock-free multi-producer single-consumer queue; `push` says whether it was empty |
 //! | [`notifier`] | [`Notifier`]: a count of notifications plus a closed flag; no wake call when nobody sleeps |
 //! | [`counter`] | [`SpinCounter`], [`BlockingCounter`] |

@@ -1,5 +1,8 @@
 //! An intrusive, allocation-free doubly-linked list whose nodes can sit in several lists at
-//! once, one hook per list.
+//! once, one hook per list — with two storages: pointer hooks ([`List`], this file) for
+//! nodes that live anywhere and are owned by the list through a handle, and index hooks
+//! ([`IndexList`], [`index`]) for nodes that live in one pool. The module [`index`] compares
+//! the two and names their users.
 //!
 //! A node embeds one [`Links`] hook per list it can belong to. A zero-sized *tag* type names
 //! each hook, and the node type implements [`Linked<Tag>`] once per tag: `links` finds that
@@ -113,6 +116,9 @@ use core::marker::{PhantomData, PhantomPinned};
 use core::ptr::{self, NonNull};
 
 use crate::sync::{AtomicUsize, Ordering, UnsafeCell, loom_const_fn};
+
+pub mod index;
+pub use index::{IndexLinked, IndexLinks, IndexList, NIL, Pool};
 
 /// How a node is held by the lists of one hook.
 ///

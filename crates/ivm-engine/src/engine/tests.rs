@@ -1,0 +1,361 @@
+//! Engine unit tests: one scenario per rule, then the equivalence check over random
+//! programs (sizes shrink under miri, paths do not).
+
+use core::cell::Cell;
+use std::vec::Vec;
+
+use super::*;
+use crate::check::{Program, check};
+use crate::{Completion, Fixed};
+
+struct Pol {
+    strict: bool,
+}
+impl StreamPolicy for Pol {
+    fn completion(&self) -> Completion {
+        Completion::Later
+    }
+    fn strict_same_stream_edges(&self) -> bool {
+        self.strict
+    }
+}
+static IN_ORDER: Pol = Pol { strict: false };
+static STRICT: Pol = Pol { strict: true };
+
+struct T<'a> {
+    name: &'static str,
+    stream: u32,
+    strict: bool,
+    deps: &'a [Dependence],
+    reads: &'static [usize],
+    writes: &'static [usize],
+    barrier: bool,
+    sequential: bool,
+    done: &'a Cell<bool>,
+}
+
+// SAFETY: the test's dependences are locals declared before the engine (they outlive it).
+unsafe impl Instruction for T<'_> {
+    type Policy = Pol;
+    fn stream(&self) -> u32 {
+        self.stream
+    }
+    fn policy(&self) -> &Pol {
+        if self.strict { &STRICT } else { &IN_ORDER }
+    }
+    fn is_barrier(&self) -> bool {
+        self.barrier
+    }
+    fn stream_sequential(&self) -> bool {
+        self.sequential
+    }
+    fn for_each_access(&self, f: &mut dyn FnMut(&Dependence, AccessMode)) {
+        for &d in self.writes {
+            f(&self.deps[d], AccessMode::Write);
+        }
+        for &d in self.reads {
+            f(&self.deps[d], AccessMode::Read);
+        }
+    }
+    fn is_done(&self) -> bool {
+        self.done.get()
+    }
+}
+
+fn t<'a>(
+    name: &'static str,
+    stream: u32,
+    deps: &'a [Dependence],
+    reads: &'static [usize],
+    writes: &'static [usize],
+    done: &'a Cell<bool>,
+) -> T<'a> {
+    T {
+        name,
+        stream,
+        strict: false,
+        deps,
+        reads,
+        writes,
+        barrier: false,
+        sequential: false,
+        done,
+    }
+}
+
+/// Records dispatches and releases; claims what `claim` names when the engine allows it.
+#[derive(Default)]
+struct Rec {
+    dispatched: Vec<&'static str>,
+    released: Vec<&'static str>,
+    barriers: Vec<&'static str>,
+    claim: Option<&'static str>,
+    refuse_barriers: bool,
+}
+
+impl<'a> Executor<T<'a>> for Rec {
+    fn dispatch(&mut self, i: &T<'a>, ctx: &DispatchCtx<'_, T<'a>>) -> Dispatched {
+        self.dispatched.push(i.name);
+        if self.claim == Some(i.name) && ctx.sole_access() {
+            Dispatched::Claimed
+        } else {
+            Dispatched::Handed
+        }
+    }
+    fn run_barrier(&mut self, i: &T<'a>) -> bool {
+        if self.refuse_barriers {
+            return false;
+        }
+        self.barriers.push(i.name);
+        i.done.set(true);
+        true
+    }
+    fn released(&mut self, i: T<'a>) {
+        self.released.push(i.name);
+    }
+}
+
+type Small<'a> = Engine<T<'a>, Fixed<16, 32, 32, 4>>;
+
+#[test]
+fn write_waits_for_every_read_since_the_last_write() {
+    let d: [Dependence; 2] = Default::default();
+    let (w1, r1, r2, w2) = (
+        Cell::new(false),
+        Cell::new(false),
+        Cell::new(false),
+        Cell::new(false),
+    );
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec::default();
+    e.submit(t("w1", 0, &d, &[], &[0], &w1)).unwrap();
+    e.submit(t("r1", 1, &d, &[0], &[], &r1)).unwrap();
+    e.submit(t("r2", 2, &d, &[0], &[], &r2)).unwrap();
+    e.submit(t("w2", 3, &d, &[], &[0], &w2)).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["w1"]);
+    assert_eq!(e.edges(), 2 + 3, "w1→r1, w1→r2; w1, r1, r2 → w2");
+    w1.set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["w1", "r1", "r2"], "reads run concurrently");
+    r1.set(true);
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched.len(), 3, "w2 still waits for r2");
+    r2.set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["w1", "r1", "r2", "w2"]);
+    w2.set(true);
+    e.step(&mut x).unwrap();
+    assert!(e.is_idle());
+    assert_eq!((e.accesses(), e.edges()), (0, 0));
+    e.lively.assert_valid(&e.nodes);
+}
+
+#[test]
+fn same_stream_successor_is_prescheduled_and_released_in_order() {
+    let d: [Dependence; 2] = Default::default();
+    let (d1, d2) = (Cell::new(false), Cell::new(false));
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec::default();
+    e.submit(t("p", 0, &d, &[], &[0], &d1)).unwrap();
+    e.submit(t("c", 0, &d, &[0], &[0], &d2)).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(
+        x.dispatched,
+        ["p", "c"],
+        "in-order stream: c need not wait for p to finish"
+    );
+    // c finishes first (say, reported first): it may not be released before p.
+    d2.set(true);
+    e.step(&mut x).unwrap();
+    assert!(x.released.is_empty(), "release is in order per stream");
+    d1.set(true);
+    e.step(&mut x).unwrap();
+    assert_eq!(x.released, ["p", "c"]);
+}
+
+#[test]
+fn strict_stream_edges_wait_for_release() {
+    let d: [Dependence; 2] = Default::default();
+    let (d1, d2) = (Cell::new(false), Cell::new(false));
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec::default();
+    let mut begin = t("begin", 2, &d, &[], &[0], &d1);
+    begin.strict = true;
+    begin.sequential = true;
+    let mut end = t("end", 2, &d, &[0], &[], &d2);
+    end.strict = true;
+    end.sequential = true;
+    e.submit(begin).unwrap();
+    e.submit(end).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(
+        x.dispatched,
+        ["begin"],
+        "the data edge is strict (the schedule edge was upgraded)"
+    );
+    d1.set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["begin", "end"]);
+}
+
+#[test]
+fn barrier_runs_when_oldest_and_holds_nothing_after_it() {
+    let d: [Dependence; 2] = Default::default();
+    let (d1, db, d2) = (Cell::new(false), Cell::new(false), Cell::new(false));
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec::default();
+    e.submit(t("before", 0, &d, &[], &[0], &d1)).unwrap();
+    let mut bar = t("barrier", 0, &d, &[], &[], &db);
+    bar.barrier = true;
+    e.submit(bar).unwrap();
+    e.submit(t("after", 1, &d, &[], &[1], &d2)).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(
+        x.dispatched,
+        ["before", "after"],
+        "a barrier orders only what came before it"
+    );
+    assert!(x.barriers.is_empty());
+    d1.set(true);
+    x.refuse_barriers = true;
+    e.step(&mut x).unwrap();
+    assert!(x.barriers.is_empty(), "the executor may refuse (not now)");
+    assert!(e.has_work(), "a refused barrier at the front is still work");
+    x.refuse_barriers = false;
+    e.step(&mut x).unwrap();
+    assert_eq!(x.barriers, ["barrier"]);
+    d2.set(true);
+    e.step(&mut x).unwrap();
+    assert!(e.is_idle());
+}
+
+#[test]
+fn a_claimed_instruction_holds_later_ones_of_its_stream() {
+    let d: [Dependence; 2] = Default::default();
+    let (d1, d2) = (Cell::new(false), Cell::new(false));
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec {
+        claim: Some("cb"),
+        ..Rec::default()
+    };
+    e.submit(t("cb", 0, &d, &[0], &[], &d1)).unwrap();
+    e.submit(t("next", 0, &d, &[], &[1], &d2)).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(
+        x.dispatched,
+        ["cb"],
+        "next is held while cb runs on its caller"
+    );
+    d1.set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["cb", "next"]);
+    d2.set(true);
+    e.step(&mut x).unwrap();
+    assert!(e.is_idle());
+}
+
+#[test]
+fn full_pools_are_error_values() {
+    let d: [Dependence; 3] = Default::default();
+    let done: [Cell<bool>; 4] = Default::default();
+    // Two instructions at most; two accesses at most.
+    let mut e: Engine<T<'_>, Fixed<2, 2, 4, 2>> = Engine::new();
+    let mut x = Rec::default();
+    e.submit(t("a", 0, &d, &[], &[0], &done[0])).unwrap();
+    e.submit(t("b", 0, &d, &[], &[1], &done[1])).unwrap();
+    let Err(Full(back)) = e.submit(t("c", 0, &d, &[], &[2], &done[2])) else {
+        panic!("a third instruction must not fit");
+    };
+    assert_eq!(back.name, "c", "the refused instruction comes back");
+    assert!(
+        e.submit(t("s", 7, &d, &[], &[], &done[3])).is_err(),
+        "stream 7 is past the pool"
+    );
+    e.step(&mut x).unwrap();
+    done[0].set(true);
+    done[1].set(true);
+    e.step(&mut x).unwrap();
+    assert!(e.is_idle());
+    // Three accesses can never fit two slots: a stall, reported once nothing is lively.
+    e.submit(t("wide", 0, &d, &[], &[0, 1, 2], &done[2]))
+        .unwrap();
+    assert_eq!(
+        e.step(&mut x),
+        Err(Stalled {
+            accesses: 3,
+            edges: 0
+        })
+    );
+}
+
+#[test]
+fn diagnostics_see_lively_instructions_and_edges() {
+    let d: [Dependence; 2] = Default::default();
+    let (d1, d2) = (Cell::new(false), Cell::new(false));
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec::default();
+    e.submit(t("w", 0, &d, &[], &[0], &d1)).unwrap();
+    e.submit(t("r", 1, &d, &[0], &[], &d2)).unwrap();
+    e.step(&mut x).unwrap();
+    let seen: Vec<_> = e
+        .lively()
+        .map(|l| (l.instr().name, l.state(), l.in_edges()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("w", NodeState::Dispatched, 0),
+            ("r", NodeState::Waiting, 1)
+        ]
+    );
+    let r = e.lively().nth(1).unwrap();
+    assert_eq!(r.sources().map(|s| s.name).collect::<Vec<_>>(), ["w"]);
+    let w = e.lively().next().unwrap();
+    assert_eq!(w.out_edges().map(|o| o.to.name).collect::<Vec<_>>(), ["r"]);
+}
+
+fn seeded_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+const PROGRAMS: u64 = if cfg!(miri) { 12 } else { 1500 };
+
+#[test]
+fn random_programs_match_the_sequential_interpreter() {
+    let mut claimed = 0;
+    let mut full = 0;
+    for seed in 0..PROGRAMS {
+        let p = Program::from_bytes(&seeded_bytes(seed, 16 + (seed as usize * 7) % 200));
+        let stats = check(&p, seed).unwrap_or_else(|m| panic!("seed {seed}: {m:?}\n{p:?}"));
+        claimed += stats.claimed;
+        full += stats.full;
+    }
+    assert!(claimed > 0, "the check exercised claimed instructions");
+    assert!(full > 0, "the check exercised full pools");
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_bugs_are_caught() {
+    use crate::PlantedBug;
+    for bug in [PlantedBug::DropReadWriteEdge, PlantedBug::OutOfOrderRelease] {
+        let caught = (0..PROGRAMS.max(200)).find(|&seed| {
+            let p = Program::from_bytes(&seeded_bytes(seed, 64));
+            crate::check::check_planted(&p, seed, bug).is_err()
+        });
+        assert!(caught.is_some(), "{bug:?} not caught");
+    }
+}
