@@ -145,6 +145,13 @@ hook!(AccessSlot, OnNode, on_node);
 hook!(AccessSlot, Free, on_node);
 hook!(AccessSlot, OnDep, on_dep);
 
+// SAFETY: the only non-`Send` part is `DepRef::External`'s pointer. It is dereferenced only
+// by the engine that owns this slot, through `&mut Engine` (single owner; whoever moves the
+// engine between threads orders the moves), the `Dependence` it points to is `Sync`, and
+// the `Instruction` contract keeps it alive while the access exists. So an engine — and its
+// pools — may move to another thread with the instructions it holds (`I: Send`).
+unsafe impl Send for AccessSlot {}
+
 /// A pool slot for one stream (engine-internal).
 #[derive(Default)]
 pub struct StreamSlot {
@@ -215,18 +222,6 @@ pub struct Engine<I, S: Storage<I>> {
     stalled: Option<Stalled>,
     #[cfg(feature = "planted-bugs")]
     planted: PlantedBug,
-}
-
-// SAFETY: the raw `NonNull<Dependence>` pointers in accesses are dereferenced only through
-// `&mut self` (the engine's single owner), the dependences they point to are `Sync`, and
-// the `Instruction` contract keeps them alive; everything else is owned data (`I: Send`).
-unsafe impl<I: Send, S: Storage<I>> Send for Engine<I, S>
-where
-    S::Nodes: Send,
-    S::Accesses: Send,
-    S::Edges: Send,
-    S::Streams: Send,
-{
 }
 
 impl<I: Instruction, S: Storage<I>> Default for Engine<I, S> {

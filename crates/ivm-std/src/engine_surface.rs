@@ -1,30 +1,33 @@
-//! The engine's side of introspection (a child module of `engine`, so it reads the
-//! engine's private state): publishing the stats counters after a step, and the DAG dump.
+//! The engine's side of introspection (a child module of `engine`): publishing the stats
+//! counters after a step, and the DAG dump.
 
 use ivm_core::sync::Ordering;
+use ivm_engine::NodeState as EngineState;
 
-use super::{Engine, NodeState as EngineState};
+use super::Engine;
 use crate::instruction::status;
-use crate::slab::NIL;
 use crate::stats::{Dag, DagEdge, DagNode, NodeState, StatsCells, TRACKED_STREAMS};
 
 impl Engine {
     /// Publishes the engine-side stats counters (Relaxed stores; statistics only).
     pub(crate) fn publish_stats(&self, cells: &StatsCells) {
-        cells.lively.store(self.nodes.live(), Ordering::Relaxed);
+        cells
+            .lively
+            .store(self.core.lively_len(), Ordering::Relaxed);
         cells
             .engine_pending
-            .store(self.pending.len(), Ordering::Relaxed);
-        cells.ready.store(self.ready.len(), Ordering::Relaxed);
+            .store(self.core.pending_len(), Ordering::Relaxed);
+        cells.ready.store(self.core.ready_len(), Ordering::Relaxed);
+        let streams = self.core.stream_count();
         let mut other = 0usize;
-        for (i, es) in self.streams.iter().enumerate() {
-            let len = es.as_ref().map_or(0, |es| es.running.len);
+        for i in 0..streams {
+            let len = self.core.running_len(i as u32);
             match cells.running.get(i) {
-                Some(c) => c.store(len, Ordering::Relaxed),
-                None => other += len as usize,
+                Some(c) => c.store(len as u32, Ordering::Relaxed),
+                None => other += len,
             }
         }
-        if self.streams.len() > TRACKED_STREAMS || other > 0 {
+        if streams > TRACKED_STREAMS || other > 0 {
             cells.running_other.store(other, Ordering::Relaxed);
         }
     }
@@ -32,45 +35,37 @@ impl Engine {
     /// Every lively instruction and the edges between them, oldest first.
     pub(crate) fn dag(&self) -> Dag {
         let mut d = Dag {
-            pending: self.pending.len(),
+            pending: self.core.pending_len(),
             ..Dag::default()
         };
-        let mut n = self.lively.head;
-        while n != NIL {
-            let node = &self.nodes[n];
-            if let Some(instr) = &node.instr {
-                // Relaxed: diagnostic bits.
-                let st = instr.status.load(Ordering::Relaxed);
-                let state = if instr.barrier && node.state != EngineState::Dispatched {
-                    NodeState::Barrier
-                } else {
-                    match node.state {
-                        EngineState::Waiting => NodeState::Waiting,
-                        EngineState::Ready => NodeState::Ready,
-                        EngineState::Dispatched => NodeState::Dispatched,
-                    }
-                };
-                d.nodes.push(DagNode {
-                    id: instr.id,
-                    name: instr.label(),
-                    stream: instr.stream.id.to_string(),
-                    state,
-                    launched: st & status::LAUNCHED != 0,
-                    done: st & status::DONE != 0,
-                    failed: st & status::FAILED != 0,
+        for l in self.core.lively() {
+            let state = match l.state() {
+                EngineState::Pending => continue,
+                EngineState::Barrier => NodeState::Barrier,
+                EngineState::Waiting => NodeState::Waiting,
+                EngineState::Ready | EngineState::Held => NodeState::Ready,
+                EngineState::Dispatched => NodeState::Dispatched,
+            };
+            let instr = &l.instr().0;
+            // Relaxed: diagnostic bits.
+            let st = instr.status.load(Ordering::Relaxed);
+            d.nodes.push(DagNode {
+                id: instr.id,
+                name: instr.label(),
+                stream: instr.stream.id.to_string(),
+                state,
+                launched: st & status::LAUNCHED != 0,
+                done: st & status::DONE != 0,
+                failed: st & status::FAILED != 0,
+            });
+            for e in l.out_edges() {
+                d.edges.push(DagEdge {
+                    from: instr.id,
+                    to: e.to.0.id,
+                    satisfied: e.satisfied,
+                    strict: e.strict,
                 });
-                for e in &node.out {
-                    if let Some(dst) = &self.nodes[e.dst].instr {
-                        d.edges.push(DagEdge {
-                            from: instr.id,
-                            to: dst.id,
-                            satisfied: e.satisfied,
-                            strict: e.strict,
-                        });
-                    }
-                }
             }
-            n = node.lively.next;
         }
         d
     }

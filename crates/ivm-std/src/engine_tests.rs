@@ -25,7 +25,6 @@ impl Rig {
                     id: StreamId::compute(Device::CPU, k),
                     policy: Box::new(CpuStreamPolicy(StreamType::Compute)),
                     thread: Some(Arc::new(ThreadCtx::new(format!("t{k}")))),
-                    schedule_dep: Dependence::new(id),
                     dev: crate::stream::DeviceCtx::cpu(vm.shared().parking.clone(), false),
                 })
             })
@@ -74,7 +73,7 @@ impl Rig {
     }
 
     fn lively(&self) -> usize {
-        self.engine.lively.len as usize
+        self.engine.core.lively_len()
     }
 }
 
@@ -132,7 +131,8 @@ fn same_stream_successors_are_prescheduled() {
     let d = r.dispatched(0);
     assert_eq!(names(&d), ["w", "rw", "r"]);
     assert_eq!(
-        r.engine.edges, 2,
+        r.engine.core.edges(),
+        2,
         "edges were made (sources not yet dispatched), then satisfied"
     );
     for i in &d {
@@ -161,7 +161,7 @@ fn no_edge_to_a_dispatched_source_on_the_same_stream() {
         r.dispatched(1).is_empty(),
         "other stream: waits for the write's release"
     );
-    assert_eq!(r.engine.edges, 1);
+    assert_eq!(r.engine.core.edges(), 1);
     instruction::execute(&d[0]);
     r.step();
     let d1 = r.dispatched(1);
@@ -246,5 +246,5 @@ fn stream_sequential_instructions_order_through_the_schedule_dependence() {
     r.step();
     // Same stream: the second is prescheduled after the first.
     assert_eq!(names(&r.dispatched(0)), ["s1", "s2"]);
-    assert_eq!(r.engine.edges, 1);
+    assert_eq!(r.engine.core.edges(), 1);
 }

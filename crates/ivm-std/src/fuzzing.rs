@@ -1462,19 +1462,8 @@ pub fn silence_planned_panics() {
     });
 }
 
-/// A bug planted in the engine to show that the equivalence check catches it (tests of
-/// this module only; see `Config::planted`). Never set outside those tests.
+/// A bug planted in the engine (ivm-engine's feature `planted-bugs`) to show that the
+/// equivalence check catches it (tests of this module only; see `Config::planted`). Never
+/// set outside those tests.
 #[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PlantedBug {
-    /// No bug (the default).
-    #[default]
-    None,
-    /// A write does not wait for the reads since the last write (dropped read→write
-    /// edges).
-    DropReadWriteEdge,
-    /// Release out of order on a stream: once a stream's oldest instruction is
-    /// releasable, the newest one without in-edges is released first, whether it has
-    /// finished or not.
-    OutOfOrderRelease,
-}
+pub use ivm_engine::PlantedBug;

@@ -53,7 +53,6 @@ mod instruction;
 mod pool;
 mod scheduler;
 mod shared;
-mod slab;
 mod smallfn;
 mod soft_sync;
 pub mod stats;

@@ -15,7 +15,6 @@ use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
 use crate::config::Config;
-use crate::dependence::Dependence;
 use crate::device::DeviceAdapter;
 use crate::engine::Engine;
 use crate::error::{Diagnostic, Error, Result};
@@ -590,7 +589,6 @@ impl VmShared {
             id,
             policy,
             thread,
-            schedule_dep: Dependence::new(self.id),
             dev: DeviceCtx {
                 stream: device_stream,
                 allocator,

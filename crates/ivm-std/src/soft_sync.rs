@@ -25,9 +25,9 @@ use ivm_core::sync::{AtomicU32, Ordering};
 
 use crate::instruction::{EventSlot, Instruction, Kind, Operands};
 use crate::shared::VmShared;
-use crate::slab::NIL;
 use crate::stream::{Placement, StreamShared};
 use crate::tensor::Blob;
+use ivm_core::list::NIL;
 
 /// What soft sync emits between two streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

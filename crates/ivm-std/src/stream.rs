@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::dependence::Dependence;
 use crate::device::{DeviceAllocator, DeviceStream, KernelMode};
 use crate::error::Failure;
 use crate::worker::ThreadCtx;
@@ -183,6 +182,15 @@ pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
         true
     }
 
+    /// Whether an edge between two instructions of this stream waits for its source's
+    /// release instead of being satisfied by dispatch order (see
+    /// [`ivm_engine::StreamPolicy::strict_same_stream_edges`]). Critical sections: the
+    /// graph runtime acts on their tensors between a begin and its end's record, outside
+    /// the stream's dispatch order.
+    fn strict_same_stream_edges(&self) -> bool {
+        self.stream_type() == StreamType::CriticalSection
+    }
+
     /// Whether the stream supports device events (soft sync needs them).
     fn supports_events(&self) -> bool {
         false
@@ -335,8 +343,6 @@ pub(crate) struct StreamShared {
     /// The worker that runs this stream; `None` when it runs on the scheduler or in
     /// single-thread mode.
     pub(crate) thread: Option<Arc<ThreadCtx>>,
-    /// The stream's schedule dependence (written by stream-sequential instructions).
-    pub(crate) schedule_dep: Dependence,
     /// The device side: adapter stream, allocator, sticky failure.
     pub(crate) dev: DeviceCtx,
 }

@@ -13,8 +13,8 @@ use crate::dependence::Dependence;
 use crate::device::DeviceMemory;
 use crate::error::Failure;
 use crate::shared::VmShared;
-use crate::slab::NIL;
 use crate::stream::{Device, StreamShared};
+use ivm_core::list::NIL;
 
 /// The eager blob object: memory on a device plus its dependence. Instructions hold it
 /// through `Arc<Blob>`, never through a user [`Tensor`].

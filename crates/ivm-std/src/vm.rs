@@ -13,7 +13,6 @@ use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use crate::builder::InstructionsBuilder;
 use crate::config::{Config, Mode};
 use crate::cpu::{CpuAdapter, HostMemory};
-use crate::dependence::Dependence;
 use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::engine::{DebugCounters, Engine};
 use crate::error::{Error, Result};
@@ -118,7 +117,6 @@ impl VirtualMachine {
             },
             policy: Box::new(CpuStreamPolicy(StreamType::Barrier)),
             thread: None,
-            schedule_dep: Dependence::new(id),
             dev: DeviceCtx::cpu(parking.clone(), single),
         });
         let shared = Arc::new(VmShared {
