@@ -338,7 +338,7 @@ fn random_programs_match_the_sequential_interpreter() {
     let mut claimed = 0;
     let mut full = 0;
     for seed in 0..PROGRAMS {
-        let p = Program::from_bytes(&seeded_bytes(seed, 16 + (seed as usize * 7) % 200));
+        let p = Program::from_bytes(&seeded_bytes(seed, 16 + (seed as usize * 97) % 400));
         let stats = check(&p, seed).unwrap_or_else(|m| panic!("seed {seed}: {m:?}\n{p:?}"));
         claimed += stats.claimed;
         full += stats.full;
