@@ -3,6 +3,11 @@
 # pinned toolchains). RUSTUP_AUTO_INSTALL=0 may be set, so everything is explicit here.
 set -euo pipefail
 
+# python3 runs the layer check (.ci/layers.sh).
+if ! command -v python3 >/dev/null 2>&1; then
+    apt-get update && apt-get install -y python3
+fi
+
 rustup target add thumbv7em-none-eabihf
 rustup component add clippy rustfmt
 rustup component add miri rust-src --toolchain nightly

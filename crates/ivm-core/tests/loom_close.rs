@@ -1,5 +1,5 @@
 //! Loom models of `close()` racing a wait: on a [`Notifier`] and on a
-//! [`BlockingThenBusy`] in each of its phases (invariant 4 of DESIGN.md's notify-skip
+//! [`BlockingThenBusy`] in each of its phases (invariant 4 of ARCHITECTURE.md's notify-skip
 //! section: `close()` during a wait ends the wait with an error, never a hang).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-core --release --test loom_close`.

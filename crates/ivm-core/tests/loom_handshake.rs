@@ -1,5 +1,5 @@
 //! Loom model of the BlockingThenBusy handshake with the notify-skip fast path, the BTB
-//! reused across rounds (DESIGN.md, "The notify-skip fast path").
+//! reused across rounds (ARCHITECTURE.md, "The notify-skip fast path").
 //!
 //! Each round spawns a worker (the spawn stands for the VM handing it the instruction):
 //! the worker records that it started, `notify()`s, writes its result into a loom

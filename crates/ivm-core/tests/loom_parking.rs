@@ -1,4 +1,4 @@
-//! Loom models of the scheduler's parking protocol (DESIGN.md, "The scheduler's parking
+//! Loom models of the scheduler's parking protocol (ARCHITECTURE.md, "The scheduler's parking
 //! protocol"): producers publish, then `unpark()`; the consumer announces the park with an
 //! RMW, re-checks its inputs, and only then sleeps. A completion races the park.
 //!

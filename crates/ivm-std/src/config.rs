@@ -92,8 +92,8 @@ pub struct Config {
 pub const SPIN_WINDOW_MIN_CORES: usize = 4;
 
 impl Default for Config {
-    /// The defaults. The windows are DESIGN.md's (200 µs worker poll, 1 ms scheduler
-    /// window) on machines with at least [`SPIN_WINDOW_MIN_CORES`] hardware threads.
+    /// The defaults. The windows are the original design's (200 µs worker poll, 1 ms
+    /// scheduler window) on machines with at least [`SPIN_WINDOW_MIN_CORES`] hardware threads.
     /// Below, the scheduler window is zero (callers and workers drive the engine
     /// themselves, see `drive.rs`, so the scheduler thread has nothing to poll for) and the
     /// worker polls for 100 µs, yielding its CPU after a few spins: measured on a loaded

@@ -24,7 +24,7 @@
 //! * a **lazy-job completion** on a graph runtime's thread drives the engine right there
 //!   when nobody holds it and no helper spins ([`Wake::complete_outside`]);
 //! * the **scheduler thread** is the driver of last resort: probes, user barriers (their
-//!   callbacks run on the scheduler thread, as DESIGN.md says), device completions that
+//!   callbacks run on the scheduler thread), device completions that
 //!   arrive while nobody drives, shutdown, and hand-overs from a driver that ran out of its
 //!   step budget. It sleeps through ivm-core's [`Parking`] protocol otherwise.
 //!

@@ -220,8 +220,8 @@ impl VmShared {
         self.stream(StreamId::default_for(device))
     }
 
-    /// Cross-stream order before `tensors` are used on `s` (DESIGN.md "soft sync"; see
-    /// `soft_sync.rs`): pushes the stream-wait / record-event instructions it needs
+    /// Cross-stream order before `tensors` are used on `s` (ARCHITECTURE.md, "Cross-stream
+    /// order: soft sync"; see `soft_sync.rs`): pushes the stream-wait / record-event instructions it needs
     /// through `push`, then makes `s` their last-used stream.
     pub(crate) fn soft_sync<'a>(
         &self,

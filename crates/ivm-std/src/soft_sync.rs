@@ -1,4 +1,4 @@
-//! Soft sync: cross-stream order on asynchronous devices (DESIGN.md "Cross-stream order:
+//! Soft sync: cross-stream order on asynchronous devices (ARCHITECTURE.md, "Cross-stream order:
 //! soft sync").
 //!
 //! Before an instruction uses a tensor on stream S while the tensor was last used on

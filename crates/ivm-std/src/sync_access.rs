@@ -1,7 +1,7 @@
 //! Synchronous doors into the VM: small-memory reads and writes (`loss.item()`), sync
 //! blob callbacks, and waiting for one instruction with the blocking-then-busy handshake.
 //!
-//! A sync small access (DESIGN.md "Sync small-memory access"):
+//! A sync small access (ARCHITECTURE.md, "Sync small-memory access"):
 //! * runs on the tensor's device **default** stream;
 //! * takes a reusable instruction from a thread-local ring per (VM, stream, kind) with
 //!   `Arc::get_mut` (exclusive, and synchronising with the last holder's drop), and

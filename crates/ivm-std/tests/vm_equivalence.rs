@@ -15,7 +15,7 @@ use ivm_std::{Config, DebugCounters, Mode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 
-/// The planted-bug budget (DESIGN.md: caught within 10 000 cases).
+/// The planted-bug budget (ARCHITECTURE.md, "Testing and CI": caught within 10 000 cases).
 const PLANTED_BUDGET: u64 = 10_000;
 
 fn cases() -> u32 {

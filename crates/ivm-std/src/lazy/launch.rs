@@ -382,7 +382,7 @@ fn new_instr(
 }
 
 impl InstructionsBuilder<'_> {
-    /// Launches one run of the lazy job `graph` (DESIGN.md "Lazy jobs and critical
+    /// Launches one run of the lazy job `graph` (ARCHITECTURE.md, "Lazy jobs and critical
     /// sections"): `inputs` are copied into the graph's input blobs, the graph's output
     /// blobs into `outputs`, and the graph's kernels use `parameters` in place.
     ///

@@ -1,5 +1,5 @@
 //! Lazy jobs: compiled graphs run by a graph runtime, launched from the eager VM through
-//! critical sections (DESIGN.md "Lazy jobs and critical sections").
+//! critical sections (ARCHITECTURE.md, "Lazy jobs and critical sections").
 //!
 //! A [`LazyGraph`] describes a job to the VM: its name, its input and output interface
 //! ops (name, size of the graph blob, valid flag), its parameters, and the named buffers

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The layer check (ARCHITECTURE.md, "Layers"). Fails when
+#   1. a crate depends on a crate above it (ivm-core < ivm-engine < ivm-std < ivm-device);
+#   2. ivm-core or ivm-engine uses `std` outside cfg(test|loom): they must build for a
+#      target that has no `std`, and `extern crate std` may appear only under such a cfg;
+#   3. a crate other than ivm-core keeps a list implementation of its own (a type with both
+#      `prev` and `next` link fields);
+#   4. inside ivm-std, a module in a layer folder imports from a folder of a higher layer
+#      (util < device < model < engine < runtime < doors), or the largest set of modules
+#      that import each other in a cycle grows beyond the recorded bound
+#      (.ci/layers-cycle-bound; lower it when a change shrinks the cycle).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "--- 1. crate dependencies point down"
+python3 - <<'EOF'
+import re, sys
+order = ["ivm-core", "ivm-engine", "ivm-std", "ivm-device"]
+bad = []
+for i, crate in enumerate(order):
+    text = open(f"crates/{crate}/Cargo.toml").read()
+    # Only [dependencies] / [target.*.dependencies] / [features] may name a sibling; a
+    # dev-dependency on a higher crate would still be a cycle for tests, so check all.
+    for other in order[i + 1:]:
+        if re.search(rf'^\s*{re.escape(other)}\s*=', text, re.M) or f'"{other}/' in text:
+            bad.append(f"{crate} depends on {other}, a crate above it")
+for b in bad:
+    print("layers:", b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+
+echo "--- 2. ivm-core and ivm-engine build without std"
+python3 - <<'EOF'
+import os, re, sys
+bad = []
+for crate in ["ivm-core", "ivm-engine"]:
+    for root, _, files in os.walk(f"crates/{crate}/src"):
+        for f in files:
+            if not f.endswith(".rs"):
+                continue
+            p = os.path.join(root, f)
+            lines = open(p).read().splitlines()
+            for n, line in enumerate(lines):
+                if re.match(r"\s*extern crate std\b", line):
+                    prev = lines[n - 1] if n else ""
+                    if not re.search(r"cfg\(.*\b(test|loom)\b", prev):
+                        bad.append(f"{p}:{n + 1}: `extern crate std` outside cfg(test|loom)")
+for b in bad:
+    print("layers:", b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+cargo build --quiet -p ivm-core -p ivm-engine --target thumbv7em-none-eabihf
+
+echo "--- 3. one list implementation (ivm-core's)"
+python3 - <<'EOF'
+import os, re, sys
+bad = []
+for crate in os.listdir("crates"):
+    if crate == "ivm-core":
+        continue
+    for root, _, files in os.walk(f"crates/{crate}/src"):
+        for f in files:
+            if f.endswith(".rs"):
+                p = os.path.join(root, f)
+                s = open(p).read()
+                field = r"^\s*(pub(\([a-z]+\))?\s+)?{}\s*:"
+                if re.search(field.format("prev"), s, re.M) and re.search(field.format("next"), s, re.M):
+                    bad.append(f"{p}: a type with `prev` and `next` fields (use ivm_core::list)")
+for b in bad:
+    print("layers:", b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+
+echo "--- 4. ivm-std: imports point down, the cycle does not grow"
+python3 - <<'EOF'
+import os, re, sys
+src = "crates/ivm-std/src"
+layers = ["util", "device", "model", "engine", "runtime", "doors"]
+mods = {}
+for root, _, files in os.walk(src):
+    for f in files:
+        if f.endswith(".rs"):
+            p = os.path.relpath(os.path.join(root, f), src)
+            m = p[:-3]
+            if m.endswith("/mod"):
+                m = m[:-4]
+            # Code only: comments and doc comments may name any module.
+            code = "\n".join(l for l in open(os.path.join(root, f)).read().splitlines()
+                             if not l.lstrip().startswith("//"))
+            mods[m] = code
+
+def resolve(m, parts):
+    """The longest module path that `parts` (after crate:: or super::) names."""
+    for k in range(len(parts), 0, -1):
+        cand = "/".join(parts[:k])
+        if cand in mods:
+            return cand
+    return None
+
+graph = {m: set() for m in mods}
+for m, code in mods.items():
+    for path in re.findall(r"\bcrate((?:::[a-z_][a-z0-9_]*)+)", code):
+        t = resolve(m, path.strip(":").split("::"))
+        if t and t != m and not t.startswith(m + "/") and not m.startswith(t + "/"):
+            graph[m].add(t)
+    base = m.rsplit("/", 1)[0] if "/" in m else ""
+    for path in re.findall(r"\bsuper((?:::[a-z_][a-z0-9_]*)+)", code):
+        parts = ([base] if base else []) + path.strip(":").split("::")
+        t = resolve(m, "/".join(parts).split("/"))
+        if t and t != m and not m.startswith(t + "/"):
+            graph[m].add(t)
+
+bad = []
+def layer(m):
+    # A layer is a folder (`src/engine/`): a flat file of the same name is not in it.
+    top = m.split("/")[0]
+    folder = os.path.isdir(os.path.join(src, top))
+    return layers.index(top) if top in layers and folder else None
+for m, targets in graph.items():
+    for t in targets:
+        lm, lt = layer(m), layer(t)
+        if lm is not None and (lt is None or lt > lm) and not t.startswith(m.split("/")[0] + "/"):
+            bad.append(f"{m} (layer {layers[lm]}) imports {t}, from a layer above it")
+
+# Tarjan's strongly connected components.
+index, low, stack, on, sccs, counter = {}, {}, [], set(), [], [0]
+sys.setrecursionlimit(10000)
+def visit(v):
+    index[v] = low[v] = counter[0]; counter[0] += 1
+    stack.append(v); on.add(v)
+    for w in graph[v]:
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop(); on.discard(w); comp.append(w)
+            if w == v:
+                break
+        sccs.append(sorted(comp))
+for v in sorted(graph):
+    if v not in index:
+        visit(v)
+largest = max(sccs, key=len)
+bound = int(open(".ci/layers-cycle-bound").read().split()[0])
+print(f"ivm-std: {len(mods)} modules; largest import cycle: {len(largest)} modules (bound {bound})")
+print("  " + " ".join(largest))
+if len(largest) > bound:
+    bad.append(f"the largest import cycle grew to {len(largest)} modules (bound {bound})")
+for b in bad:
+    print("layers:", b, file=sys.stderr)
+sys.exit(1 if bad else 0)
+EOF
+echo "layers: ok"
