@@ -4,11 +4,11 @@
 /// The `no_std` core: intrusive lists, MPSC queue, notifier, counters, blocking-then-busy,
 /// scheduler parking.
 pub use ivm_core;
+/// Device adapters: the simulated accelerator, CUDA behind the `cuda` feature.
+pub use ivm_device;
 /// The `no_std` dependency engine: instructions, dependences, edges, in-order release per
 /// stream, over fixed-capacity or growable pools.
 pub use ivm_engine;
-/// Device adapters: the simulated accelerator, CUDA behind the `cuda` feature.
-pub use ivm_device;
 /// The VM on std.
 pub use ivm_std;
 
