@@ -97,18 +97,52 @@ def resolve(m, parts):
             return cand
     return None
 
+def paths(code, root):
+    """Every path `root::a::b` names, with `use root::{a::b, c::{d, e}}` groups expanded."""
+    out = []
+    def expand(prefix, text, i):
+        # text[i] is just past a `{`; returns the index past the matching `}`.
+        item = ""
+        while i < len(text):
+            c = text[i]
+            if c == "{":
+                i = expand(prefix + [p for p in item.strip().strip(":").split("::") if p], text, i + 1)
+                item = ""
+                continue
+            if c in ",}":
+                parts = [p for p in item.strip().split("::") if p]
+                if parts:
+                    out.append(prefix + parts)
+                item = ""
+                if c == "}":
+                    return i + 1
+            else:
+                item += c
+            i += 1
+        return i
+    for mt in re.finditer(r"\b" + root + r"((?:::[a-z_][a-z0-9_]*)*)::(\{)?", code):
+        head = [p for p in mt.group(1).split("::") if p]
+        if mt.group(2):
+            expand(head, code, mt.end())
+        else:
+            rest = re.match(r"[A-Za-z_][A-Za-z0-9_]*", code[mt.end():])
+            out.append(head + ([rest.group(0)] if rest else []))
+    return out
+
 graph = {m: set() for m in mods}
 for m, code in mods.items():
-    for path in re.findall(r"\bcrate((?:::[a-z_][a-z0-9_]*)+)", code):
-        t = resolve(m, path.strip(":").split("::"))
+    for parts in paths(code, "crate"):
+        t = resolve(m, parts)
         if t and t != m and not t.startswith(m + "/") and not m.startswith(t + "/"):
             graph[m].add(t)
     base = m.rsplit("/", 1)[0] if "/" in m else ""
-    for path in re.findall(r"\bsuper((?:::[a-z_][a-z0-9_]*)+)", code):
-        parts = ([base] if base else []) + path.strip(":").split("::")
-        t = resolve(m, "/".join(parts).split("/"))
+    for parts in paths(code, "super"):
+        t = resolve(m, ([base] if base else []) + parts)
         if t and t != m and not m.startswith(t + "/"):
             graph[m].add(t)
+if os.environ.get("LAYERS_GRAPH"):
+    for m in sorted(graph):
+        print(f"  {m} -> {' '.join(sorted(graph[m]))}")
 
 bad = []
 def layer(m):

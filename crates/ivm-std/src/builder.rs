@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 
-use crate::error::{Error, Result};
 use crate::instruction::{Instruction, KernelCtx, Kind};
 use crate::shared::VmShared;
 use crate::stream::{Stream, StreamShared};
 use crate::tensor::Tensor;
+use crate::util::error::{Error, Result};
 
 thread_local! {
     /// A spare instruction list per thread, so a `run` allocates no list in steady state.

@@ -90,13 +90,14 @@ use ivm_core::sync::{AtomicU32, Ordering};
 use ivm_core::wait::Wait;
 
 use crate::builder::InstructionsBuilder;
-use crate::error::{Error, Result};
-use crate::futex::FutexWait;
 use crate::instruction::{Instruction, Kind};
-use crate::shared::{VmShared, lock};
+use crate::shared::VmShared;
 use crate::stream::StreamShared;
 use crate::sync_access::{Waiter, check_size};
 use crate::tensor::{Blob, Tensor};
+use crate::util::error::{Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::lock;
 use crate::vm::VirtualMachine;
 
 const PENDING: u32 = 0;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::util::error::{Error, Result};
 
 /// How the VM runs its engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,7 +76,7 @@ pub struct Config {
     /// Turns on [`crate::trace`] recording (process-wide) when the VM starts.
     pub trace: bool,
     /// Every stream allocates its tensors through a caching allocator with size-class bins
-    /// ([`crate::alloc_cache`]): memory freed on a stream is reused by later tensors of
+    /// ([`crate::device::alloc_cache`]): memory freed on a stream is reused by later tensors of
     /// that stream without going back to the device allocator. `false`: tensors are
     /// allocated and freed by the device allocator directly.
     pub caching_allocator: bool,
@@ -235,10 +235,10 @@ impl Config {
         if self.timeout_period.is_zero() {
             return Err(Error::Config("timeout_period must be positive".into()));
         }
-        if self.sync_ring_capacity == 0 || self.sync_ring_capacity > crate::sync_access::RING_MAX {
+        if self.sync_ring_capacity == 0 || self.sync_ring_capacity > crate::util::tuning::RING_MAX {
             return Err(Error::Config(format!(
                 "sync_ring_capacity must be in 1..={}",
-                crate::sync_access::RING_MAX
+                crate::util::tuning::RING_MAX
             )));
         }
         Ok(())

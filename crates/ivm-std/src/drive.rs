@@ -75,8 +75,9 @@ use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering, UnsafeCell, fence};
 use ivm_core::wait::Instant;
 
 use crate::engine::Engine;
-use crate::futex::FutexWait;
 use crate::shared::{ReentryGuard, VmShared};
+use crate::util::futex::FutexWait;
+use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE_DEFER};
 
 thread_local! {
     /// This thread runs a graph runtime's actors (see [`Wake::complete_outside`]).
@@ -415,11 +416,6 @@ impl EngineCell {
         self.engine.with_mut(|p| unsafe { &mut *p })
     }
 }
-
-/// How long a worker leaves the release of a finished sync access to its caller (who
-/// usually comes back and drives the engine within a microsecond) before it drives the
-/// engine itself.
-pub(crate) const RELEASE_DEFER: Duration = Duration::from_micros(20);
 
 /// A release a worker owes the engine: it finished an instruction, marked the word
 /// ([`Wake::mark`]) instead of driving, and found nobody holding the engine. Two reasons
@@ -795,13 +791,6 @@ impl VmShared {
     }
 }
 
-/// How long a caller whose instruction is running (or about to run) on a worker spins,
-/// yielding its CPU, before it falls back to the blocking-then-busy wait. Long enough to
-/// cover a worker that was just woken (35–50 µs on a 2-vCPU VM) so that its completion
-/// never needs a second wake; yielding, so that on a core shared with that worker the
-/// worker runs.
-pub(crate) const CALLER_YIELD_SPIN: Duration = Duration::from_micros(300);
-
 /// Spins until `done()`, for at most `budget`: with spin-loop hints for up to
 /// [`PURE_SPIN`] while `peer_running()` (the thread it waits for is running), else with
 /// `yield_now` (a thread that was just woken is not running yet, and may need this very
@@ -832,24 +821,6 @@ pub(crate) fn spin_yield_until(
         }
     }
 }
-
-/// How long a thread waiting for another *running* thread spins with a spin-loop hint only
-/// before it starts yielding its CPU (a `sched_yield` costs about as much as a whole
-/// hand-over between two running threads, so yielding early only adds latency; yielding
-/// later lets a thread that shares the core run).
-pub(crate) const PURE_SPIN: Duration = Duration::from_micros(10);
-
-/// How long an idle worker polls its queue with spin-loop hints only, before it backs off
-/// to yielding for the rest of its poll window: short, since it does not know whether
-/// anyone is about to hand it work (a caller doing back-to-back sync accesses comes back
-/// within a microsecond), and on two cores a spinning worker keeps that caller off a CPU.
-pub(crate) const WORKER_PURE_SPIN: Duration = Duration::from_micros(2);
-
-/// A caller waiting behind other instructions keeps spinning (yielding) only while some
-/// instruction was released within this long.
-pub(crate) const CALLER_STALL: Duration = Duration::from_micros(50);
-/// ... and at most this long in all before it sleeps.
-pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);
 
 /// Spins (yielding) until `done()` while the VM makes progress: gives up after
 /// [`CALLER_STALL`] without any release, or after [`CALLER_PROGRESS_SPIN`]. Returns whether

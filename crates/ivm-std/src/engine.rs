@@ -15,10 +15,11 @@ use ivm_core::sync::Ordering;
 use ivm_engine::{AccessMode, Completion, DispatchCtx, Dispatched, Executor, Growable};
 
 use crate::drive::Driver;
-use crate::error::{Diagnostic, LivelyInstruction};
 use crate::instruction::{self, Instruction, Kind, status};
 use crate::shared::{Probe, VmShared};
 use crate::stream::{Placement, StreamShared};
+use crate::util::error::{Diagnostic, LivelyInstruction};
+use crate::util::tuning::PRESIZE;
 
 /// An instruction as the dependency engine holds it.
 pub(crate) struct Job(pub(crate) Arc<Instruction>);
@@ -118,10 +119,6 @@ pub(crate) struct Engine {
     /// Instructions released by this step, handed to the VM's pool at its end.
     recycled: Vec<Arc<Instruction>>,
 }
-
-/// Lively instructions the engine's pools are sized for up front (a steady state below
-/// this allocates nothing, deterministically).
-const PRESIZE: u32 = 256;
 
 impl Engine {
     pub(crate) fn new(pending_window: usize) -> Self {

@@ -2,8 +2,9 @@
 //! contexts that no thread runs, so each test decides when each instruction completes.
 use super::*;
 use crate::config::Config;
+use crate::device::ids::{Device, StreamId, StreamType};
 use crate::instruction::Instruction;
-use crate::stream::{CpuStreamPolicy, Device, StreamId, StreamType};
+use crate::stream::CpuStreamPolicy;
 use crate::tensor::Blob;
 use crate::worker::ThreadCtx;
 

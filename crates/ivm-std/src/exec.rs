@@ -31,12 +31,12 @@ use std::sync::Arc;
 use ivm_core::sync::Ordering;
 
 use crate::device::{DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
-use crate::error::Failure;
 use crate::instruction::{
     Instruction, KernelCtx, KernelFn, Kind, Operands, ReadFn, WriteFn, panic_message, status,
 };
 use crate::stream::{DeviceCtx, StreamShared};
 use crate::tensor::Blob;
+use crate::util::error::Failure;
 
 /// How a launched instruction completes.
 enum Outcome {

@@ -27,7 +27,7 @@
 
 use std::sync::Once;
 
-use crate::error::{Error, Result};
+use crate::util::error::{Error, Result};
 
 /// The process's fork generation: bumped in every child right after `fork()`. A plain std
 /// atomic on purpose: it lives in a `static` and is written by an atfork handler (no loom

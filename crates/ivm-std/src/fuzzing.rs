@@ -98,10 +98,11 @@ pub use arbitrary;
 use arbitrary::{Arbitrary, Unstructured};
 
 use crate::device::DeviceAdapter;
-use crate::error::{Error, Result};
+use crate::device::ids::{Device, StreamId, StreamType};
 use crate::graph::{Graph, GraphBuilder};
-use crate::stream::{Device, Stream, StreamId, StreamType};
+use crate::stream::Stream;
 use crate::tensor::Tensor;
+use crate::util::error::{Error, Result};
 use crate::vm::VirtualMachine;
 use crate::{Config, DebugCounters};
 

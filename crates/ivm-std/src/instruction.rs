@@ -8,10 +8,10 @@ use ivm_core::mpsc;
 use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
 
 use crate::device::{DeviceStream, Event};
-use crate::error::Failure;
 use crate::stream::StreamShared;
 use crate::sync_access::Waiter;
 use crate::tensor::Blob;
+use crate::util::error::Failure;
 
 /// Status bits of an instruction (`Instruction::status`).
 pub(crate) mod status {

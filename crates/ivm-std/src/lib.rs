@@ -29,11 +29,9 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod alloc_cache;
 pub mod completion;
 pub mod contract;
 pub mod device;
-pub mod futex;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod graph;
@@ -42,11 +40,9 @@ pub mod trace;
 
 mod builder;
 mod config;
-mod cpu;
 mod dependence;
 mod drive;
 mod engine;
-mod error;
 mod exec;
 mod fork;
 mod instruction;
@@ -59,13 +55,16 @@ pub mod stats;
 mod stream;
 mod sync_access;
 mod tensor;
+mod util;
 mod vm;
 mod worker;
 
 pub use builder::InstructionsBuilder;
 pub use completion::{Completion, ReadSmallMem};
 pub use config::{Config, Mode, SPIN_WINDOW_MIN_CORES};
-pub use cpu::{CpuAdapter, CpuAllocator, CpuEvent, CpuStream, HostMemory};
+pub use device::alloc_cache;
+pub use device::cpu::{CpuAdapter, CpuAllocator, CpuEvent, CpuStream, HostMemory};
+pub use device::ids::{Device, DeviceKind, StreamId, StreamType};
 pub use device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
 };
@@ -78,14 +77,12 @@ pub use drive::Helpers;
 #[doc(hidden)]
 pub use drive::Wake;
 pub use engine::DebugCounters;
-pub use error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use instruction::KernelCtx;
 pub use lazy::LazyGraph;
 pub use stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
-pub use stream::{
-    CpuStreamPolicy, Device, DeviceKind, DeviceStreamPolicy, Placement, Stream, StreamId,
-    StreamPolicy, StreamType,
-};
-pub use sync_access::RING_MAX;
+pub use stream::{CpuStreamPolicy, DeviceStreamPolicy, Placement, Stream, StreamPolicy};
 pub use tensor::Tensor;
+pub use util::error::{Diagnostic, Error, LivelyInstruction, Result};
+pub use util::futex;
+pub use util::tuning::RING_MAX;
 pub use vm::VirtualMachine;

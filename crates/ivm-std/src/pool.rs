@@ -11,18 +11,9 @@
 use std::sync::{Arc, Mutex};
 
 use crate::instruction::{Instruction, Kind};
-use crate::shared::lock;
 use crate::stream::StreamShared;
-
-/// Most released instructions a VM keeps for reuse.
-pub(crate) const POOL_MAX: usize = 4096;
-/// Most released instructions still shared by their executor that the engine keeps
-/// retrying to pool (see [`InstrPool::give_back`]).
-pub(crate) const RETRY_MAX: usize = 256;
-
-/// Instructions the pool makes at once the first time it runs dry (so that a steady state
-/// with fewer lively instructions never allocates, whatever the timing).
-pub(crate) const PREFILL: usize = 256;
+use crate::util::lock;
+use crate::util::tuning::{POOL_MAX, PREFILL, RETRY_MAX};
 
 #[derive(Default)]
 struct Free {

@@ -15,16 +15,14 @@
 //! workers and exits **holding** the engine token, so that nobody drives again.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ivm_core::wait::Wait;
 
 use crate::drive::Driver;
-use crate::futex::FutexWait;
 use crate::shared::{ReentryGuard, VmShared};
-
-/// How often registered probes are polled when the scheduler has no work window.
-const PROBE_POLL: Duration = Duration::from_micros(100);
+use crate::util::futex::FutexWait;
+use crate::util::tuning::PROBE_POLL;
 
 pub(crate) fn scheduler_loop(shared: Arc<VmShared>) {
     let _reentry = ReentryGuard::enter(shared.id);

@@ -4,7 +4,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -16,16 +16,17 @@ use ivm_core::wait::Wait;
 
 use crate::config::Config;
 use crate::device::DeviceAdapter;
+use crate::device::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::engine::Engine;
-use crate::error::{Diagnostic, Error, Result};
-use crate::futex::FutexWait;
 use crate::instruction::{Instruction, Kind, PendingTag};
 use crate::soft_sync::{self, Use};
 use crate::stream::{
-    Device, DeviceCtx, DeviceKind, DeviceStreamPolicy, Placement, Sticky, Stream, StreamId,
-    StreamPolicy, StreamShared, StreamType,
+    DeviceCtx, DeviceStreamPolicy, Placement, Sticky, Stream, StreamPolicy, StreamShared,
 };
 use crate::tensor::{Blob, Tensor};
+use crate::util::error::{Diagnostic, Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::lock;
 use crate::worker::{ThreadCtx, worker_loop};
 
 thread_local! {
@@ -78,10 +79,6 @@ impl DiagSlot {
         // Release: publishes the stored diagnostic to the waiting caller.
         self.done.decrease();
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -534,7 +531,7 @@ impl VmShared {
         let device_stream = adapter.create_stream(id.device.index, id.stream_type)?;
         let mut allocator = adapter.allocator(id.device.index)?;
         let cache = self.config.caching_allocator.then(|| {
-            Arc::new(crate::alloc_cache::CachingAllocator::new(
+            Arc::new(crate::device::alloc_cache::CachingAllocator::new(
                 allocator.clone(),
                 device_stream.clone(),
                 id.to_string(),

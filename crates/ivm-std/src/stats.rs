@@ -37,10 +37,11 @@ use ivm_core::notifier::Timed;
 use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering};
 use ivm_core::wait::Wait;
 
-use crate::error::{Diagnostic, Error, Result};
-use crate::futex::FutexWait;
-use crate::shared::{Probe, lock};
-use crate::stream::StreamId;
+use crate::device::ids::StreamId;
+use crate::shared::Probe;
+use crate::util::error::{Diagnostic, Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::lock;
 use crate::vm::VirtualMachine;
 
 /// Streams (by dense index) whose running-list length is tracked individually.

@@ -20,17 +20,13 @@ use ivm_core::btb::BlockingThenBusy;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
-use crate::error::{Error, Result};
-use crate::futex::FutexWait;
 use crate::instruction::{Instruction, Kind};
 use crate::shared::VmShared;
 use crate::stream::StreamShared;
 use crate::tensor::Tensor;
-
-/// Most reusable instructions per ring slot (`Config::sync_ring_capacity` ≤ this).
-pub const RING_MAX: usize = 16;
-/// Ring slots per thread (one per (VM, stream, kind) recently used; oldest evicted).
-const SLOTS: usize = 8;
+use crate::util::error::{Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::tuning::{RING_MAX, SLOTS};
 
 /// The handshake between an executor and the caller waiting for one instruction.
 pub(crate) struct Waiter {
@@ -392,7 +388,7 @@ fn wait_small(
         waiter.btb.skip_blocking();
         let worker = instr.stream.thread.as_deref();
         let running = || worker.is_none_or(|w| !w.is_parked());
-        if crate::drive::spin_yield_until(done, crate::drive::CALLER_YIELD_SPIN, running) {
+        if crate::drive::spin_yield_until(done, crate::util::tuning::CALLER_YIELD_SPIN, running) {
             return Ok(());
         }
     } else if crate::drive::spin_while_progress(shared, done) {

@@ -8,12 +8,13 @@ use crossbeam_utils::CachePadded;
 
 use ivm_core::sync::{AtomicBool, AtomicU32, Ordering};
 
-use crate::cpu::HostMemory;
 use crate::dependence::Dependence;
 use crate::device::DeviceMemory;
-use crate::error::Failure;
+use crate::device::cpu::HostMemory;
+use crate::device::ids::Device;
 use crate::shared::VmShared;
-use crate::stream::{Device, StreamShared};
+use crate::stream::StreamShared;
+use crate::util::error::Failure;
 use ivm_core::list::NIL;
 
 /// The eager blob object: memory on a device plus its dependence. Instructions hold it

@@ -12,20 +12,20 @@ use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use crate::builder::InstructionsBuilder;
 use crate::config::{Config, Mode};
-use crate::cpu::{CpuAdapter, HostMemory};
+use crate::device::cpu::{CpuAdapter, HostMemory};
+use crate::device::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::engine::{DebugCounters, Engine};
-use crate::error::{Error, Result};
-use crate::futex::FutexWait;
 use crate::instruction::Kind;
 use crate::shared::{
-    NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside, lock,
+    NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside,
 };
-use crate::stream::{
-    CpuStreamPolicy, Device, DeviceCtx, DeviceKind, Stream, StreamId, StreamShared, StreamType,
-};
+use crate::stream::{CpuStreamPolicy, DeviceCtx, Stream, StreamShared};
 use crate::sync_access::{self, CallbackKind};
 use crate::tensor::{Blob, Tensor, TensorInner};
+use crate::util::error::{Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::lock;
 
 /// The instruction virtual machine.
 ///
@@ -399,7 +399,7 @@ impl VirtualMachine {
     }
 
     /// Returns the memory cached by every stream's caching allocator
-    /// ([`crate::alloc_cache`]) to the device allocators, and the bytes returned.
+    /// ([`crate::device::alloc_cache`]) to the device allocators, and the bytes returned.
     ///
     /// It **waits** rather than failing while streams are busy: first, like
     /// [`sync`](Self::sync), until every instruction received before this call has been
@@ -438,12 +438,15 @@ impl VirtualMachine {
 
     /// The counters of every stream's caching allocator, summed (all zero when
     /// [`Config::caching_allocator`] is off).
-    pub fn cache_stats(&self) -> crate::alloc_cache::CacheStats {
+    pub fn cache_stats(&self) -> crate::device::alloc_cache::CacheStats {
         self.shared
             .cached_streams(None)
             .iter()
             .filter_map(|s| s.dev.cache.as_ref().map(|c| c.stats()))
-            .fold(Default::default(), crate::alloc_cache::CacheStats::merged)
+            .fold(
+                Default::default(),
+                crate::device::alloc_cache::CacheStats::merged,
+            )
     }
 
     /// The counters of `stream`'s caching allocator (`None` without one).
@@ -453,7 +456,7 @@ impl VirtualMachine {
     pub fn stream_cache_stats(
         &self,
         stream: &Stream,
-    ) -> Result<Option<crate::alloc_cache::CacheStats>> {
+    ) -> Result<Option<crate::device::alloc_cache::CacheStats>> {
         self.shared.check_stream(stream)?;
         Ok(stream.shared.dev.cache.as_ref().map(|c| c.stats()))
     }

@@ -14,9 +14,9 @@ use ivm_core::mpsc::MpscQueue;
 use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::futex::FutexWait;
 use crate::instruction::{self, Instruction, WorkerTag};
 use crate::shared::{ReentryGuard, VmShared};
+use crate::util::futex::FutexWait;
 
 /// One worker thread's context: its queue of dispatched instructions and its notifier.
 pub(crate) struct ThreadCtx {
@@ -142,7 +142,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             idle_for = since.elapsed();
         }
         if idle_for < poll {
-            if idle_for < crate::drive::WORKER_PURE_SPIN {
+            if idle_for < crate::util::tuning::WORKER_PURE_SPIN {
                 ivm_core::sync::spin_loop();
             } else {
                 backoff.snooze();

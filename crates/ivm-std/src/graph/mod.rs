@@ -80,8 +80,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
 use crate::lazy::{DEFAULT_BUFFER_RUNS, JobInstance, LazyGraph};
+use crate::util::error::{Error, Result};
 
 pub use runtime::Graph;
 

@@ -25,10 +25,11 @@ use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 
 use super::{GraphBuilder, GraphCtx, GraphEvent, KernelBody, Phase, TraceFn, describe};
-use crate::error::{Error, Result};
-use crate::futex::FutexWait;
 use crate::lazy::{CriticalSectionInstance, JobInstance, LazyGraph, TryPop};
-use crate::shared::lock;
+use crate::util::error::{Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::lock;
+use crate::util::tuning::POLL_PURE_SPIN;
 
 /// A graph blob: `depth` register slots if an actor produces it, one (zero, read-only)
 /// slot otherwise.
@@ -517,10 +518,6 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
     }
     Ok(graph)
 }
-
-/// How long an idle graph thread polls with spin-loop hints only before it starts
-/// yielding (see `thread_loop`).
-const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
 
 fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
     crate::drive::mark_graph_thread();

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::*;
+use crate::device::ids::Device;
 use crate::lazy::{CsKind, EndEvent, SharedEventRecord};
-use crate::stream::Device;
 use crate::tensor::Blob;
 
 fn blob(bytes: &[u8]) -> Arc<Blob> {

@@ -17,8 +17,8 @@ use std::sync::{Mutex, OnceLock};
 use ivm_core::sync::{AtomicU32, Ordering};
 use ivm_core::wait::Wait;
 
-use crate::futex::FutexWait;
-use crate::shared::lock;
+use crate::util::futex::FutexWait;
+use crate::util::lock;
 
 /// A push into, or a blocking pop from, a closed [`Buffer`]. A refused push hands its item
 /// back.

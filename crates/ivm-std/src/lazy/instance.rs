@@ -4,10 +4,10 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::error::Error;
 use crate::lazy::record::{EndEvent, SharedEventRecord};
-use crate::shared::lock;
 use crate::tensor::Blob;
+use crate::util::error::Error;
+use crate::util::lock;
 
 /// Which side of a run a [`CriticalSectionInstance`] covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

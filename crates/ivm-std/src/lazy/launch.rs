@@ -17,14 +17,16 @@ use std::sync::{Arc, Mutex};
 use ivm_core::sync::Ordering;
 
 use crate::builder::InstructionsBuilder;
-use crate::error::{Error, Failure, Result};
+use crate::device::ids::{Device, StreamId, StreamType};
 use crate::instruction::{Instruction, Kind, status};
 use crate::lazy::{
     CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
 };
-use crate::shared::{NEXT_BLOB_ID, lock};
-use crate::stream::{Device, StreamId, StreamShared, StreamType};
+use crate::shared::NEXT_BLOB_ID;
+use crate::stream::StreamShared;
 use crate::tensor::{Blob, Tensor};
+use crate::util::error::{Error, Failure, Result};
+use crate::util::lock;
 
 /// A deferred instruction body (see the module docs): called with the right to finish the
 /// instruction and whether it may block (`false` when the engine runs it inline on the

@@ -35,7 +35,7 @@ pub(crate) use instance::CsOp;
 
 use ivm_core::sync::{AtomicUsize, Ordering};
 
-use crate::error::{Error, Result};
+use crate::util::error::{Error, Result};
 
 /// Default capacity of a job's buffers, in runs.
 pub const DEFAULT_BUFFER_RUNS: usize = 2;

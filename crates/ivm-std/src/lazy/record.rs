@@ -11,8 +11,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use crate::device::Event;
-use crate::error::Error;
-use crate::shared::lock;
+use crate::util::error::Error;
+use crate::util::lock;
 
 /// The event a [`SharedEventRecord`] is initialised with.
 #[derive(Clone)]

@@ -31,13 +31,17 @@
 //!   handling is a stub (done at launch) until lazy jobs land.
 //! * **barrier**: on the scheduler thread.
 
+pub mod alloc_cache;
+pub(crate) mod cpu;
+pub(crate) mod ids;
+
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::Result;
-use crate::stream::{Device, DeviceKind, StreamType};
+use crate::device::ids::{Device, DeviceKind, StreamType};
+use crate::util::error::Result;
 
 /// A closure run on the host in a stream's order (after all work enqueued on the stream
 /// before it, before all work enqueued after it).
@@ -96,14 +100,14 @@ pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug + 'static {
     fn end_access(&self) {}
 
     /// For adapters that need their own memory type back (downcasting). A block of the
-    /// caching allocator ([`CachedBlock`](crate::alloc_cache::CachedBlock)) answers with
+    /// caching allocator ([`CachedBlock`](crate::device::alloc_cache::CachedBlock)) answers with
     /// the allocation it wraps, so adapters' downcasts keep working on it.
     fn as_any(&self) -> &dyn Any;
 
     /// `Some` for a block handed out by a caching allocator
-    /// ([`crate::alloc_cache`]), which is how that allocator recognises its blocks when
+    /// ([`crate::device::alloc_cache`]), which is how that allocator recognises its blocks when
     /// they are freed. Other memory answers `None` (the default).
-    fn cached_block(&self) -> Option<&crate::alloc_cache::CachedBlock> {
+    fn cached_block(&self) -> Option<&crate::device::alloc_cache::CachedBlock> {
         None
     }
 }

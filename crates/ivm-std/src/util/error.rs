@@ -98,7 +98,7 @@ pub enum Error {
     /// An allocation could not be satisfied. Names the request and where it was made:
     /// the stream (allocations through the VM and its caching allocator) or the device (a
     /// bare device allocator). The VM first returns its cached blocks to the device and
-    /// retries once (see [`crate::alloc_cache`]); this is what remains.
+    /// retries once (see [`crate::device::alloc_cache`]); this is what remains.
     #[error("ivm: out of memory: {nbytes} bytes requested on {stream}: {detail}")]
     OutOfMemory {
         /// Bytes requested.

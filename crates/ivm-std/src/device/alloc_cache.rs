@@ -70,11 +70,11 @@ use std::sync::{Arc, Mutex};
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::cpu::HostMemory;
+use crate::device::cpu::HostMemory;
+use crate::device::ids::Device;
 use crate::device::{DeviceAllocator, DeviceMemory, DeviceStream, KernelMode};
-use crate::error::{Error, Result};
-use crate::shared::lock;
-use crate::stream::Device;
+use crate::util::error::{Error, Result};
+use crate::util::lock;
 
 /// The smallest size class (and the granularity of small requests).
 pub const MIN_CLASS: usize = 256;
@@ -494,9 +494,9 @@ impl DeviceAllocator for CachingAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::CpuAdapter;
     use crate::device::DeviceAdapter;
-    use crate::stream::StreamType;
+    use crate::device::cpu::CpuAdapter;
+    use crate::device::ids::StreamType;
 
     fn cache() -> (CachingAllocator, Arc<dyn DeviceStream>) {
         let cpu = CpuAdapter::new();

@@ -5,12 +5,12 @@ use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::device::ids::{Device, DeviceKind, StreamType};
 use crate::device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
     PINNED_BUFFER_MIN, check_range,
 };
-use crate::error::{Error, Result};
-use crate::stream::{Device, DeviceKind, StreamType};
+use crate::util::error::{Error, Result};
 
 /// Host memory: 8-byte aligned, zero-filled, freed when dropped.
 pub struct HostMemory {

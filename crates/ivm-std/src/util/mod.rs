@@ -1,0 +1,14 @@
+//! The lowest layer of ivm-std: errors, the futex wait backend, the mutex helper and the
+//! tuning constants. Nothing here knows about instructions, streams or the engine.
+
+pub(crate) mod error;
+pub mod futex;
+pub(crate) mod tuning;
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks `m`, ignoring poisoning: every VM mutex guards data that a panicking holder leaves
+/// consistent (kernels run outside every lock, and their panics are caught).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,70 @@
+//! Every tuning constant of the VM in one place: spin and poll windows, pool sizes, ring
+//! capacities. The user-facing knobs are in `Config`; these are the ones measured once and
+//! fixed (each says where it is used and why it has its value).
+
+use std::time::Duration;
+
+// Spinning and yielding while another thread works (the engine token, `drive.rs`).
+/// How long a worker leaves the release of a finished sync access to its caller (who
+/// usually comes back and drives the engine within a microsecond) before it drives the
+/// engine itself.
+pub(crate) const RELEASE_DEFER: Duration = Duration::from_micros(20);
+
+/// How long a caller whose instruction is running (or about to run) on a worker spins,
+/// yielding its CPU, before it falls back to the blocking-then-busy wait. Long enough to
+/// cover a worker that was just woken (35–50 µs on a 2-vCPU VM) so that its completion
+/// never needs a second wake; yielding, so that on a core shared with that worker the
+/// worker runs.
+pub(crate) const CALLER_YIELD_SPIN: Duration = Duration::from_micros(300);
+
+/// How long a thread waiting for another *running* thread spins with a spin-loop hint only
+/// before it starts yielding its CPU (a `sched_yield` costs about as much as a whole
+/// hand-over between two running threads, so yielding early only adds latency; yielding
+/// later lets a thread that shares the core run).
+pub(crate) const PURE_SPIN: Duration = Duration::from_micros(10);
+
+/// How long an idle worker polls its queue with spin-loop hints only, before it backs off
+/// to yielding for the rest of its poll window: short, since it does not know whether
+/// anyone is about to hand it work (a caller doing back-to-back sync accesses comes back
+/// within a microsecond), and on two cores a spinning worker keeps that caller off a CPU.
+pub(crate) const WORKER_PURE_SPIN: Duration = Duration::from_micros(2);
+
+/// A caller waiting behind other instructions keeps spinning (yielding) only while some
+/// instruction was released within this long.
+pub(crate) const CALLER_STALL: Duration = Duration::from_micros(50);
+
+/// ... and at most this long in all before it sleeps.
+pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);
+
+// The instruction pool (`pool.rs`).
+/// Most released instructions a VM keeps for reuse.
+pub(crate) const POOL_MAX: usize = 4096;
+
+/// Most released instructions still shared by their executor that the engine keeps
+/// retrying to pool (see `InstrPool::give_back`).
+pub(crate) const RETRY_MAX: usize = 256;
+
+/// Instructions the pool makes at once the first time it runs dry (so that a steady state
+/// with fewer lively instructions never allocates, whatever the timing).
+pub(crate) const PREFILL: usize = 256;
+
+// The engine (`engine.rs`).
+/// Lively instructions the engine's pools are sized for up front (a steady state below
+/// this allocates nothing, deterministically).
+pub(crate) const PRESIZE: u32 = 256;
+
+// The scheduler thread (`scheduler.rs`).
+/// How often registered probes are polled when the scheduler has no work window.
+pub(crate) const PROBE_POLL: Duration = Duration::from_micros(100);
+
+// The graph runtime (`graph/runtime.rs`).
+/// How long an idle graph thread polls with spin-loop hints only before it starts
+/// yielding (see `thread_loop`).
+pub(crate) const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
+
+// Sync small accesses (`sync_access.rs`).
+/// Most reusable instructions per ring slot (`Config::sync_ring_capacity` ≤ this).
+pub const RING_MAX: usize = 16;
+
+/// Ring slots per thread (one per (VM, stream, kind) recently used; oldest evicted).
+pub(crate) const SLOTS: usize = 8;
