@@ -25,10 +25,9 @@ use common::FutexBaseline;
 const IDLE: Duration = Duration::from_millis(10);
 
 fn vm(inline: bool) -> (VirtualMachine, Tensor) {
-    let config = Config {
-        inline_sync_access: inline,
-        ..Config::from_env().expect("IVM_* variables parse")
-    };
+    let config = Config::from_env()
+        .expect("IVM_* variables parse")
+        .with_inline_sync_access(inline);
     let vm = VirtualMachine::new(config).expect("VM starts");
     let t = vm.new_tensor(8).expect("tensor");
     vm.sync_write_small_mem(&t, &7u64.to_ne_bytes())

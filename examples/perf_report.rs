@@ -187,10 +187,7 @@ impl Report {
 
 fn warm_reads(rep: &mut Report, quick: bool) {
     let per_chunk = if quick { 1_000 } else { 5_000 };
-    let cfg = Config {
-        inline_sync_access: false,
-        ..config()
-    };
+    let cfg = config().with_inline_sync_access(false);
     let (vm, t) = vm_with_value(cfg, 0xABCD);
     for _ in 0..2_000 {
         black_box(read8(&vm, &t));
@@ -276,10 +273,7 @@ fn channel_pingpong(n: usize) -> Vec<Duration> {
 fn cold_reads(rep: &mut Report, quick: bool) {
     let n = if quick { 40 } else { 200 };
     let idle = Duration::from_millis(10);
-    let worker = Config {
-        inline_sync_access: false,
-        ..config()
-    };
+    let worker = config().with_inline_sync_access(false);
     let (vm, t) = vm_with_value(worker, 7);
     let (vm_in, t_in) = vm_with_value(config(), 7);
     let (d0, i0) = vm_in.debug_inline_accesses();
@@ -556,10 +550,7 @@ fn allocations(rep: &mut Report) {
     let mut reads = 0;
     let mut per_read_total = 0;
     for cfg in [
-        Config {
-            inline_sync_access: false,
-            ..config()
-        },
+        config().with_inline_sync_access(false),
         config(),
         Config::single_thread(),
     ] {

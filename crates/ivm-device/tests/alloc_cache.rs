@@ -14,29 +14,17 @@ use ivm_std::{
 };
 
 fn configs() -> Vec<(&'static str, Config)> {
-    let base = Config {
-        timeout_period: Duration::from_secs(20),
-        ..Config::default()
-    };
+    let base = Config::default().with_timeout_period(Duration::from_secs(20));
     let mut v = Vec::new();
     for (name, mode) in [
         ("multi", base.clone()),
         (
             "single",
-            Config {
-                mode: ivm_std::Mode::SingleThread,
-                ..base.clone()
-            },
+            base.clone().with_mode(ivm_std::Mode::SingleThread),
         ),
     ] {
         for wait in [true, false] {
-            v.push((
-                name,
-                Config {
-                    stream_wait: wait,
-                    ..mode.clone()
-                },
-            ));
+            v.push((name, mode.clone().with_stream_wait(wait)));
         }
     }
     v
@@ -278,13 +266,7 @@ fn shrink_waits_for_busy_streams_and_refuses_misuse() {
 #[test]
 fn the_config_knob_turns_the_cache_off() {
     let sim = SimAdapter::new(SimConfig::default());
-    let vm = vm_with(
-        Config {
-            caching_allocator: false,
-            ..Config::default()
-        },
-        &sim,
-    );
+    let vm = vm_with(Config::default().with_caching_allocator(false), &sim);
     let s = vm.stream(StreamId::default_for(sim_device(0))).unwrap();
     drop(vm.new_tensor_on(&s, 100).unwrap());
     vm.sync().unwrap();

@@ -23,11 +23,9 @@ fn creating_the_adapter_never_panics() {
 
 fn vm(stream_wait: bool) -> VirtualMachine {
     let a: Arc<dyn DeviceAdapter> = CudaAdapter::new().expect("a CUDA device");
-    let cfg = Config {
-        stream_wait,
-        timeout_period: Duration::from_secs(20),
-        ..Config::default()
-    };
+    let cfg = Config::default()
+        .with_stream_wait(stream_wait)
+        .with_timeout_period(Duration::from_secs(20));
     VirtualMachine::with_adapters(cfg, vec![a]).unwrap()
 }
 

@@ -20,12 +20,10 @@ fn configs() -> Vec<(String, Config)> {
             for cache in [true, false] {
                 v.push((
                     format!("{mode}/stream_wait={wait}/cache={cache}"),
-                    Config {
-                        stream_wait: wait,
-                        caching_allocator: cache,
-                        timeout_period: Duration::from_secs(20),
-                        ..base.clone()
-                    },
+                    base.clone()
+                        .with_stream_wait(wait)
+                        .with_caching_allocator(cache)
+                        .with_timeout_period(Duration::from_secs(20)),
                 ));
             }
         }

@@ -38,11 +38,9 @@ fn vm_threads_sleep_while_a_one_second_sim_kernel_runs() {
         return;
     }
     // The spin windows of a many-core machine: they must not turn into polling either.
-    let cfg = Config {
-        worker_poll_window: Duration::from_micros(200),
-        scheduler_work_window: Duration::from_millis(1),
-        ..Config::default()
-    };
+    let cfg = Config::default()
+        .with_worker_poll_window(Duration::from_micros(200))
+        .with_scheduler_work_window(Duration::from_millis(1));
     let sim: Arc<dyn DeviceAdapter> = SimAdapter::new(SimConfig::default());
     let vm = VirtualMachine::with_adapters(cfg, vec![sim]).unwrap();
     let prefix = format!("ivm{}-", vm_id(&vm));

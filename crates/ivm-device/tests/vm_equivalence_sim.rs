@@ -127,17 +127,11 @@ fn seeded_programs_match_without_stream_wait_and_single_thread() {
     for (name, config) in [
         (
             "multi/record-event",
-            Config {
-                stream_wait: false,
-                ..Config::from_env().unwrap()
-            },
+            Config::from_env().unwrap().with_stream_wait(false),
         ),
         (
             "single/stream-wait",
-            Config {
-                mode: Mode::SingleThread,
-                ..Config::from_env().unwrap()
-            },
+            Config::from_env().unwrap().with_mode(Mode::SingleThread),
         ),
     ] {
         let sim = sim(0x5eed_0002);

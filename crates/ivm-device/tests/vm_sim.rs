@@ -25,14 +25,12 @@ fn configs() -> Vec<(&'static str, Config)> {
             };
             v.push((
                 name,
-                Config {
-                    stream_wait: wait,
-                    timeout_period: Duration::from_secs(20),
+                base.clone()
+                    .with_stream_wait(wait)
+                    .with_timeout_period(Duration::from_secs(20))
                     // The sim's allocator itself (poisoning, use-after-free counting) sees
                     // every free; `alloc_cache.rs` runs these scenarios through the cache.
-                    caching_allocator: false,
-                    ..base.clone()
-                },
+                    .with_caching_allocator(false),
             ));
         }
     }

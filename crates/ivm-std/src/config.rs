@@ -34,7 +34,22 @@ pub enum Mode {
 /// | `IVM_INLINE_SYNC` (`1` / `0`) | [`inline_sync_access`](Self::inline_sync_access) | `1` |
 /// | `IVM_TRACE` (`1` / `0`) | [`trace`](Self::trace) | `0` |
 /// | `IVM_CACHING_ALLOC` (`1` / `0`) | [`caching_allocator`](Self::caching_allocator) | `1` |
+///
+/// `Config` is `#[non_exhaustive]`: start from [`Config::default`] (or
+/// [`Config::single_thread`], [`Config::from_env`]) and change what you need with the
+/// `with_*` setters or by assigning fields, so that a field added later breaks nobody:
+///
+/// ```
+/// use std::time::Duration;
+/// use ivm_std::{Config, Mode};
+///
+/// let config = Config::default()
+///     .with_mode(Mode::SingleThread)
+///     .with_timeout_period(Duration::from_secs(5));
+/// assert_eq!(config.mode, Mode::SingleThread);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// Multi-thread (scheduler + workers) or single-thread mode.
     pub mode: Mode,
@@ -80,11 +95,100 @@ pub struct Config {
     /// that stream without going back to the device allocator. `false`: tensors are
     /// allocated and freed by the device allocator directly.
     pub caching_allocator: bool,
-    /// A bug planted in the engine, for the equivalence fuzzer's own tests (feature
-    /// `fuzzing` only; default: none). Never set it.
-    #[cfg(feature = "fuzzing")]
-    #[doc(hidden)]
-    pub planted: crate::fuzzing::PlantedBug,
+}
+
+/// Setters: each returns the configuration with one field changed.
+impl Config {
+    /// This configuration with [`mode`](Self::mode) set to `mode`.
+    #[must_use]
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// This configuration with [`worker_poll_window`](Self::worker_poll_window) set to `worker_poll_window`.
+    #[must_use]
+    pub fn with_worker_poll_window(mut self, worker_poll_window: Duration) -> Self {
+        self.worker_poll_window = worker_poll_window;
+        self
+    }
+
+    /// This configuration with [`scheduler_work_window`](Self::scheduler_work_window) set to `scheduler_work_window`.
+    #[must_use]
+    pub fn with_scheduler_work_window(mut self, scheduler_work_window: Duration) -> Self {
+        self.scheduler_work_window = scheduler_work_window;
+        self
+    }
+
+    /// This configuration with [`high_water_mark`](Self::high_water_mark) set to `high_water_mark`.
+    #[must_use]
+    pub fn with_high_water_mark(mut self, high_water_mark: usize) -> Self {
+        self.high_water_mark = high_water_mark;
+        self
+    }
+
+    /// This configuration with [`low_water_mark`](Self::low_water_mark) set to `low_water_mark`.
+    #[must_use]
+    pub fn with_low_water_mark(mut self, low_water_mark: usize) -> Self {
+        self.low_water_mark = low_water_mark;
+        self
+    }
+
+    /// This configuration with [`skip_blocking_threshold`](Self::skip_blocking_threshold) set to `skip_blocking_threshold`.
+    #[must_use]
+    pub fn with_skip_blocking_threshold(mut self, skip_blocking_threshold: usize) -> Self {
+        self.skip_blocking_threshold = skip_blocking_threshold;
+        self
+    }
+
+    /// This configuration with [`timeout_period`](Self::timeout_period) set to `timeout_period`.
+    #[must_use]
+    pub fn with_timeout_period(mut self, timeout_period: Duration) -> Self {
+        self.timeout_period = timeout_period;
+        self
+    }
+
+    /// This configuration with [`pending_window`](Self::pending_window) set to `pending_window`.
+    #[must_use]
+    pub fn with_pending_window(mut self, pending_window: usize) -> Self {
+        self.pending_window = pending_window;
+        self
+    }
+
+    /// This configuration with [`sync_ring_capacity`](Self::sync_ring_capacity) set to `sync_ring_capacity`.
+    #[must_use]
+    pub fn with_sync_ring_capacity(mut self, sync_ring_capacity: usize) -> Self {
+        self.sync_ring_capacity = sync_ring_capacity;
+        self
+    }
+
+    /// This configuration with [`stream_wait`](Self::stream_wait) set to `stream_wait`.
+    #[must_use]
+    pub fn with_stream_wait(mut self, stream_wait: bool) -> Self {
+        self.stream_wait = stream_wait;
+        self
+    }
+
+    /// This configuration with [`inline_sync_access`](Self::inline_sync_access) set to `inline_sync_access`.
+    #[must_use]
+    pub fn with_inline_sync_access(mut self, inline_sync_access: bool) -> Self {
+        self.inline_sync_access = inline_sync_access;
+        self
+    }
+
+    /// This configuration with [`trace`](Self::trace) set to `trace`.
+    #[must_use]
+    pub fn with_trace(mut self, trace: bool) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// This configuration with [`caching_allocator`](Self::caching_allocator) set to `caching_allocator`.
+    #[must_use]
+    pub fn with_caching_allocator(mut self, caching_allocator: bool) -> Self {
+        self.caching_allocator = caching_allocator;
+        self
+    }
 }
 
 /// Hardware threads below which the default scheduler window is zero and the default worker
@@ -122,8 +226,6 @@ impl Default for Config {
             inline_sync_access: true,
             trace: false,
             caching_allocator: true,
-            #[cfg(feature = "fuzzing")]
-            planted: crate::fuzzing::PlantedBug::None,
         }
     }
 }

@@ -192,7 +192,7 @@ impl Engine {
             }
         }
         #[cfg(feature = "fuzzing")]
-        self.core.plant(shared.config.planted);
+        self.core.plant(shared.planted);
         let mut exec = Exec {
             shared,
             driver: self.driver,
@@ -354,7 +354,7 @@ impl Executor<Job> for Exec<'_> {
         // Planted bug only (`OutOfOrderRelease`): released before it finished, so its
         // executor still owns the body; leave it alone.
         #[cfg(feature = "fuzzing")]
-        let premature = self.shared.config.planted == crate::fuzzing::PlantedBug::OutOfOrderRelease
+        let premature = self.shared.planted == crate::fuzzing::PlantedBug::OutOfOrderRelease
             && instr.status() & status::DONE == 0;
         #[cfg(not(feature = "fuzzing"))]
         let premature = false;

@@ -1132,6 +1132,14 @@ impl Runner<HashKernels> {
     pub fn new(config: Config) -> Result<Self> {
         Self::with_kernels(config, HashKernels)
     }
+
+    /// A runner like [`new`](Self::new) whose VM's engine has `bug` planted: the
+    /// equivalence check's own tests show that it catches each bug. The only way to plant
+    /// one; no `Config` can.
+    #[doc(hidden)]
+    pub fn with_planted_bug(config: Config, bug: PlantedBug) -> Result<Self> {
+        Self::start(config, Vec::new(), Topology::cpu(), HashKernels, bug)
+    }
 }
 
 impl<K: Kernels> Runner<K> {
@@ -1152,8 +1160,18 @@ impl<K: Kernels> Runner<K> {
         topology: Topology,
         kernels: K,
     ) -> Result<Self> {
+        Self::start(config, adapters, topology, kernels, PlantedBug::None)
+    }
+
+    fn start(
+        config: Config,
+        adapters: Vec<Arc<dyn DeviceAdapter>>,
+        topology: Topology,
+        kernels: K,
+        planted: PlantedBug,
+    ) -> Result<Self> {
         topology.validate()?;
-        let vm = VirtualMachine::with_adapters(config, adapters)?;
+        let vm = VirtualMachine::start(config, adapters, planted)?;
         let streams = topology
             .streams
             .iter()
@@ -1464,7 +1482,7 @@ pub fn silence_planned_panics() {
 }
 
 /// A bug planted in the engine (ivm-engine's feature `planted-bugs`) to show that the
-/// equivalence check catches it (tests of this module only; see `Config::planted`). Never
-/// set outside those tests.
+/// equivalence check catches it (tests of this module only; see
+/// [`Runner::with_planted_bug`]). Never set outside those tests.
 #[doc(hidden)]
 pub use ivm_engine::PlantedBug;

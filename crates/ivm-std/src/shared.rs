@@ -110,6 +110,10 @@ pub(crate) static NEXT_BLOB_ID: std::sync::atomic::AtomicUsize =
 pub(crate) struct VmShared {
     pub(crate) id: usize,
     pub(crate) config: Config,
+    /// A bug planted in the engine for the equivalence fuzzer's own tests (feature
+    /// `fuzzing`; set only by `fuzzing::Runner::with_planted_bug`, never by `Config`).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) planted: crate::fuzzing::PlantedBug,
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
     pub(crate) parking: Arc<crate::drive::Wake>,

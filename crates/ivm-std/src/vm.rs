@@ -86,6 +86,21 @@ impl VirtualMachine {
     /// [`Error::Config`] for an invalid configuration, a second adapter of one kind or a cpu
     /// adapter; [`Error::Spawn`] if a thread cannot start.
     pub fn with_adapters(config: Config, adapters: Vec<Arc<dyn DeviceAdapter>>) -> Result<Self> {
+        Self::start(
+            config,
+            adapters,
+            #[cfg(feature = "fuzzing")]
+            crate::fuzzing::PlantedBug::None,
+        )
+    }
+
+    /// Starts a VM (see [`with_adapters`](Self::with_adapters)); with the `fuzzing` feature
+    /// the equivalence fuzzer's own tests may plant an engine bug.
+    pub(crate) fn start(
+        config: Config,
+        adapters: Vec<Arc<dyn DeviceAdapter>>,
+        #[cfg(feature = "fuzzing")] planted: crate::fuzzing::PlantedBug,
+    ) -> Result<Self> {
         config.validate()?;
         let mut all: Vec<Arc<dyn DeviceAdapter>> = vec![Arc::new(CpuAdapter::new())];
         for a in adapters {
@@ -121,6 +136,8 @@ impl VirtualMachine {
         });
         let shared = Arc::new(VmShared {
             id,
+            #[cfg(feature = "fuzzing")]
+            planted,
             engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
             cell: crate::drive::EngineCell::new(
                 (!single).then(|| Engine::new(config.pending_window)),

@@ -113,10 +113,7 @@ fn pooled_round(vm: &VirtualMachine, t: &[Tensor], spare: &mut Vec<Tensor>) -> u
 fn steady_state_allocates_nothing() {
     // Sync reads and writes.
     for cfg in [
-        Config {
-            inline_sync_access: false,
-            ..Config::default()
-        },
+        Config::default().with_inline_sync_access(false),
         Config::default(),
         Config::single_thread(),
     ] {

@@ -389,10 +389,7 @@ fn launch_streams_are_their_own() {
 #[test]
 fn host_loader_launch_read_loop_on_a_one_thread_graph() {
     for cfg in [Config::default(), Config::single_thread()] {
-        let cfg = Config {
-            timeout_period: Duration::from_secs(10),
-            ..cfg
-        };
+        let cfg = cfg.with_timeout_period(Duration::from_secs(10));
         let vm = VirtualMachine::new(cfg).unwrap();
         let mut g = GraphBuilder::new("loop");
         let x = g.input("x", 8);

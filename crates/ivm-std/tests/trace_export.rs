@@ -13,11 +13,7 @@ use serde_json::Value;
 #[test]
 fn every_instruction_has_ordered_events_in_the_chrome_trace() {
     ivm_std::trace::clear();
-    let vm = VirtualMachine::new(Config {
-        trace: true,
-        ..Config::default()
-    })
-    .unwrap();
+    let vm = VirtualMachine::new(Config::default().with_trace(true)).unwrap();
     let s0 = vm.default_stream();
     let s1 = vm.stream(StreamId::compute(Device::CPU, 1)).unwrap();
     let t: Vec<_> = (0..4).map(|_| vm.new_tensor(8).unwrap()).collect();

@@ -283,10 +283,7 @@ fn bad_operands_are_errors() {
 
 #[test]
 fn timeout_reports_a_diagnostic() {
-    let cfg = Config {
-        timeout_period: Duration::from_millis(100),
-        ..Config::default()
-    };
+    let cfg = Config::default().with_timeout_period(Duration::from_millis(100));
     let vm = VirtualMachine::new(cfg).unwrap();
     let s = vm.default_stream();
     let t = vm.new_tensor(8).unwrap();
@@ -336,11 +333,9 @@ fn timeout_reports_a_diagnostic() {
 
 #[test]
 fn backpressure_bounds_flying_instructions() {
-    let cfg = Config {
-        high_water_mark: 64,
-        low_water_mark: 32,
-        ..Config::default()
-    };
+    let cfg = Config::default()
+        .with_high_water_mark(64)
+        .with_low_water_mark(32);
     let vm = VirtualMachine::new(cfg).unwrap();
     let s = vm.default_stream();
     let t = vm.new_tensor(8).unwrap();
@@ -403,10 +398,7 @@ fn sync_callback_on_an_idle_stream_runs_on_the_caller() {
 #[test]
 fn sync_callback_behind_a_running_kernel() {
     for cfg in modes() {
-        let cfg = Config {
-            timeout_period: Duration::from_secs(10),
-            ..cfg
-        };
+        let cfg = cfg.with_timeout_period(Duration::from_secs(10));
         let vm = VirtualMachine::new(cfg).unwrap();
         let s = vm.default_stream();
         let t = vm.new_tensor(8).unwrap();
@@ -444,10 +436,7 @@ fn sync_callback_readied_by_its_helping_caller() {
             std::hint::spin_loop();
         }
     };
-    let cfg = Config {
-        timeout_period: Duration::from_secs(10),
-        ..Config::default()
-    };
+    let cfg = Config::default().with_timeout_period(Duration::from_secs(10));
     let vm = VirtualMachine::new(cfg).unwrap();
     let s1 = vm.stream(StreamId::compute(Device::CPU, 1)).unwrap();
     let (t, other) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());

@@ -146,11 +146,7 @@ fn single_thread_mode_matches_too() {
 /// returns how many programs that took.
 fn cases_to_catch(bug: PlantedBug, first: u64, verbose: bool) -> u64 {
     fuzzing::silence_planned_panics();
-    let runner = Runner::new(Config {
-        planted: bug,
-        ..Config::default()
-    })
-    .unwrap();
+    let runner = Runner::with_planted_bug(Config::default(), bug).unwrap();
     let start = Instant::now();
     for case in 1..=PLANTED_BUDGET {
         let program = Program::from_seed(first + case).without_panics();

@@ -75,11 +75,9 @@ fn four_readers_while_streaming_100k_instructions() {
 #[test]
 fn four_readers_while_streaming_100k_instructions_no_spin_windows() {
     // Threads park at once when idle (the setting that suits an overloaded 2-core box).
-    let cfg = Config {
-        scheduler_work_window: std::time::Duration::ZERO,
-        worker_poll_window: std::time::Duration::ZERO,
-        ..env_config()
-    };
+    let cfg = env_config()
+        .with_scheduler_work_window(std::time::Duration::ZERO)
+        .with_worker_poll_window(std::time::Duration::ZERO);
     for _ in 0..3 {
         stream_and_read(cfg.clone(), 100_000, 4);
     }
@@ -87,11 +85,9 @@ fn four_readers_while_streaming_100k_instructions_no_spin_windows() {
 
 #[test]
 fn four_readers_with_tight_backpressure() {
-    let cfg = Config {
-        high_water_mark: 256,
-        low_water_mark: 128,
-        ..Config::default()
-    };
+    let cfg = Config::default()
+        .with_high_water_mark(256)
+        .with_low_water_mark(128);
     stream_and_read(cfg, 20_000, 4);
 }
 
