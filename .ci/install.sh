@@ -15,9 +15,16 @@ cargo +nightly miri setup
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
+# QEMU for examples/mcu (.ci/mcu.sh), from Debian.
+if ! command -v qemu-system-arm >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update && $sudo apt-get install -y qemu-system-arm
+fi
 
 # Fail loudly if anything is still missing.
 rustup target list --installed | grep -qx thumbv7em-none-eabihf || { echo "thumbv7em target missing" >&2; exit 1; }
 cargo +nightly miri --version >/dev/null || { echo "miri missing" >&2; exit 1; }
 cargo fuzz --version >/dev/null || { echo "cargo-fuzz missing" >&2; exit 1; }
 cargo clippy --version >/dev/null || { echo "clippy missing" >&2; exit 1; }
+qemu-system-arm --version >/dev/null || { echo "qemu-system-arm missing" >&2; exit 1; }

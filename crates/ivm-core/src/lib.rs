@@ -13,10 +13,17 @@
 //! | [`counter`] | [`SpinCounter`], [`BlockingCounter`] |
 //! | [`btb`] | [`BlockingThenBusy`] and the notify-skip handshake |
 //! | [`parking`] | [`Parking`]: the scheduler's park/unpark protocol that never loses an input |
-//! | [`wait`] | the [`Wait`] backend trait (futex-like) and the spinning backend |
+//! | [`wait`] | the [`Wait`] backend trait (futex-like), the spinning backend and (feature `cortex-m`) the `WFE`/`SEV` backend |
 //!
 //! Blocking types are generic over a [`Wait`] backend: [`SpinWait`] here (with a clock you
-//! supply), a futex in `ivm-std`, a loom futex emulation under `cfg(loom)`.
+//! supply), `WfeWait` with the `cortex-m` feature (sleeps in `WFE` until an event or
+//! interrupt; same clock parameter), a futex in `ivm-std`, a loom futex emulation under
+//! `cfg(loom)`.
+//!
+//! # Features
+//!
+//! * `cortex-m`: `wait::WfeWait`, a wait backend for Cortex-M cores (depends on the
+//!   `cortex-m` crate). Off by default; the rest of the crate does not need it.
 //!
 //! # The handshake between two threads
 //!
@@ -84,4 +91,6 @@ pub use notifier::{Closed, Notifier, Timed};
 pub use parking::{Park, Parking};
 #[cfg(loom)]
 pub use wait::LoomWait;
+#[cfg(feature = "cortex-m")]
+pub use wait::WfeWait;
 pub use wait::{Clock, DefaultWait, Instant, NoClock, SpinWait, Wait, WaitResult};

@@ -3,9 +3,15 @@
 //!
 //! ivm-core never sleeps on its own: every blocking type ([`Notifier`](crate::notifier::Notifier),
 //! the counters, the parking protocol) is generic over a [`Wait`] backend. Core ships
-//! [`SpinWait`] (no OS needed, for bare metal) and, under `cfg(loom)`, `LoomWait`
-//! (a futex emulated with loom's `Mutex` + `Condvar`, so loom sees lost wake-ups as
-//! deadlocks). ivm-std plugs in a futex.
+//! [`SpinWait`] (no OS needed, for bare metal), with the `cortex-m` feature `WfeWait`
+//! (sleeps in `WFE` until an event or interrupt, wakes with `SEV`: a microcontroller's
+//! core sleeps instead of spinning), and, under `cfg(loom)`, `LoomWait` (a futex emulated
+//! with loom's `Mutex` + `Condvar`, so loom sees lost wake-ups as deadlocks). ivm-std
+//! plugs in a futex.
+//!
+//! The bare-metal backends have no clock of their own: their deadlines are measured on a
+//! [`Clock`] you supply as a type parameter (a hardware timer, a tick counter an interrupt
+//! advances), [`NoClock`] by default.
 
 use core::marker::PhantomData;
 use core::time::Duration;
@@ -146,6 +152,136 @@ impl<C: Clock> Wait for SpinWait<C> {
     }
 }
 
+/// A wait backend for Cortex-M cores (feature `cortex-m`): sleeps in `WFE` (wait for
+/// event) instead of spinning, and wakes with `SEV` (send event).
+///
+/// [`wait`](Wait::wait) loops: it returns [`WaitResult::Woken`] as soon as `atom` no longer
+/// holds `expected`, [`WaitResult::TimedOut`] once `deadline` has passed on the clock `C`,
+/// and otherwise executes `WFE`, which sleeps until the core's event register is set.
+/// That register is set by `SEV` (on any core: [`wake_one`](Wait::wake_one) and
+/// [`wake_all`](Wait::wake_all) execute it), and by every exception return, so an
+/// interrupt handler that changes `atom` wakes the waiter even without calling `wake_*`.
+///
+/// # No lost wake-up
+///
+/// The waiter compares `atom` and then executes `WFE`; a waker that changes `atom` in
+/// between also sets the event register (its `SEV`, or the return from its interrupt
+/// handler), and a `WFE` that finds the register set clears it and returns at once. So
+/// the waiter re-checks `atom` instead of sleeping through the change. A stale event left
+/// by some earlier `SEV` or interrupt only costs one spurious turn of the loop. The wakes
+/// execute `DSB` before `SEV`, so that on a multi-core part the change to `atom` is
+/// visible to a core the event wakes.
+///
+/// # Deadlines
+///
+/// `WFE` has no timeout: a timed wait notices its deadline only when something wakes the
+/// core. Give timed waits a periodic interrupt, typically the timer that drives the clock
+/// `C` (a SysTick handler advancing a tick counter): each of its exception returns wakes
+/// the waiter, which then checks the deadline. With the default [`NoClock`] a deadline
+/// passes only if it is at the clock's origin.
+///
+/// On targets other than `target_arch = "arm"` (host builds, docs, tests) `WFE` is replaced
+/// by a spin-loop hint and `SEV` by nothing, so this behaves like [`SpinWait`]. Under loom
+/// it behaves as `LoomWait`, like [`SpinWait`].
+///
+/// ```
+/// use core::sync::atomic::{AtomicU32, Ordering};
+/// use ivm_core::wait::{Clock, Instant, Wait, WaitResult, WfeWait};
+///
+/// /// Milliseconds counted by a timer interrupt (a SysTick handler on a real board).
+/// static TICKS: AtomicU32 = AtomicU32::new(0);
+/// struct Ticks;
+/// impl Clock for Ticks {
+///     fn now() -> Instant {
+///         Instant::from_nanos(u64::from(TICKS.load(Ordering::Relaxed)) * 1_000_000)
+///     }
+/// }
+///
+/// static READY: AtomicU32 = AtomicU32::new(1); // an interrupt handler already stored 1
+/// assert_eq!(WfeWait::<Ticks>::wait(&READY, 0, None), WaitResult::Woken);
+/// assert_eq!(
+///     WfeWait::<Ticks>::wait(&READY, 1, Some(Instant::ZERO)),
+///     WaitResult::TimedOut,
+///     "the deadline is at the origin: already passed"
+/// );
+/// ```
+#[cfg(feature = "cortex-m")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WfeWait<C: Clock = NoClock>(PhantomData<C>);
+
+/// Wait for event: sleeps until the event register is set (spin hint off Arm).
+#[cfg(all(feature = "cortex-m", not(loom)))]
+#[inline(always)]
+fn wfe() {
+    #[cfg(target_arch = "arm")]
+    cortex_m::asm::wfe();
+    #[cfg(not(target_arch = "arm"))]
+    crate::sync::spin_loop();
+}
+
+/// Send event: sets every core's event register, after a `DSB` so that what the waker
+/// stored before is visible to the cores it wakes (nothing off Arm).
+#[cfg(all(feature = "cortex-m", not(loom)))]
+#[inline(always)]
+fn sev() {
+    #[cfg(target_arch = "arm")]
+    {
+        cortex_m::asm::dsb();
+        cortex_m::asm::sev();
+    }
+}
+
+#[cfg(all(feature = "cortex-m", not(loom)))]
+impl<C: Clock> Wait for WfeWait<C> {
+    #[inline]
+    fn now() -> Instant {
+        C::now()
+    }
+
+    fn wait(atom: &AtomicU32, expected: u32, deadline: Option<Instant>) -> WaitResult {
+        loop {
+            // Relaxed: the caller re-reads the atomic with the ordering it needs.
+            if atom.load(Ordering::Relaxed) != expected {
+                return WaitResult::Woken;
+            }
+            if deadline.is_some_and(|deadline| C::now() >= deadline) {
+                return WaitResult::TimedOut;
+            }
+            // An event set since the compare above (a waker's SEV, an interrupt's return)
+            // makes this return at once: see "No lost wake-up".
+            wfe();
+        }
+    }
+
+    #[inline]
+    fn wake_one(_atom: &AtomicU32) {
+        // SEV wakes every core waiting for an event; each re-checks its own atomic.
+        sev();
+    }
+
+    #[inline]
+    fn wake_all(_atom: &AtomicU32) {
+        sev();
+    }
+}
+
+/// Under loom, `WfeWait` behaves as `LoomWait`, like `SpinWait`.
+#[cfg(all(feature = "cortex-m", loom))]
+impl<C: Clock> Wait for WfeWait<C> {
+    fn now() -> Instant {
+        LoomWait::now()
+    }
+    fn wait(atom: &AtomicU32, expected: u32, deadline: Option<Instant>) -> WaitResult {
+        LoomWait::wait(atom, expected, deadline)
+    }
+    fn wake_one(atom: &AtomicU32) {
+        LoomWait::wake_one(atom)
+    }
+    fn wake_all(atom: &AtomicU32) {
+        LoomWait::wake_all(atom)
+    }
+}
+
 /// A futex emulated with loom's `Mutex` + `Condvar` (parking spots hashed by address), so a
 /// loom model reports a lost wake-up as a deadlock instead of hiding it in a yield loop.
 ///
@@ -217,3 +353,34 @@ pub type DefaultWait = SpinWait<NoClock>;
 /// [`LoomWait`] under loom.
 #[cfg(loom)]
 pub type DefaultWait = LoomWait;
+
+#[cfg(all(test, not(loom), feature = "cortex-m"))]
+mod tests {
+    use super::*;
+    use core::sync::atomic::AtomicU64;
+
+    /// A clock that advances one microsecond each time it is read.
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    struct Stepping;
+    impl Clock for Stepping {
+        fn now() -> Instant {
+            Instant::from_nanos(NOW.fetch_add(1_000, Ordering::Relaxed))
+        }
+    }
+
+    #[test]
+    fn wfe_wait_returns_when_the_value_differs_or_the_deadline_passes() {
+        let atom = AtomicU32::new(7);
+        assert_eq!(WfeWait::<Stepping>::wait(&atom, 6, None), WaitResult::Woken);
+        let deadline = WfeWait::<Stepping>::now().saturating_add(Duration::from_micros(50));
+        assert_eq!(
+            WfeWait::<Stepping>::wait(&atom, 7, Some(deadline)),
+            WaitResult::TimedOut
+        );
+        assert!(WfeWait::<Stepping>::now() >= deadline);
+        // Off Arm the wakes are no-ops; they must not panic.
+        WfeWait::<Stepping>::wake_one(&atom);
+        WfeWait::<Stepping>::wake_all(&atom);
+        assert_eq!(WfeWait::<NoClock>::wait(&atom, 6, None), WaitResult::Woken);
+    }
+}

@@ -1,0 +1,11 @@
+//! Puts `memory.x` where the linker finds it (cortex-m-rt's `link.x` includes it).
+
+use std::path::PathBuf;
+
+fn main() {
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    std::fs::copy("memory.x", out.join("memory.x")).expect("copy memory.x");
+    println!("cargo:rustc-link-search={}", out.display());
+    println!("cargo:rerun-if-changed=memory.x");
+    println!("cargo:rerun-if-changed=build.rs");
+}
