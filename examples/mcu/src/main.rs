@@ -29,7 +29,8 @@
 //! everything matches (1 otherwise, and on a panic or a hard fault).
 //!
 //! Run it with `cargo run --release` in this directory (`.cargo/config.toml` names the
-//! target and QEMU as the runner). The engine's rules are in ivm-engine's crate docs.
+//! target and QEMU as the runner). The engine's rules are in ivm-engine's crate docs and
+//! in ARCHITECTURE.md ("ivm-engine: the dependency engine").
 #![no_std]
 #![no_main]
 
