@@ -89,12 +89,14 @@ use ivm_core::counter::WaitError;
 use ivm_core::sync::{AtomicU32, Ordering};
 use ivm_core::wait::Wait;
 
+use crate::blob::Blob;
 use crate::builder::InstructionsBuilder;
+use crate::instruction::Waiter;
 use crate::instruction::{Instruction, Kind};
 use crate::shared::VmShared;
 use crate::stream::StreamShared;
-use crate::sync_access::{Waiter, check_size};
-use crate::tensor::{Blob, Tensor};
+use crate::sync_access::check_size;
+use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;
@@ -548,7 +550,7 @@ impl VirtualMachine {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)));
                 done.complete(r.map_err(|p| Error::KernelPanicked {
                     instruction: "sync_access_blob_by_callback_async".into(),
-                    message: crate::instruction::panic_message(&*p),
+                    message: crate::execute::panic_message(&*p),
                 }));
             };
             let instr = Instruction::new(

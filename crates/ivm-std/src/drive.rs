@@ -875,3 +875,13 @@ pub(crate) fn spin_while_progress(shared: &VmShared, mut done: impl FnMut() -> b
         }
     }
 }
+
+impl crate::stream::CompletionSink for Wake {
+    fn unpark(&self) -> bool {
+        Wake::unpark(self)
+    }
+
+    fn complete_outside(&self) {
+        Wake::complete_outside(self);
+    }
+}

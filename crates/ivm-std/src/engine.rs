@@ -15,7 +15,7 @@ use ivm_core::sync::Ordering;
 use ivm_engine::{AccessMode, Completion, DispatchCtx, Dispatched, Executor, Growable};
 
 use crate::drive::Driver;
-use crate::instruction::{self, Instruction, Kind, status};
+use crate::instruction::{Instruction, Kind, status};
 use crate::shared::{Probe, VmShared};
 use crate::stream::{Placement, StreamShared};
 use crate::util::error::{Diagnostic, LivelyInstruction};
@@ -304,7 +304,7 @@ impl Executor<Job> for Exec<'_> {
         crate::trace::record(instr, crate::trace::Phase::Dispatch);
         if self.inline_small && can_run_inline(ctx, instr) {
             // The driver runs it now (see `can_run_inline`): no hand-over, no wake.
-            instruction::execute(instr);
+            crate::execute::execute(instr);
             *self.inline_runs += 1;
             return Dispatched::Handed;
         }
@@ -319,7 +319,7 @@ impl Executor<Job> for Exec<'_> {
         if can_run_protocol_inline(ctx, instr) {
             // A lazy-job protocol step the driver does now, without blocking (see
             // `can_run_protocol_inline`): no hand-over to the stream's thread, no wake.
-            instruction::execute_as(instr, false);
+            crate::execute::execute_as(instr, false);
             return Dispatched::Handed;
         }
         match (&instr.stream.thread, instr.stream.policy.placement()) {
@@ -327,7 +327,7 @@ impl Executor<Job> for Exec<'_> {
                 thread.submit(instr.clone());
             }
             // Single-thread mode, or a stream that lives on the scheduler.
-            _ => instruction::execute(instr),
+            _ => crate::execute::execute(instr),
         }
         Dispatched::Handed
     }
@@ -344,7 +344,7 @@ impl Executor<Job> for Exec<'_> {
         // Relaxed: diagnostic bit.
         instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
         crate::trace::record(instr, crate::trace::Phase::Dispatch);
-        instruction::execute(instr);
+        crate::execute::execute(instr);
         true
     }
 
@@ -464,7 +464,7 @@ fn can_run_protocol_inline(ctx: &DispatchCtx<'_, Job>, instr: &Instruction) -> b
     let body = unsafe { instr.body() };
     body.deferred
         .as_ref()
-        .is_some_and(crate::lazy::launch::Deferred::runs_without_blocking)
+        .is_some_and(crate::instruction::Deferred::runs_without_blocking)
 }
 
 #[cfg(test)]

@@ -1,17 +1,17 @@
 //! Instructions: what runs, on which stream, over which blobs; and how a body is executed.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use ivm_core::mpsc;
 use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
 
+use crate::blob::Blob;
 use crate::device::{DeviceStream, Event};
 use crate::stream::StreamShared;
-use crate::sync_access::Waiter;
-use crate::tensor::Blob;
 use crate::util::error::Failure;
+use crate::util::futex::FutexWait;
+use ivm_core::BlockingThenBusy;
 
 /// Status bits of an instruction (`Instruction::status`).
 pub(crate) mod status {
@@ -138,8 +138,8 @@ pub(crate) struct Body {
     pub(crate) inputs: Operands,
     pub(crate) outputs: Operands,
     /// A deferred body (critical sections, lazy-job launches): run instead of `kind`, it
-    /// completes the instruction later through a `lazy::launch::Completion`.
-    pub(crate) deferred: Option<crate::lazy::launch::Deferred>,
+    /// completes the instruction later through a [`Completion`].
+    pub(crate) deferred: Option<Deferred>,
 }
 
 /// Tag of the hook that queues an instruction on the VM's pending queue.
@@ -376,167 +376,63 @@ fn words_mut(b: &mut [u8]) -> &mut [u64] {
     unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u64>(), b.len() / 8) }
 }
 
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
+/// The handshake between an executor and the caller waiting for one instruction.
+pub(crate) struct Waiter {
+    pub(crate) btb: BlockingThenBusy<FutexWait>,
+}
+
+impl Waiter {
+    pub(crate) fn new() -> Self {
+        Self {
+            btb: BlockingThenBusy::new(),
+        }
+    }
+
+    /// Executor, at start.
+    pub(crate) fn started(&self) {
+        // Err(Closed): the waiter gave up; finishing the round is still correct.
+        let _ = self.btb.notify();
+    }
+
+    /// Executor, at the end (Release: publishes `small`, `failure` and tensor writes).
+    pub(crate) fn finished(&self) {
+        self.btb.decrease();
     }
 }
 
-/// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
-/// marks it done. The caller owns the body (step 3 of the ownership order).
-pub(crate) fn execute(instr: &Arc<Instruction>) {
-    execute_as(instr, true);
+/// A deferred instruction body (see the module docs): called with the right to finish the
+/// instruction and whether it may block (`false` when the engine runs it inline on the
+/// driving thread).
+pub(crate) type DeferredFn = Box<dyn FnOnce(Completion, bool) + Send>;
+
+/// A deferred body and whether it can do its work right now without blocking.
+pub(crate) struct Deferred {
+    pub(crate) run: DeferredFn,
+    /// `None`: it never blocks. Otherwise: whether every buffer it pushes to has room now
+    /// (then a non-blocking run keeps the buffers' bounds). Only the instruction's own
+    /// stream pushes to those buffers, one instruction at a time, so the answer holds
+    /// until the body runs.
+    pub(crate) ready_now: Option<Box<dyn Fn() -> bool + Send>>,
 }
 
-/// [`execute`]; `may_block`: false when the engine runs the instruction inline on the
-/// driving thread (a deferred body then must not wait for room in a buffer).
-pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
-    execute_inner(instr, may_block, true);
-}
-
-/// [`execute`] by the caller waiting for `instr`, which the engine handed to it
-/// (`status::CLAIMED`): no "started" notification (the waiter is the executor).
-pub(crate) fn execute_claimed(instr: &Arc<Instruction>) {
-    execute_inner(instr, true, false);
-}
-
-fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) {
-    crate::trace::record(instr, crate::trace::Phase::ComputeStart);
-    if instr.stream.dev.is_async() {
-        // The launch is traced as a zero-length compute (its device work completes later;
-        // recording after `launch` could come after the engine's release record).
-        crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
-        // The stream policies of asynchronous devices.
-        crate::exec::launch(instr);
-        return;
-    }
-    // Relaxed: LAUNCHED is diagnostic only.
-    instr.status.fetch_or(status::LAUNCHED, Ordering::Relaxed);
-    if let Some(w) = instr.waiter.as_ref().filter(|_| notify_start) {
-        w.started();
-    }
-    if crate::lazy::launch::run_deferred(instr, may_block) {
-        // Completed later, by whoever holds its completion.
-        return;
-    }
-    // SAFETY: the executor owns the body until DONE (ownership step 3).
-    let body = unsafe { instr.body_mut() };
-    let failure = run_body(instr, body);
-    let mut bits = status::DONE;
-    if let Some(f) = failure {
-        for b in body.outputs.as_slice() {
-            b.set_poison(&f);
+impl Deferred {
+    /// A body that never blocks.
+    pub(crate) fn never_blocks(run: DeferredFn) -> Self {
+        Self {
+            run,
+            ready_now: None,
         }
-        // SAFETY: the executor owns `failure` until DONE (ownership step 3).
-        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
-        bits |= status::FAILED;
     }
-    // Before DONE: the engine's release record must come after it.
-    crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
-    // Release: publishes the body's effects (tensor memory, `small`, `failure`, poison) to
-    // whoever reads DONE with Acquire (the engine, before release and dependants).
-    instr.status.fetch_or(bits, Ordering::Release);
-    if let Some(w) = &instr.waiter {
-        // Release inside: publishes the same to the waiting caller.
-        w.finished();
+
+    /// Whether the engine may run it inline now (it would not block).
+    pub(crate) fn runs_without_blocking(&self) -> bool {
+        self.ready_now.as_ref().is_none_or(|f| f())
     }
 }
 
-fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
-    let kind = std::mem::replace(&mut body.kind, Kind::Noop);
-    if matches!(kind, Kind::Noop) || kind.is_sync_op() {
-        // Soft sync on a synchronous device orders nothing.
-        return None;
-    }
-    if matches!(kind, Kind::Free) {
-        // A release frees even poisoned memory.
-        let dev = &instr.stream.dev;
-        let b = body.outputs.as_slice().first()?;
-        return dev
-            .allocator
-            .free_on(&b.mem, &*dev.stream)
-            .err()
-            .map(|e| Failure {
-                instruction: instr.label().into(),
-                message: e.to_string().into(),
-                panicked: false,
-            });
-    }
-    if !matches!(kind, Kind::Barrier(_)) {
-        for b in body.inputs.as_slice().iter().chain(body.outputs.as_slice()) {
-            if let Some(p) = b.poison() {
-                return Some(Failure {
-                    panicked: false,
-                    ..p
-                });
-            }
-        }
-    }
-    let inputs = body.inputs.as_slice();
-    let outputs = body.outputs.as_slice();
-    let small = &instr.small;
-    let stream: &dyn DeviceStream = &*instr.stream.dev.stream;
-    let result = catch_unwind(AssertUnwindSafe(|| match kind {
-        Kind::Noop
-        | Kind::Free
-        | Kind::StreamWait { .. }
-        | Kind::RecordEvent { .. }
-        | Kind::WaitEvent { .. } => {}
-        Kind::Kernel(f) => f.call(&mut KernelCtx {
-            inputs,
-            outputs,
-            stream: Some(stream),
-        }),
-        Kind::Copy {
-            src_offset,
-            dst_offset,
-            len,
-        } => {
-            // SAFETY: reading input 0 and writing output 0 (engine-ordered; distinct
-            // blobs: the builder rejects aliasing); ranges checked by the builder.
-            let src = unsafe { &inputs[0].bytes()[src_offset..src_offset + len] };
-            // SAFETY: as above.
-            let dst = unsafe { &mut outputs[0].bytes_mut()[dst_offset..dst_offset + len] };
-            dst.copy_from_slice(src);
-        }
-        Kind::Read(f) => {
-            // SAFETY: the body reads input 0 under the engine-ordered invariant; the
-            // builder always gives a callback its operand.
-            f(unsafe { inputs[0].bytes() })
-        }
-        Kind::Write(f) => {
-            // SAFETY: the body writes output 0 under the engine-ordered invariant.
-            f(unsafe { outputs[0].bytes_mut() })
-        }
-        Kind::SmallRead { offset, len } => {
-            // SAFETY: reading input 0 (engine-ordered); bounds checked by the builder.
-            let src = unsafe { &inputs[0].bytes()[offset..offset + len] };
-            // SAFETY: the executor owns `small` until DONE.
-            small.with_mut(|p| unsafe { (&mut *p)[..len].copy_from_slice(src) });
-        }
-        Kind::SmallWrite { offset, len } => {
-            // SAFETY: writing output 0 (engine-ordered); bounds checked by the builder.
-            let dst = unsafe { &mut outputs[0].bytes_mut()[offset..offset + len] };
-            // SAFETY: the executor owns `small` until DONE.
-            small.with(|p| unsafe { dst.copy_from_slice(&(&*p)[..len]) });
-        }
-        Kind::Barrier(f) => f(),
-    }));
-    match result {
-        Ok(()) => None,
-        Err(payload) => {
-            let message = panic_message(&*payload);
-            // Drop the payload here, catching a panicking drop too.
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
-            Some(Failure {
-                instruction: instr.label().into(),
-                message: message.into(),
-                panicked: true,
-            })
-        }
-    }
+/// The right to finish one instruction whose body is deferred.
+/// Completing it, or dropping it unfired (which fails the instruction), is in
+/// `execute.rs`.
+pub(crate) struct Completion {
+    pub(crate) instr: Option<Arc<Instruction>>,
 }

@@ -14,6 +14,7 @@ use ivm_core::notifier::Timed;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
+use crate::blob::Blob;
 use crate::config::Config;
 use crate::device::DeviceAdapter;
 use crate::device::ids::{Device, DeviceKind, StreamId, StreamType};
@@ -23,11 +24,12 @@ use crate::soft_sync::{self, Use};
 use crate::stream::{
     DeviceCtx, DeviceStreamPolicy, Placement, Sticky, Stream, StreamPolicy, StreamShared,
 };
-use crate::tensor::{Blob, Tensor};
+use crate::tensor::Tensor;
+use crate::thread_ctx::ThreadCtx;
 use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;
-use crate::worker::{ThreadCtx, worker_loop};
+use crate::worker::worker_loop;
 
 thread_local! {
     /// The id of the VM whose thread, kernel, callback or engine step this thread is in

@@ -8,8 +8,8 @@ use ivm_core::sync::{AtomicBool, Ordering};
 
 use crate::device::ids::{StreamId, StreamType};
 use crate::device::{DeviceAllocator, DeviceStream, KernelMode};
+use crate::thread_ctx::ThreadCtx;
 use crate::util::error::Failure;
-use crate::worker::ThreadCtx;
 
 /// Where the instructions of a stream run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +165,21 @@ impl Sticky {
     }
 }
 
+/// How a completion that happens outside the engine (a device's event callback, a graph
+/// runtime finishing a lazy-job instruction) gets the engine to see it: the engine token
+/// (`drive.rs`) implements it. A trait, so that streams (a lower layer) do not name the
+/// engine layer.
+pub(crate) trait CompletionSink: Send + Sync {
+    /// After publishing a completion (`DONE`, with Release): marks the engine dirty and
+    /// wakes the scheduler thread if nobody drives (`Wake::unpark`). Returns whether it
+    /// made a wake call.
+    fn unpark(&self) -> bool;
+
+    /// After a deferred body's completion fired: as [`unpark`](Self::unpark), or drives
+    /// the engine right there on a graph runtime's thread (`Wake::complete_outside`).
+    fn complete_outside(&self);
+}
+
 /// The device side of a VM stream: its adapter stream and allocator, how kernels run, and
 /// the sticky failure. Completion callbacks wake the scheduler through `wake`.
 pub(crate) struct DeviceCtx {
@@ -177,7 +192,7 @@ pub(crate) struct DeviceCtx {
     pub(crate) cache: Option<Arc<crate::device::alloc_cache::CachingAllocator>>,
     pub(crate) mode: KernelMode,
     /// The VM's parking spot: completions unpark the scheduler (or a single-thread caller).
-    pub(crate) wake: Arc<crate::drive::Wake>,
+    pub(crate) wake: Arc<dyn CompletionSink>,
     /// The VM runs in single-thread mode (callers drive the engine and park on `wake`).
     pub(crate) single_thread: bool,
     pub(crate) sticky: Sticky,
@@ -185,7 +200,7 @@ pub(crate) struct DeviceCtx {
 
 impl DeviceCtx {
     /// A cpu stream's device side.
-    pub(crate) fn cpu(wake: Arc<crate::drive::Wake>, single_thread: bool) -> Self {
+    pub(crate) fn cpu(wake: Arc<dyn CompletionSink>, single_thread: bool) -> Self {
         Self {
             stream: Arc::new(crate::device::cpu::CpuStream::default()),
             allocator: Arc::new(crate::device::cpu::CpuAllocator),

@@ -16,22 +16,15 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use ivm_core::btb::BlockingThenBusy;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
-use crate::instruction::{Instruction, Kind};
+use crate::instruction::{Instruction, Kind, Waiter};
 use crate::shared::VmShared;
 use crate::stream::StreamShared;
 use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
-use crate::util::futex::FutexWait;
 use crate::util::tuning::{RING_MAX, SLOTS};
-
-/// The handshake between an executor and the caller waiting for one instruction.
-pub(crate) struct Waiter {
-    pub(crate) btb: BlockingThenBusy<FutexWait>,
-}
 
 thread_local! {
     /// The sync callback this thread is submitting (its address), while its submission
@@ -43,25 +36,6 @@ thread_local! {
 /// Whether the engine, driven by this thread, may hand `instr` to it (see `CLAIMABLE`).
 pub(crate) fn claimable(instr: &Instruction) -> bool {
     CLAIMABLE.with(std::cell::Cell::get) == std::ptr::from_ref(instr) as usize
-}
-
-impl Waiter {
-    pub(crate) fn new() -> Self {
-        Self {
-            btb: BlockingThenBusy::new(),
-        }
-    }
-
-    /// Executor, at start.
-    pub(crate) fn started(&self) {
-        // Err(Closed): the waiter gave up; finishing the round is still correct.
-        let _ = self.btb.notify();
-    }
-
-    /// Executor, at the end (Release: publishes `small`, `failure` and tensor writes).
-    pub(crate) fn finished(&self) {
-        self.btb.decrease();
-    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -464,7 +438,7 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         // released like a worker does.
         {
             let _reentry = crate::shared::ReentryGuard::enter(shared.id);
-            crate::instruction::execute_claimed(&instr);
+            crate::execute::execute_claimed(&instr);
         }
         shared.after_push(true);
     }

@@ -10,6 +10,7 @@ use ivm_core::counter::BlockingCounter;
 use ivm_core::mpsc::MpscQueue;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
+use crate::blob::Blob;
 use crate::builder::InstructionsBuilder;
 use crate::config::{Config, Mode};
 use crate::device::cpu::{CpuAdapter, HostMemory};
@@ -22,7 +23,7 @@ use crate::shared::{
 };
 use crate::stream::{CpuStreamPolicy, DeviceCtx, Stream, StreamShared};
 use crate::sync_access::{self, CallbackKind};
-use crate::tensor::{Blob, Tensor, TensorInner};
+use crate::tensor::{Tensor, TensorInner};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;

@@ -11,131 +11,20 @@
 //! instruction, so a lost run can never leave an instruction lively forever.
 
 use std::collections::VecDeque;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 
-use ivm_core::sync::Ordering;
-
+use crate::blob::Blob;
 use crate::builder::InstructionsBuilder;
 use crate::device::ids::{Device, StreamId, StreamType};
-use crate::instruction::{Instruction, Kind, status};
+use crate::instruction::{Deferred, Instruction, Kind};
 use crate::lazy::{
     CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
 };
 use crate::shared::NEXT_BLOB_ID;
 use crate::stream::StreamShared;
-use crate::tensor::{Blob, Tensor};
+use crate::tensor::Tensor;
 use crate::util::error::{Error, Failure, Result};
 use crate::util::lock;
-
-/// A deferred instruction body (see the module docs): called with the right to finish the
-/// instruction and whether it may block (`false` when the engine runs it inline on the
-/// driving thread).
-pub(crate) type DeferredFn = Box<dyn FnOnce(Completion, bool) + Send>;
-
-/// A deferred body and whether it can do its work right now without blocking.
-pub(crate) struct Deferred {
-    pub(crate) run: DeferredFn,
-    /// `None`: it never blocks. Otherwise: whether every buffer it pushes to has room now
-    /// (then a non-blocking run keeps the buffers' bounds). Only the instruction's own
-    /// stream pushes to those buffers, one instruction at a time, so the answer holds
-    /// until the body runs.
-    pub(crate) ready_now: Option<Box<dyn Fn() -> bool + Send>>,
-}
-
-impl Deferred {
-    /// A body that never blocks.
-    fn never_blocks(run: DeferredFn) -> Self {
-        Self {
-            run,
-            ready_now: None,
-        }
-    }
-
-    /// Whether the engine may run it inline now (it would not block).
-    pub(crate) fn runs_without_blocking(&self) -> bool {
-        self.ready_now.as_ref().is_none_or(|f| f())
-    }
-}
-
-/// The right to finish one instruction whose body is deferred.
-pub(crate) struct Completion {
-    instr: Option<Arc<Instruction>>,
-}
-
-impl Completion {
-    /// Finishes the instruction: done, or failed with `failure` (its outputs poisoned).
-    pub(crate) fn complete(mut self, result: Result<(), Failure>) {
-        if let Some(i) = self.instr.take() {
-            finish(&i, result);
-        }
-    }
-}
-
-impl Drop for Completion {
-    fn drop(&mut self) {
-        if let Some(i) = self.instr.take() {
-            let f = Failure {
-                instruction: i.label().into(),
-                message: "the instruction's body ended without completing it (it panicked)".into(),
-                panicked: true,
-            };
-            finish(&i, Err(f));
-        }
-    }
-}
-
-fn finish(instr: &Arc<Instruction>, result: Result<(), Failure>) {
-    let mut bits = status::DONE;
-    if let Err(f) = result {
-        // SAFETY: the executor's borrow of the body ended before the deferred body got
-        // this completion (`run_deferred`), the deferred body holds no borrow of it, and
-        // the engine touches it again only after DONE: this completion owns the body and
-        // `failure` until the store below (ownership step 3).
-        let body = unsafe { instr.body() };
-        for b in body.outputs.as_slice() {
-            b.set_poison(&f);
-        }
-        // SAFETY: as above.
-        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
-        bits |= status::FAILED;
-    }
-    // Release: publishes the critical section's effects on the tensors (graph copies
-    // happen-before the record's initialisation, which happens-before this) and the
-    // poison/`failure` above to the engine's Acquire read of DONE.
-    instr.status.fetch_or(bits, Ordering::Release);
-    if let Some(w) = &instr.waiter {
-        w.finished();
-    }
-    // After DONE: release it — on this thread when nobody drives the engine (usually a
-    // graph runtime's thread: no scheduler wake-up), else by the holder or a helper.
-    instr.stream.dev.wake.complete_outside();
-}
-
-/// Runs `instr`'s deferred body, if it has one (the executor, after marking it
-/// launched; `may_block`: it runs on its stream's own thread). Returns whether it did; the
-/// instruction is then completed by whoever holds its [`Completion`].
-pub(crate) fn run_deferred(instr: &Arc<Instruction>, may_block: bool) -> bool {
-    let f = {
-        // SAFETY: the executor owns the body until DONE (ownership step 3); this borrow
-        // ends before the completion exists.
-        let body = unsafe { instr.body_mut() };
-        match body.deferred.take() {
-            Some(d) => d.run,
-            None => return false,
-        }
-    };
-    let c = Completion {
-        instr: Some(instr.clone()),
-    };
-    // A panic drops the completion during unwinding, which fails the instruction.
-    let _ = catch_unwind(AssertUnwindSafe(move || f(c, may_block)));
-    // Release: pairs with the engine's Acquire in `can_run_protocol_inline`: this body's
-    // effects (its pushes) happen before a later step of the stream that the engine runs
-    // on another thread.
-    instr.status.fetch_or(status::BODY_RAN, Ordering::Release);
-    true
-}
 
 /// The failure an eager instruction records for a lazy-job error: a graph kernel's
 /// failure keeps the kernel's name, anything else is attributed to `instr`.

@@ -1,6 +1,19 @@
-//! The stream policies of asynchronous devices (sim, cuda), written against the adapter
-//! traits of [`crate::device`]: how a worker launches an instruction on a device stream,
-//! and how its completion is observed.
+//! Executing an instruction, in one place: whoever the engine hands an instruction to (a
+//! worker, the driver inline, a waiting caller) calls [`execute`] (or a variant), which
+//! runs it one of three ways:
+//!
+//! * **on the calling thread** (a synchronous device: cpu): run the body, catch a panic
+//!   into a failure that poisons the outputs, set `DONE` (Release), finish the waiter;
+//! * **deferred** (critical sections, lazy-job launches): the body gets a [`Completion`]
+//!   and returns; whoever holds the completion finishes the instruction later, and a
+//!   completion dropped unfired fails it;
+//! * **launched on an asynchronous device stream** (sim, cuda), as below.
+//!
+//! # Asynchronous devices
+//!
+//! The stream policies of asynchronous devices, written against the adapter traits of
+//! [`crate::device`]: how a worker launches an instruction on a device stream, and how its
+//! completion is observed.
 //!
 //! * A *data* instruction (kernel, callback, copy, small access, release) launches its work
 //!   on the device stream. On a stream whose policy is done at launch (compute) it is done
@@ -30,12 +43,12 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 
+use crate::blob::Blob;
 use crate::device::{DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
 use crate::instruction::{
-    Instruction, KernelCtx, KernelFn, Kind, Operands, ReadFn, WriteFn, panic_message, status,
+    Body, Completion, Instruction, KernelCtx, KernelFn, Kind, Operands, ReadFn, WriteFn, status,
 };
 use crate::stream::{DeviceCtx, StreamShared};
-use crate::tensor::Blob;
 use crate::util::error::Failure;
 
 /// How a launched instruction completes.
@@ -435,4 +448,247 @@ fn queue(
         }
     });
     instr.stream.dev.stream.launch_host(f)
+}
+
+// ---- running a body on the calling thread ------------------------------------------
+
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
+/// marks it done. The caller owns the body (step 3 of the ownership order).
+pub(crate) fn execute(instr: &Arc<Instruction>) {
+    execute_as(instr, true);
+}
+
+/// [`execute`]; `may_block`: false when the engine runs the instruction inline on the
+/// driving thread (a deferred body then must not wait for room in a buffer).
+pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
+    execute_inner(instr, may_block, true);
+}
+
+/// [`execute`] by the caller waiting for `instr`, which the engine handed to it
+/// (`status::CLAIMED`): no "started" notification (the waiter is the executor).
+pub(crate) fn execute_claimed(instr: &Arc<Instruction>) {
+    execute_inner(instr, true, false);
+}
+
+fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) {
+    crate::trace::record(instr, crate::trace::Phase::ComputeStart);
+    if instr.stream.dev.is_async() {
+        // The launch is traced as a zero-length compute (its device work completes later;
+        // recording after `launch` could come after the engine's release record).
+        crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
+        // The stream policies of asynchronous devices.
+        launch(instr);
+        return;
+    }
+    // Relaxed: LAUNCHED is diagnostic only.
+    instr.status.fetch_or(status::LAUNCHED, Ordering::Relaxed);
+    if let Some(w) = instr.waiter.as_ref().filter(|_| notify_start) {
+        w.started();
+    }
+    if run_deferred(instr, may_block) {
+        // Completed later, by whoever holds its completion.
+        return;
+    }
+    // SAFETY: the executor owns the body until DONE (ownership step 3).
+    let body = unsafe { instr.body_mut() };
+    let failure = run_body(instr, body);
+    let mut bits = status::DONE;
+    if let Some(f) = failure {
+        for b in body.outputs.as_slice() {
+            b.set_poison(&f);
+        }
+        // SAFETY: the executor owns `failure` until DONE (ownership step 3).
+        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+        bits |= status::FAILED;
+    }
+    // Before DONE: the engine's release record must come after it.
+    crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
+    // Release: publishes the body's effects (tensor memory, `small`, `failure`, poison) to
+    // whoever reads DONE with Acquire (the engine, before release and dependants).
+    instr.status.fetch_or(bits, Ordering::Release);
+    if let Some(w) = &instr.waiter {
+        // Release inside: publishes the same to the waiting caller.
+        w.finished();
+    }
+}
+
+fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
+    let kind = std::mem::replace(&mut body.kind, Kind::Noop);
+    if matches!(kind, Kind::Noop) || kind.is_sync_op() {
+        // Soft sync on a synchronous device orders nothing.
+        return None;
+    }
+    if matches!(kind, Kind::Free) {
+        // A release frees even poisoned memory.
+        let dev = &instr.stream.dev;
+        let b = body.outputs.as_slice().first()?;
+        return dev
+            .allocator
+            .free_on(&b.mem, &*dev.stream)
+            .err()
+            .map(|e| Failure {
+                instruction: instr.label().into(),
+                message: e.to_string().into(),
+                panicked: false,
+            });
+    }
+    if !matches!(kind, Kind::Barrier(_)) {
+        for b in body.inputs.as_slice().iter().chain(body.outputs.as_slice()) {
+            if let Some(p) = b.poison() {
+                return Some(Failure {
+                    panicked: false,
+                    ..p
+                });
+            }
+        }
+    }
+    let inputs = body.inputs.as_slice();
+    let outputs = body.outputs.as_slice();
+    let small = &instr.small;
+    let stream: &dyn DeviceStream = &*instr.stream.dev.stream;
+    let result = catch_unwind(AssertUnwindSafe(|| match kind {
+        Kind::Noop
+        | Kind::Free
+        | Kind::StreamWait { .. }
+        | Kind::RecordEvent { .. }
+        | Kind::WaitEvent { .. } => {}
+        Kind::Kernel(f) => f.call(&mut KernelCtx {
+            inputs,
+            outputs,
+            stream: Some(stream),
+        }),
+        Kind::Copy {
+            src_offset,
+            dst_offset,
+            len,
+        } => {
+            // SAFETY: reading input 0 and writing output 0 (engine-ordered; distinct
+            // blobs: the builder rejects aliasing); ranges checked by the builder.
+            let src = unsafe { &inputs[0].bytes()[src_offset..src_offset + len] };
+            // SAFETY: as above.
+            let dst = unsafe { &mut outputs[0].bytes_mut()[dst_offset..dst_offset + len] };
+            dst.copy_from_slice(src);
+        }
+        Kind::Read(f) => {
+            // SAFETY: the body reads input 0 under the engine-ordered invariant; the
+            // builder always gives a callback its operand.
+            f(unsafe { inputs[0].bytes() })
+        }
+        Kind::Write(f) => {
+            // SAFETY: the body writes output 0 under the engine-ordered invariant.
+            f(unsafe { outputs[0].bytes_mut() })
+        }
+        Kind::SmallRead { offset, len } => {
+            // SAFETY: reading input 0 (engine-ordered); bounds checked by the builder.
+            let src = unsafe { &inputs[0].bytes()[offset..offset + len] };
+            // SAFETY: the executor owns `small` until DONE.
+            small.with_mut(|p| unsafe { (&mut *p)[..len].copy_from_slice(src) });
+        }
+        Kind::SmallWrite { offset, len } => {
+            // SAFETY: writing output 0 (engine-ordered); bounds checked by the builder.
+            let dst = unsafe { &mut outputs[0].bytes_mut()[offset..offset + len] };
+            // SAFETY: the executor owns `small` until DONE.
+            small.with(|p| unsafe { dst.copy_from_slice(&(&*p)[..len]) });
+        }
+        Kind::Barrier(f) => f(),
+    }));
+    match result {
+        Ok(()) => None,
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            // Drop the payload here, catching a panicking drop too.
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            Some(Failure {
+                instruction: instr.label().into(),
+                message: message.into(),
+                panicked: true,
+            })
+        }
+    }
+}
+
+// ---- bodies that complete later ---------------------------------------------------
+
+impl Completion {
+    /// Finishes the instruction: done, or failed with `failure` (its outputs poisoned).
+    pub(crate) fn complete(mut self, result: Result<(), Failure>) {
+        if let Some(i) = self.instr.take() {
+            finish(&i, result);
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(i) = self.instr.take() {
+            let f = Failure {
+                instruction: i.label().into(),
+                message: "the instruction's body ended without completing it (it panicked)".into(),
+                panicked: true,
+            };
+            finish(&i, Err(f));
+        }
+    }
+}
+
+fn finish(instr: &Arc<Instruction>, result: Result<(), Failure>) {
+    let mut bits = status::DONE;
+    if let Err(f) = result {
+        // SAFETY: the executor's borrow of the body ended before the deferred body got
+        // this completion (`run_deferred`), the deferred body holds no borrow of it, and
+        // the engine touches it again only after DONE: this completion owns the body and
+        // `failure` until the store below (ownership step 3).
+        let body = unsafe { instr.body() };
+        for b in body.outputs.as_slice() {
+            b.set_poison(&f);
+        }
+        // SAFETY: as above.
+        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+        bits |= status::FAILED;
+    }
+    // Release: publishes the critical section's effects on the tensors (graph copies
+    // happen-before the record's initialisation, which happens-before this) and the
+    // poison/`failure` above to the engine's Acquire read of DONE.
+    instr.status.fetch_or(bits, Ordering::Release);
+    if let Some(w) = &instr.waiter {
+        w.finished();
+    }
+    // After DONE: release it — on this thread when nobody drives the engine (usually a
+    // graph runtime's thread: no scheduler wake-up), else by the holder or a helper.
+    instr.stream.dev.wake.complete_outside();
+}
+
+/// Runs `instr`'s deferred body, if it has one (the executor, after marking it
+/// launched; `may_block`: it runs on its stream's own thread). Returns whether it did; the
+/// instruction is then completed by whoever holds its [`Completion`].
+pub(crate) fn run_deferred(instr: &Arc<Instruction>, may_block: bool) -> bool {
+    let f = {
+        // SAFETY: the executor owns the body until DONE (ownership step 3); this borrow
+        // ends before the completion exists.
+        let body = unsafe { instr.body_mut() };
+        match body.deferred.take() {
+            Some(d) => d.run,
+            None => return false,
+        }
+    };
+    let c = Completion {
+        instr: Some(instr.clone()),
+    };
+    // A panic drops the completion during unwinding, which fails the instruction.
+    let _ = catch_unwind(AssertUnwindSafe(move || f(c, may_block)));
+    // Release: pairs with the engine's Acquire in `can_run_protocol_inline`: this body's
+    // effects (its pushes) happen before a later step of the stream that the engine runs
+    // on another thread.
+    instr.status.fetch_or(status::BODY_RAN, Ordering::Release);
+    true
 }
