@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 
-use crate::instruction::{Instruction, KernelCtx, Kind};
+use crate::model::instruction::{Instruction, KernelCtx, Kind};
+use crate::model::stream::{Stream, StreamShared};
 use crate::shared::VmShared;
-use crate::stream::{Stream, StreamShared};
 use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
 
@@ -184,7 +184,7 @@ impl<'vm> InstructionsBuilder<'vm> {
             &stream.shared,
             inputs,
             outputs,
-            Kind::Kernel(crate::smallfn::KernelFn::new(kernel)),
+            Kind::Kernel(crate::model::smallfn::KernelFn::new(kernel)),
         );
         Ok(())
     }

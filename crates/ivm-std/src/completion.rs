@@ -89,12 +89,12 @@ use ivm_core::counter::WaitError;
 use ivm_core::sync::{AtomicU32, Ordering};
 use ivm_core::wait::Wait;
 
-use crate::blob::Blob;
 use crate::builder::InstructionsBuilder;
-use crate::instruction::Waiter;
-use crate::instruction::{Instruction, Kind};
+use crate::model::blob::Blob;
+use crate::model::instruction::Waiter;
+use crate::model::instruction::{Instruction, Kind};
+use crate::model::stream::StreamShared;
 use crate::shared::VmShared;
-use crate::stream::StreamShared;
 use crate::sync_access::check_size;
 use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};

@@ -88,7 +88,7 @@ pub struct Config {
     /// instead of being handed to the stream's worker: no thread wake at all. `false`
     /// always hands it to the worker (the benchmarks use this to time the worker path).
     pub inline_sync_access: bool,
-    /// Turns on [`crate::trace`] recording (process-wide) when the VM starts.
+    /// Turns on [`crate::model::trace`] recording (process-wide) when the VM starts.
     pub trace: bool,
     /// Every stream allocates its tensors through a caching allocator with size-class bins
     /// ([`crate::device::alloc_cache`]): memory freed on a stream is reused by later tensors of

@@ -363,7 +363,7 @@ pub(crate) struct EngineCell {
     /// Small sync accesses done directly by their caller (`try_direct`), ever.
     direct_runs: AtomicUsize,
     /// Released instructions for reuse (both modes).
-    pub(crate) pool: crate::pool::InstrPool,
+    pub(crate) pool: crate::model::pool::InstrPool,
 }
 
 // SAFETY: the engine inside is touched only by the thread holding `LOCKED` (one at a
@@ -378,7 +378,7 @@ impl EngineCell {
             engine: UnsafeCell::new(engine),
             inline_runs: AtomicUsize::new(0),
             direct_runs: AtomicUsize::new(0),
-            pool: crate::pool::InstrPool::default(),
+            pool: crate::model::pool::InstrPool::default(),
         }
     }
 
@@ -876,7 +876,7 @@ pub(crate) fn spin_while_progress(shared: &VmShared, mut done: impl FnMut() -> b
     }
 }
 
-impl crate::stream::CompletionSink for Wake {
+impl crate::model::stream::CompletionSink for Wake {
     fn unpark(&self) -> bool {
         Wake::unpark(self)
     }

@@ -15,9 +15,9 @@ use ivm_core::sync::Ordering;
 use ivm_engine::{AccessMode, Completion, DispatchCtx, Dispatched, Executor, Growable};
 
 use crate::drive::Driver;
-use crate::instruction::{Instruction, Kind, status};
+use crate::model::instruction::{Instruction, Kind, status};
+use crate::model::stream::{Placement, StreamShared};
 use crate::shared::{Probe, VmShared};
-use crate::stream::{Placement, StreamShared};
 use crate::util::error::{Diagnostic, LivelyInstruction};
 use crate::util::tuning::PRESIZE;
 
@@ -138,7 +138,7 @@ impl Engine {
 
     /// Takes a received instruction (drained from the VM's pending queue).
     pub(crate) fn receive(&mut self, instr: Arc<Instruction>) {
-        crate::trace::record(&instr, crate::trace::Phase::Receive);
+        crate::model::trace::record(&instr, crate::model::trace::Phase::Receive);
         if self.core.submit(Job(instr)).is_err() {
             // Growable pools never refuse; a stream index past u32 range cannot exist.
             unreachable!("ivm: the growable engine refused an instruction");
@@ -301,7 +301,7 @@ impl Executor<Job> for Exec<'_> {
         let instr = &job.0;
         // Relaxed: diagnostic bit; the hand-over below carries the ordering.
         instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
-        crate::trace::record(instr, crate::trace::Phase::Dispatch);
+        crate::model::trace::record(instr, crate::model::trace::Phase::Dispatch);
         if self.inline_small && can_run_inline(ctx, instr) {
             // The driver runs it now (see `can_run_inline`): no hand-over, no wake.
             crate::execute::execute(instr);
@@ -343,14 +343,14 @@ impl Executor<Job> for Exec<'_> {
         }
         // Relaxed: diagnostic bit.
         instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
-        crate::trace::record(instr, crate::trace::Phase::Dispatch);
+        crate::model::trace::record(instr, crate::model::trace::Phase::Dispatch);
         crate::execute::execute(instr);
         true
     }
 
     fn released(&mut self, job: Job) {
         let instr = job.0;
-        crate::trace::record(&instr, crate::trace::Phase::Release);
+        crate::model::trace::record(&instr, crate::model::trace::Phase::Release);
         // Planted bug only (`OutOfOrderRelease`): released before it finished, so its
         // executor still owns the body; leave it alone.
         #[cfg(feature = "fuzzing")]
@@ -464,7 +464,7 @@ fn can_run_protocol_inline(ctx: &DispatchCtx<'_, Job>, instr: &Instruction) -> b
     let body = unsafe { instr.body() };
     body.deferred
         .as_ref()
-        .is_some_and(crate::instruction::Deferred::runs_without_blocking)
+        .is_some_and(crate::model::instruction::Deferred::runs_without_blocking)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use ivm_core::sync::Ordering;
 use ivm_engine::NodeState as EngineState;
 
 use super::Engine;
-use crate::instruction::status;
+use crate::model::instruction::status;
 use crate::stats::{Dag, DagEdge, DagNode, NodeState, StatsCells, TRACKED_STREAMS};
 
 impl Engine {

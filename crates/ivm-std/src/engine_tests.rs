@@ -1,12 +1,12 @@
 //! Engine unit tests. The engine is driven by hand: instructions are dispatched to worker
 //! contexts that no thread runs, so each test decides when each instruction completes.
 use super::*;
-use crate::blob::Blob;
 use crate::config::Config;
 use crate::device::ids::{Device, StreamId, StreamType};
-use crate::instruction::Instruction;
-use crate::stream::CpuStreamPolicy;
-use crate::thread_ctx::ThreadCtx;
+use crate::model::blob::Blob;
+use crate::model::instruction::Instruction;
+use crate::model::stream::CpuStreamPolicy;
+use crate::model::thread_ctx::ThreadCtx;
 
 struct Rig {
     vm: crate::VirtualMachine,
@@ -26,7 +26,7 @@ impl Rig {
                     id: StreamId::compute(Device::CPU, k),
                     policy: Box::new(CpuStreamPolicy(StreamType::Compute)),
                     thread: Some(Arc::new(ThreadCtx::new(format!("t{k}")))),
-                    dev: crate::stream::DeviceCtx::cpu(vm.shared().parking.clone(), false),
+                    dev: crate::model::stream::DeviceCtx::cpu(vm.shared().parking.clone(), false),
                 })
             })
             .collect();

@@ -43,12 +43,12 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 
-use crate::blob::Blob;
 use crate::device::{DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
-use crate::instruction::{
+use crate::model::blob::Blob;
+use crate::model::instruction::{
     Body, Completion, Instruction, KernelCtx, KernelFn, Kind, Operands, ReadFn, WriteFn, status,
 };
-use crate::stream::{DeviceCtx, StreamShared};
+use crate::model::stream::{DeviceCtx, StreamShared};
 use crate::util::error::Failure;
 
 /// How a launched instruction completes.
@@ -481,11 +481,11 @@ pub(crate) fn execute_claimed(instr: &Arc<Instruction>) {
 }
 
 fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) {
-    crate::trace::record(instr, crate::trace::Phase::ComputeStart);
+    crate::model::trace::record(instr, crate::model::trace::Phase::ComputeStart);
     if instr.stream.dev.is_async() {
         // The launch is traced as a zero-length compute (its device work completes later;
         // recording after `launch` could come after the engine's release record).
-        crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
+        crate::model::trace::record(instr, crate::model::trace::Phase::ComputeEnd);
         // The stream policies of asynchronous devices.
         launch(instr);
         return;
@@ -512,7 +512,7 @@ fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) 
         bits |= status::FAILED;
     }
     // Before DONE: the engine's release record must come after it.
-    crate::trace::record(instr, crate::trace::Phase::ComputeEnd);
+    crate::model::trace::record(instr, crate::model::trace::Phase::ComputeEnd);
     // Release: publishes the body's effects (tensor memory, `small`, `failure`, poison) to
     // whoever reads DONE with Acquire (the engine, before release and dependants).
     instr.status.fetch_or(bits, Ordering::Release);

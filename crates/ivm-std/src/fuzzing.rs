@@ -100,7 +100,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use crate::device::DeviceAdapter;
 use crate::device::ids::{Device, StreamId, StreamType};
 use crate::graph::{Graph, GraphBuilder};
-use crate::stream::Stream;
+use crate::model::stream::Stream;
 use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::vm::VirtualMachine;

@@ -29,34 +29,26 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod builder;
 pub mod completion;
+mod config;
 pub mod contract;
 pub mod device;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
-pub mod graph;
-pub mod lazy;
-pub mod trace;
-
-mod blob;
-mod builder;
-mod config;
-mod dependence;
 mod drive;
 mod engine;
 mod execute;
 mod fork;
-mod instruction;
-mod pool;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+pub mod graph;
+pub mod lazy;
+mod model;
 mod scheduler;
 mod shared;
-mod smallfn;
 mod soft_sync;
 pub mod stats;
-mod stream;
 mod sync_access;
 mod tensor;
-mod thread_ctx;
 mod util;
 mod vm;
 mod worker;
@@ -79,10 +71,11 @@ pub use drive::Helpers;
 #[doc(hidden)]
 pub use drive::Wake;
 pub use engine::DebugCounters;
-pub use instruction::KernelCtx;
 pub use lazy::LazyGraph;
+pub use model::instruction::KernelCtx;
+pub use model::stream::{CpuStreamPolicy, DeviceStreamPolicy, Placement, Stream, StreamPolicy};
+pub use model::trace;
 pub use stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
-pub use stream::{CpuStreamPolicy, DeviceStreamPolicy, Placement, Stream, StreamPolicy};
 pub use tensor::Tensor;
 pub use util::error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use util::futex;

@@ -14,18 +14,18 @@ use ivm_core::notifier::Timed;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
-use crate::blob::Blob;
 use crate::config::Config;
 use crate::device::DeviceAdapter;
 use crate::device::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::engine::Engine;
-use crate::instruction::{Instruction, Kind, PendingTag};
-use crate::soft_sync::{self, Use};
-use crate::stream::{
+use crate::model::blob::Blob;
+use crate::model::instruction::{Instruction, Kind, PendingTag};
+use crate::model::stream::{
     DeviceCtx, DeviceStreamPolicy, Placement, Sticky, Stream, StreamPolicy, StreamShared,
 };
+use crate::model::thread_ctx::ThreadCtx;
+use crate::soft_sync::{self, Use};
 use crate::tensor::Tensor;
-use crate::thread_ctx::ThreadCtx;
 use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
-use crate::instruction::{Instruction, Kind, Waiter};
+use crate::model::instruction::{Instruction, Kind, Waiter};
+use crate::model::stream::StreamShared;
 use crate::shared::VmShared;
-use crate::stream::StreamShared;
 use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::util::tuning::{RING_MAX, SLOTS};
@@ -431,7 +431,7 @@ pub(crate) fn sync_callback<R: Send + 'static>(
     CLAIMABLE.with(|c| c.set(0));
     received?;
     // Relaxed: set by this very thread, while it drove the engine in `receive_one`.
-    if instr.status.load(Ordering::Relaxed) & crate::instruction::status::CLAIMED != 0 {
+    if instr.status.load(Ordering::Relaxed) & crate::model::instruction::status::CLAIMED != 0 {
         // The engine handed it to us (its stream was idle, its sources released): run it
         // here instead of on the stream's thread — no hand-over, no wake-up — as that
         // thread would (a reentrant call from `f` is refused alike), then have it

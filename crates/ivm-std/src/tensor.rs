@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use ivm_core::sync::AtomicU32;
 
-use crate::blob::Blob;
 use crate::device::ids::Device;
+use crate::model::blob::Blob;
+use crate::model::stream::StreamShared;
 use crate::shared::VmShared;
-use crate::stream::StreamShared;
 use ivm_core::list::NIL;
 
 /// A user handle on a tensor (cheap to clone). When the last handle drops, the VM enqueues

@@ -10,18 +10,18 @@ use ivm_core::counter::BlockingCounter;
 use ivm_core::mpsc::MpscQueue;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
-use crate::blob::Blob;
 use crate::builder::InstructionsBuilder;
 use crate::config::{Config, Mode};
 use crate::device::cpu::{CpuAdapter, HostMemory};
 use crate::device::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::engine::{DebugCounters, Engine};
-use crate::instruction::Kind;
+use crate::model::blob::Blob;
+use crate::model::instruction::Kind;
+use crate::model::stream::{CpuStreamPolicy, DeviceCtx, Stream, StreamShared};
 use crate::shared::{
     NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside,
 };
-use crate::stream::{CpuStreamPolicy, DeviceCtx, Stream, StreamShared};
 use crate::sync_access::{self, CallbackKind};
 use crate::tensor::{Tensor, TensorInner};
 use crate::util::error::{Error, Result};
@@ -118,7 +118,7 @@ impl VirtualMachine {
         }
         let events = all.iter().any(|a| a.supports_events());
         if config.trace {
-            crate::trace::set_enabled(true);
+            crate::model::trace::set_enabled(true);
         }
         let parking = Arc::new(crate::drive::Wake::new());
         let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -356,7 +356,7 @@ impl VirtualMachine {
         }
         let (kind, source) = if host.is_some() {
             let bytes: Box<[u8]> = data.into();
-            let fill: crate::instruction::WriteFn = Box::new(move |b: &mut [u8]| {
+            let fill: crate::model::instruction::WriteFn = Box::new(move |b: &mut [u8]| {
                 if bytes.is_empty() {
                     b.fill(0);
                 } else {

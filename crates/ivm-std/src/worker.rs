@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use ivm_core::sync::Ordering;
 
-use crate::instruction::Instruction;
+use crate::model::instruction::Instruction;
+use crate::model::thread_ctx::ThreadCtx;
 use crate::shared::{ReentryGuard, VmShared};
-use crate::thread_ctx::ThreadCtx;
 
 /// The body of a worker thread.
 pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {

@@ -4,8 +4,8 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::blob::Blob;
 use crate::lazy::record::{EndEvent, SharedEventRecord};
+use crate::model::blob::Blob;
 use crate::util::error::Error;
 use crate::util::lock;
 

@@ -13,15 +13,15 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use crate::blob::Blob;
 use crate::builder::InstructionsBuilder;
 use crate::device::ids::{Device, StreamId, StreamType};
-use crate::instruction::{Deferred, Instruction, Kind};
 use crate::lazy::{
     CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
 };
+use crate::model::blob::Blob;
+use crate::model::instruction::{Deferred, Instruction, Kind};
+use crate::model::stream::StreamShared;
 use crate::shared::NEXT_BLOB_ID;
-use crate::stream::StreamShared;
 use crate::tensor::Tensor;
 use crate::util::error::{Error, Failure, Result};
 use crate::util::lock;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use ivm_core::mpsc;
 use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
 
-use crate::blob::Blob;
 use crate::device::{DeviceStream, Event};
-use crate::stream::StreamShared;
+use crate::model::blob::Blob;
+use crate::model::stream::StreamShared;
 use crate::util::error::Failure;
 use crate::util::futex::FutexWait;
 use ivm_core::BlockingThenBusy;
@@ -74,7 +74,7 @@ impl Operands {
 
 /// A kernel: runs once, on its stream's thread, over its inputs and outputs (stored
 /// inline in the instruction when small, see `smallfn.rs`).
-pub(crate) use crate::smallfn::KernelFn;
+pub(crate) use crate::model::smallfn::KernelFn;
 
 /// A callback reading a blob's bytes.
 pub(crate) type ReadFn = Box<dyn FnOnce(&[u8]) + Send>;

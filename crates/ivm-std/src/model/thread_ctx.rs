@@ -8,7 +8,7 @@ use ivm_core::mpsc::MpscQueue;
 use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::instruction::{Instruction, WorkerTag};
+use crate::model::instruction::{Instruction, WorkerTag};
 use crate::util::futex::FutexWait;
 
 /// One worker thread's context: its queue of dispatched instructions and its notifier.

@@ -8,10 +8,10 @@ use crossbeam_utils::CachePadded;
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::dependence::Dependence;
 use crate::device::DeviceMemory;
 use crate::device::cpu::HostMemory;
 use crate::device::ids::Device;
+use crate::model::dependence::Dependence;
 use crate::util::error::Failure;
 
 /// The eager blob object: memory on a device plus its dependence. Instructions hold it

@@ -8,7 +8,7 @@ use ivm_core::sync::{AtomicBool, Ordering};
 
 use crate::device::ids::{StreamId, StreamType};
 use crate::device::{DeviceAllocator, DeviceStream, KernelMode};
-use crate::thread_ctx::ThreadCtx;
+use crate::model::thread_ctx::ThreadCtx;
 use crate::util::error::Failure;
 
 /// Where the instructions of a stream run.

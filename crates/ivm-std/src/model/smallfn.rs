@@ -6,7 +6,7 @@
 use core::marker::PhantomData;
 use core::mem::{ManuallyDrop, MaybeUninit, align_of, size_of};
 
-use crate::instruction::KernelCtx;
+use crate::model::instruction::KernelCtx;
 
 /// Captured bytes a kernel closure may have and still be stored inline.
 pub const INLINE_BYTES: usize = 64;

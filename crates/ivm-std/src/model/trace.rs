@@ -35,7 +35,7 @@ use std::sync::Mutex;
 
 use heapless::HistoryBuf;
 
-use crate::instruction::Instruction;
+use crate::model::instruction::Instruction;
 
 /// Events kept per thread (the oldest are overwritten).
 pub const RING_EVENTS: usize = 1 << 14;
