@@ -255,7 +255,7 @@ impl VirtualMachine {
                 // can reach yet (the `DeviceMemory` contract makes `p` valid).
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.as_ptr(), nbytes) };
             } else {
-                let src: Arc<dyn DeviceMemory> = Arc::new(HostMemory::from_bytes(data));
+                let src: Arc<dyn DeviceMemory> = Arc::new(HostMemory::try_from_bytes(data)?);
                 // SAFETY: nothing else can reach either memory until the copy completed
                 // (we wait for it below).
                 unsafe { dev.stream.copy(&src, 0, &mem, 0, nbytes) }?;
@@ -349,9 +349,9 @@ impl VirtualMachine {
         } else {
             // Device-only memory: a copy from host memory, in stream order.
             let src = if data.is_empty() {
-                HostMemory::zeroed(nbytes)
+                HostMemory::try_zeroed(nbytes)?
             } else {
-                HostMemory::from_bytes(data)
+                HostMemory::try_from_bytes(data)?
             };
             let src = Blob::with_memory(
                 self.shared.id,
