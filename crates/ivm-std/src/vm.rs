@@ -104,9 +104,9 @@ impl VirtualMachine {
         if config.trace {
             crate::trace::set_enabled(true);
         }
-        let parking = Arc::new(crate::drive::Wake::new());
-        let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let single = config.mode == Mode::SingleThread;
+        let parking = Arc::new(crate::drive::Wake::for_mode(single));
+        let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let barrier_stream = Arc::new(StreamShared {
             vm_id: id,
             index: 0,
@@ -644,7 +644,7 @@ impl VirtualMachine {
         }
         if self.shared.single_thread() {
             // Until idle: instructions completed by device events included.
-            self.shared.drive_until(|idle| idle)?;
+            self.shared.drive_until(|idle| idle == Some(true), None)?;
         } else {
             // Release: the scheduler exits once idle after seeing it.
             self.shared.stop.store(true, Ordering::Release);
