@@ -108,6 +108,21 @@ fn impossible_graph_blobs_and_depths_are_out_of_memory() {
             ),
         }
     }
+    // One notifier per graph thread: a thread count no host can hold.
+    for threads in [usize::MAX, usize::MAX / 2] {
+        let mut g = GraphBuilder::new("wide");
+        let x = g.input("x", 8);
+        let y = g.blob("y", 8);
+        g.kernel("k", &[x], &[y], |_| {});
+        g.threads(threads);
+        match g.build() {
+            Err(Error::OutOfMemory { .. }) => {}
+            other => panic!(
+                "{threads} threads: expected OutOfMemory, got {:?}",
+                other.map(drop)
+            ),
+        }
+    }
     // A sane graph still builds.
     let mut g = GraphBuilder::new("fine");
     let x = g.input("x", 8);

@@ -482,8 +482,20 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
             })
         })
         .collect::<Result<_>>()?;
-    let notifiers: Vec<Arc<Notifier<FutexWait>>> =
-        (0..nthreads).map(|_| Arc::new(Notifier::new())).collect();
+    // The thread count comes from the user too: one notifier and one actor list each.
+    let mut notifiers: Vec<Arc<Notifier<FutexWait>>> = Vec::new();
+    let mut per_thread: Vec<Vec<LocalActor>> = Vec::new();
+    if notifiers.try_reserve_exact(nthreads).is_err()
+        || per_thread.try_reserve_exact(nthreads).is_err()
+    {
+        return Err(oom(
+            0,
+            "threads",
+            format!("{nthreads} graph threads do not fit in memory"),
+        ));
+    }
+    notifiers.extend((0..nthreads).map(|_| Arc::new(Notifier::new())));
+    per_thread.extend((0..nthreads).map(|_| Vec::new()));
 
     // Buffers wake the thread of the actor that pops them.
     let bufs = lazy.buffers();
@@ -530,7 +542,6 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         trace: b.trace.take(),
     });
 
-    let mut per_thread: Vec<Vec<LocalActor>> = (0..nthreads).map(|_| Vec::new()).collect();
     for (id, kind) in locals.into_iter().enumerate() {
         per_thread[shared.actors[id].thread].push(LocalActor { id, kind });
     }
