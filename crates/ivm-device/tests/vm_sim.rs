@@ -394,3 +394,45 @@ fn many_cross_stream_uses_with_random_latencies() {
     assert_eq!(sim.allocator_stats(0).unwrap().use_after_free, 0);
     drained(&vm);
 }
+
+/// Sizes no host can back (the sim's memory is host memory) are `OutOfMemory`, never a
+/// panic or an abort, through the bare allocator and through the VM (with and without its
+/// caching allocator); a refused request does not count against the device's capacity.
+#[test]
+fn impossible_sim_allocations_are_out_of_memory() {
+    let mut sizes = vec![usize::MAX, usize::MAX / 2, isize::MAX as usize + 1];
+    if usize::BITS >= 64 {
+        // A PiB: beyond any machine's address space (overcommit cannot fake it).
+        sizes.push(1usize << (usize::BITS - 14));
+    }
+    let sim = SimAdapter::new(SimConfig::default());
+    let a = sim.allocator(0).unwrap();
+    for &n in &sizes {
+        match a.allocate(n) {
+            Err(Error::OutOfMemory { nbytes, .. }) => assert_eq!(nbytes, n),
+            other => panic!("allocate({n}): expected OutOfMemory, got {other:?}"),
+        }
+    }
+    assert_eq!(sim.allocator_stats(0).unwrap().live_bytes, 0);
+    assert_eq!(sim.allocator_stats(0).unwrap().allocations, 0);
+    for caching_allocator in [false, true] {
+        let vm = vm_with(
+            Config {
+                caching_allocator,
+                ..Config::default()
+            },
+            &sim,
+        );
+        let s0 = vm.stream(StreamId::default_for(sim_device(0))).unwrap();
+        for &n in &sizes {
+            match vm.new_tensor_on(&s0, n) {
+                Err(Error::OutOfMemory { nbytes, .. }) => assert_eq!(nbytes, n),
+                other => panic!("new_tensor_on({n}): expected OutOfMemory, got {other:?}"),
+            }
+        }
+        let t = vm.new_tensor_from(&s0, &5u64.to_ne_bytes()).unwrap();
+        assert_eq!(read_u64(&vm, &t).unwrap(), 5);
+        drop(t);
+        drained(&vm);
+    }
+}

@@ -61,8 +61,9 @@
 //! VM-wide progress period: when it passes, they fail with the same diagnostic
 //! [`Error::Timeout`] as the VM-wide timeout (listing the lively instructions). The
 //! instruction is then abandoned (never reused) and still runs later. A zero timeout is an
-//! [`Error::InvalidArgument`]. In single-thread mode the deadline is checked whenever the
-//! engine stops making progress.
+//! [`Error::InvalidArgument`]. In single-thread mode the caller sleeps until the deadline at
+//! the latest (without holding the engine, which another thread may drive meanwhile); a
+//! kernel that the calling thread is running inline is not interrupted.
 //!
 //! ```
 //! use std::time::Duration;
@@ -276,14 +277,9 @@ impl<T> Completion<T> {
         }
         let slot = self.slot.clone();
         if self.vm.single_thread() {
-            let deadline = FutexWait::now().saturating_add(period);
-            let r = self
-                .vm
-                .drive_until(|_| slot.is_done() || (!progress && FutexWait::now() >= deadline));
-            r?;
-            if !slot.is_done() {
-                return Err(Error::Timeout(self.vm.diagnostic()));
-            }
+            // `wait_timeout`: a hard deadline; `wait`: the VM-wide progress period.
+            let deadline = (!progress).then(|| FutexWait::now().saturating_add(period));
+            self.vm.drive_until(|_| slot.is_done(), deadline)?;
             return self.take();
         }
         // Relaxed: a progress counter compared with itself.
@@ -767,11 +763,7 @@ fn wait_deadline(
     };
     if shared.single_thread() {
         let deadline = FutexWait::now().saturating_add(timeout);
-        shared.drive_until(|_| waiter.btb.is_done() || FutexWait::now() >= deadline)?;
-        if !waiter.btb.is_done() {
-            return Err(Error::Timeout(shared.diagnostic()));
-        }
-        return Ok(());
+        return shared.drive_until(|_| waiter.btb.is_done(), Some(deadline));
     }
     if skip && shared.flying() < shared.config.skip_blocking_threshold {
         waiter.btb.skip_blocking();

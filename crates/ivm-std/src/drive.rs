@@ -72,7 +72,7 @@ use core::time::Duration;
 
 use ivm_core::parking::{Park, Parking};
 use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering, UnsafeCell, fence};
-use ivm_core::wait::Instant;
+use ivm_core::wait::{Instant, Wait};
 
 use crate::engine::Engine;
 use crate::shared::{ReentryGuard, VmShared};
@@ -130,6 +130,12 @@ pub struct Wake {
     /// The VM, for completions that drive the engine on their own thread
     /// ([`complete_outside`](Self::complete_outside)); set once the VM exists.
     vm: std::sync::OnceLock<VmLink>,
+    /// Single-thread mode: [`unpark`](Self::unpark) announces input through
+    /// [`waits`](Self::waits) instead of the single-consumer parking spot, so that every
+    /// waiting caller sees it.
+    single: bool,
+    /// Single-thread mode: where waiting callers sleep (see [`SingleWaits`]).
+    pub(crate) waits: SingleWaits,
 }
 
 /// What [`Wake::complete_outside`] needs of its VM: its id and mode without touching the
@@ -160,11 +166,19 @@ impl Default for Wake {
 impl Wake {
     /// An unlocked, clean word; the scheduler running.
     pub fn new() -> Self {
+        Self::for_mode(false)
+    }
+
+    /// [`new`](Self::new), or for a single-thread VM (`single`): then producers announce
+    /// input to [`SingleWaits`].
+    pub(crate) fn for_mode(single: bool) -> Self {
         Self {
             state: AtomicU32::new(0),
             parking: Parking::new(),
             helpers: Helpers::new(),
             vm: std::sync::OnceLock::new(),
+            single,
+            waits: SingleWaits::new(),
         }
     }
 
@@ -182,6 +196,11 @@ impl Wake {
     /// nobody holds the engine (a holder sees the mark before it lets go). Returns whether
     /// it made a wake call.
     pub fn unpark(&self) -> bool {
+        if self.single {
+            // Single-thread mode: nobody holds the engine while sleeping; wake every
+            // waiting caller (one of them drives).
+            return self.waits.notify().1;
+        }
         // Release: publishes the producer's input to the holder's Acquire (its failed
         // unlock's swap, or the next `try_lock`) that reads this RMW's release sequence.
         let old = self.state.fetch_or(DIRTY, Ordering::Release);
@@ -351,6 +370,121 @@ impl Wake {
         // Acquire: pairs with the marking RMWs, as in `try_lock` (the scheduler takes the
         // engine right after anyway).
         self.state.load(Ordering::Acquire) == DIRTY
+    }
+}
+
+/// Single-thread mode: where callers wait for the engine, for device or lazy-job
+/// completions, for instructions pushed by other threads and for each other's progress —
+/// without holding the engine while they sleep (a graph kernel on another thread may
+/// need to drive it meanwhile).
+///
+/// An event count: one word, a counter (bits 2..) bumped by every announcement
+/// ([`notify`](Self::notify)), a `SLEEPING` bit set by callers about to sleep and a
+/// `WANTED` bit set by callers that found the engine held. A waiter reads the count
+/// ([`snapshot`](Self::snapshot)) **before** it looks at anything (the engine, its own
+/// result), and sleeps only while the count is unchanged ([`wait`](Self::wait)). Every
+/// write to the word is a read-modify-write, so its modification order is one chain: a
+/// notification after the snapshot changes the count (the wait returns at once, or the
+/// notifier sees `SLEEPING` and wakes every sleeper); one before it is read by the
+/// snapshot's Acquire, so what the notifier published before it is visible to the
+/// waiter's checks.
+///
+/// Announced: pushes that find the pending queue empty, device and lazy-job completions
+/// ([`Wake::unpark`]), every engine step that made progress, and a release of the engine
+/// that a waiter asked for ([`want_engine`](Self::want_engine),
+/// [`released`](Self::released)). A release nobody asked for is not announced, so that
+/// two callers waiting for the same slow graph do not wake each other in turn.
+pub(crate) struct SingleWaits {
+    word: AtomicU32,
+}
+
+/// A caller sleeps on [`SingleWaits`].
+const SLEEPING: u32 = 1;
+/// A caller found the engine held and wants its release announced.
+const WANTED: u32 = 2;
+/// One announcement (the count lives above the two flags).
+const BUMP: u32 = 4;
+const FLAGS: u32 = SLEEPING | WANTED;
+
+impl SingleWaits {
+    fn new() -> Self {
+        Self {
+            word: AtomicU32::new(0),
+        }
+    }
+
+    /// The count now; take it before looking at anything the wait is for.
+    pub(crate) fn snapshot(&self) -> u32 {
+        // Acquire: pairs with the Release bumps this load reads (or follows in their
+        // release sequence): what the notifiers published is visible to the checks after.
+        self.word.load(Ordering::Acquire) & !FLAGS
+    }
+
+    /// Announces input or progress, **after** publishing it: bumps the count and wakes
+    /// every sleeper if one announced itself. Returns the count it replaced and whether it
+    /// made a wake call.
+    pub(crate) fn notify(&self) -> (u32, bool) {
+        // AcqRel: Release publishes the notifier's input to waiters whose snapshot or
+        // announcement reads this bump (Acquire keeps the word's RMWs a chain of
+        // synchronisation, as in `released`).
+        let old = self.word.fetch_add(BUMP, Ordering::AcqRel);
+        if old & SLEEPING == 0 {
+            return (old & !FLAGS, false);
+        }
+        // Relaxed: clearing the bit needs no ordering; a sleeper that announced itself
+        // after our bump sees a changed word (or is woken below) and re-checks.
+        self.word.fetch_and(!SLEEPING, Ordering::Relaxed);
+        FutexWait::wake_all(&self.word);
+        (old & !FLAGS, true)
+    }
+
+    /// [`notify`](Self::notify) by a waiter that took `seen` as its snapshot: moves `seen`
+    /// past its own bump when nobody else bumped since, so that its own announcement does
+    /// not end its next wait (another one's does: then `seen` stays behind).
+    pub(crate) fn notify_own(&self, seen: &mut u32) {
+        let (old, _) = self.notify();
+        if old == *seen {
+            *seen = old.wrapping_add(BUMP) & !FLAGS;
+        }
+    }
+
+    /// A caller found the engine held: asks the holder to announce its release. The
+    /// caller must try to take the engine once more **after** this: a holder that let go
+    /// before this request did so before the retry (this RMW reads its `released` RMW, or
+    /// a later one), and one that lets go after it sees the request.
+    pub(crate) fn want_engine(&self) {
+        // AcqRel: Acquire synchronises with the `released` RMWs before it (their unlocks
+        // happen before our retry); Release keeps the chain for later ones.
+        self.word.fetch_or(WANTED, Ordering::AcqRel);
+    }
+
+    /// The holder let go of the engine (**after** unlocking it): announces that if a
+    /// caller asked ([`want_engine`](Self::want_engine)). `seen`: the holder's own
+    /// snapshot, as in [`notify_own`](Self::notify_own).
+    pub(crate) fn released(&self, seen: Option<&mut u32>) {
+        // AcqRel: Release orders our unlock before a requester's Acquire that reads this
+        // RMW (then its retry finds the engine free).
+        let old = self.word.fetch_and(!WANTED, Ordering::AcqRel);
+        if old & WANTED != 0 {
+            match seen {
+                Some(seen) => self.notify_own(seen),
+                None => {
+                    self.notify();
+                }
+            }
+        }
+    }
+
+    /// Sleeps until the count differs from `seen` (a notification after the snapshot),
+    /// `deadline` or a spurious wake-up; the caller re-checks everything after.
+    pub(crate) fn wait(&self, seen: u32, deadline: Instant) {
+        // Acquire: as in `snapshot`. The RMW puts the announcement in the word's single
+        // modification order: a later bump sees it and wakes us.
+        let now = self.word.fetch_or(SLEEPING, Ordering::Acquire) | SLEEPING;
+        if now & !FLAGS != seen {
+            return;
+        }
+        let _ = FutexWait::wait(&self.word, now, Some(deadline));
     }
 }
 
@@ -728,9 +862,9 @@ impl VmShared {
     /// plain copy, no user code. `tests/inline_access_stress.rs` checks it under load.
     pub(crate) fn try_direct(&self, f: impl FnOnce()) -> bool {
         const REST_STEPS: u32 = 8;
-        if let Some(m) = &self.engine {
+        if self.single_thread() {
             // Single-thread mode: the caller drives anyway.
-            let Ok(mut engine) = m.try_lock() else {
+            let Some(mut engine) = self.try_engine() else {
                 return false;
             };
             let _reentry = ReentryGuard::enter(self.id);
@@ -739,6 +873,8 @@ impl VmShared {
                 if !engine.step(self) {
                     break;
                 }
+                // A caller waiting on another thread may be done now.
+                self.parking.waits.notify();
             }
             let rest = engine.is_idle() && self.pending.is_empty();
             if rest {

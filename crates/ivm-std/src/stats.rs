@@ -236,8 +236,8 @@ impl VirtualMachine {
     pub fn dump_dag(&self) -> Result<Dag> {
         let shared = self.shared_state();
         shared.check_caller()?;
-        if let Some(engine) = &shared.engine {
-            return Ok(lock(engine).dag());
+        if let Some(engine) = shared.lock_engine() {
+            return Ok(engine.dag());
         }
         let slot = Arc::new(DagSlot {
             done: BlockingCounter::new(1),

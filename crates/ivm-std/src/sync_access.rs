@@ -350,7 +350,7 @@ fn wait_small(
     if shared.single_thread() {
         // Runs the engine here; on an asynchronous device, parks until the device work
         // the caller waits for completes (its completion unparks us).
-        shared.drive_until(|_| waiter.btb.is_done())?;
+        shared.drive_until(|_| waiter.btb.is_done(), None)?;
         return Ok(());
     }
     if waiter.btb.is_done() {

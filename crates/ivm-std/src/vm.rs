@@ -120,9 +120,9 @@ impl VirtualMachine {
         if config.trace {
             crate::model::trace::set_enabled(true);
         }
-        let parking = Arc::new(crate::drive::Wake::new());
-        let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let single = config.mode == Mode::SingleThread;
+        let parking = Arc::new(crate::drive::Wake::for_mode(single));
+        let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let barrier_stream = Arc::new(StreamShared {
             vm_id: id,
             index: 0,
@@ -273,7 +273,7 @@ impl VirtualMachine {
                 // can reach yet (the `DeviceMemory` contract makes `p` valid).
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.as_ptr(), nbytes) };
             } else {
-                let src: Arc<dyn DeviceMemory> = Arc::new(HostMemory::from_bytes(data));
+                let src: Arc<dyn DeviceMemory> = Arc::new(HostMemory::try_from_bytes(data)?);
                 // SAFETY: nothing else can reach either memory until the copy completed
                 // (we wait for it below).
                 unsafe { dev.stream.copy(&src, 0, &mem, 0, nbytes) }?;
@@ -367,9 +367,9 @@ impl VirtualMachine {
         } else {
             // Device-only memory: a copy from host memory, in stream order.
             let src = if data.is_empty() {
-                HostMemory::zeroed(nbytes)
+                HostMemory::try_zeroed(nbytes)?
             } else {
-                HostMemory::from_bytes(data)
+                HostMemory::try_from_bytes(data)?
             };
             let src = Blob::with_memory(
                 self.shared.id,
@@ -665,7 +665,7 @@ impl VirtualMachine {
         }
         if self.shared.single_thread() {
             // Until idle: instructions completed by device events included.
-            self.shared.drive_until(|idle| idle)?;
+            self.shared.drive_until(|idle| idle == Some(true), None)?;
         } else {
             // Release: the scheduler exits once idle after seeing it.
             self.shared.stop.store(true, Ordering::Release);

@@ -222,10 +222,25 @@ impl SimAllocator {
 impl DeviceAllocator for SimAllocator {
     fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>> {
         self.reserve(nbytes)?;
+        let host = match HostMemory::try_zeroed(nbytes) {
+            Ok(h) => h,
+            Err(e) => {
+                // Relaxed: gives back the reservation (a counter, as in `reserve`).
+                self.stats.live_bytes.fetch_sub(nbytes, Ordering::Relaxed);
+                return Err(match e {
+                    Error::OutOfMemory { detail, .. } => Error::OutOfMemory {
+                        nbytes,
+                        stream: self.device.to_string(),
+                        detail: format!("{}'s host backing: {detail}", self.device),
+                    },
+                    e => e,
+                });
+            }
+        };
         // Relaxed: statistics.
         self.stats.allocations.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(SimMemory {
-            host: HostMemory::zeroed(nbytes),
+            host,
             device: self.device,
             state: AtomicUsize::new(0),
             stats: self.stats.clone(),

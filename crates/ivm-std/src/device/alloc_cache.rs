@@ -425,7 +425,7 @@ impl CachingAllocator {
             }
             return self.stream.launch_host(Box::new(fill));
         }
-        let zeros: Arc<dyn DeviceMemory> = Arc::new(HostMemory::zeroed(n));
+        let zeros: Arc<dyn DeviceMemory> = Arc::new(HostMemory::try_zeroed(n)?);
         // SAFETY: as above, nothing else touches the block in stream order; the zeros are
         // ours; the stream holds both until the copy completed.
         unsafe { self.stream.copy(&zeros, 0, mem, 0, n) }

@@ -27,28 +27,78 @@ unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
     /// `nbytes` zero-filled bytes.
+    ///
+    /// # Panics
+    /// If the host cannot provide them (see [`try_zeroed`](Self::try_zeroed), which
+    /// reports that as an error instead).
     pub fn zeroed(nbytes: usize) -> Self {
-        let boxed: Box<[u64]> = vec![0u64; nbytes.div_ceil(8)].into_boxed_slice();
+        Self::try_zeroed(nbytes).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// `nbytes` zero-filled bytes, or [`Error::OutOfMemory`] when the host allocator
+    /// refuses them or `nbytes` exceeds the largest possible allocation (never an abort).
+    pub fn try_zeroed(nbytes: usize) -> Result<Self> {
+        let boxed = try_zeroed_words(nbytes.div_ceil(8)).map_err(|detail| Error::OutOfMemory {
+            nbytes,
+            stream: Device::CPU.to_string(),
+            detail,
+        })?;
         let words = boxed.len();
         let raw = Box::into_raw(boxed);
-        Self {
+        Ok(Self {
             // SAFETY: `Box::into_raw` never returns null (a dangling, aligned pointer for an
             // empty slice).
             ptr: unsafe { NonNull::new_unchecked(raw.cast::<u64>()) },
             words,
             nbytes,
-        }
+        })
     }
 
     /// A copy of `data`.
+    ///
+    /// # Panics
+    /// As [`zeroed`](Self::zeroed).
     pub fn from_bytes(data: &[u8]) -> Self {
-        let m = Self::zeroed(data.len());
+        Self::try_from_bytes(data).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A copy of `data`, or [`Error::OutOfMemory`] as [`try_zeroed`](Self::try_zeroed).
+    pub fn try_from_bytes(data: &[u8]) -> Result<Self> {
+        let m = Self::try_zeroed(data.len())?;
         // SAFETY: fresh allocation of `data.len()` bytes that nobody else can reach yet.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), m.ptr.as_ptr().cast::<u8>(), data.len())
         };
-        m
+        Ok(m)
     }
+}
+
+/// `words` zero-filled words on the heap, or why not: the size exceeds the largest
+/// possible allocation, or the allocator refused it. Never aborts or panics, so a size
+/// that comes from the user can be reported as an error.
+pub(crate) fn try_zeroed_words(words: usize) -> std::result::Result<Box<[u64]>, String> {
+    if words == 0 {
+        return Ok(Box::default());
+    }
+    let layout = std::alloc::Layout::array::<u64>(words).map_err(|_| {
+        format!(
+            "{words} words exceed the largest possible allocation ({} bytes)",
+            isize::MAX
+        )
+    })?;
+    // SAFETY: `layout` has a non-zero size (`words > 0`).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
+    if p.is_null() {
+        return Err(format!(
+            "the host allocator refused {} bytes",
+            layout.size()
+        ));
+    }
+    let slice = std::ptr::slice_from_raw_parts_mut(p, words);
+    // SAFETY: `p` comes from the global allocator with the layout of `[u64; words]`, the
+    // layout a `Box<[u64]>` of `words` elements is freed with; its bytes are zero, a valid
+    // `u64` each; nobody else has the pointer.
+    Ok(unsafe { Box::from_raw(slice) })
 }
 
 impl Drop for HostMemory {
@@ -136,7 +186,7 @@ pub struct CpuAllocator;
 
 impl DeviceAllocator for CpuAllocator {
     fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>> {
-        Ok(Arc::new(HostMemory::zeroed(nbytes)))
+        Ok(Arc::new(HostMemory::try_zeroed(nbytes)?))
     }
     fn free_on(&self, _mem: &Arc<dyn DeviceMemory>, _stream: &dyn DeviceStream) -> Result<()> {
         // Host memory goes with its last handle; the VM holds it until nothing uses it.

@@ -44,14 +44,19 @@ struct GBlob {
 unsafe impl Sync for GBlob {}
 
 impl GBlob {
-    fn new(nbytes: usize, slots: usize) -> Self {
+    /// `slots` zero-filled slots of `nbytes`, or why the host cannot provide them.
+    fn new(nbytes: usize, slots: usize) -> std::result::Result<Self, String> {
         let words = nbytes.div_ceil(8);
-        Self {
-            nbytes,
-            slots: (0..slots)
-                .map(|_| UnsafeCell::new(vec![0u64; words].into_boxed_slice()))
-                .collect(),
+        let mut v = Vec::new();
+        v.try_reserve_exact(slots)
+            .map_err(|_| format!("{slots} register slots do not fit in memory"))?;
+        for _ in 0..slots {
+            v.push(UnsafeCell::new(crate::cpu::try_zeroed_words(words)?));
         }
+        Ok(Self {
+            nbytes,
+            slots: v.into_boxed_slice(),
+        })
     }
 
     fn slot_index(&self, iteration: usize) -> usize {
@@ -428,32 +433,70 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
     param_of.resize(names.len(), None);
 
     let depth = b.depth.max(1);
+    // Sizes and the depth come from the user: allocate fallibly (an error, never an abort).
+    let oom = |nbytes: usize, what: &str, detail: String| Error::OutOfMemory {
+        nbytes,
+        stream: format!("cpu (graph `{}`, {what})", b.job),
+        detail,
+    };
     let blobs = b
         .blobs
         .iter()
         .enumerate()
-        .map(|(i, d)| GBlob::new(d.nbytes, if producer[i].is_some() { depth } else { 1 }))
-        .collect();
+        .map(|(i, d)| {
+            GBlob::new(d.nbytes, if producer[i].is_some() { depth } else { 1 })
+                .map_err(|e| oom(d.nbytes, &format!("blob `{}`", d.name), e))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let per_slot = |n: usize| {
+        let mut failures = Vec::new();
+        let mut failed = Vec::new();
+        if failures.try_reserve_exact(n).is_err() || failed.try_reserve_exact(n).is_err() {
+            return Err(oom(
+                0,
+                "actor slots",
+                format!("pipeline depth {n} does not fit in memory"),
+            ));
+        }
+        failures.extend((0..n).map(|_| Mutex::new(None)));
+        failed.extend((0..n).map(|_| AtomicBool::new(false)));
+        Ok((failures.into_boxed_slice(), failed.into_boxed_slice()))
+    };
     let actors: Vec<ActorShared> = names
         .into_iter()
         .enumerate()
-        .map(|(i, name)| ActorShared {
-            name,
-            thread: threads[i],
-            preds: std::mem::take(&mut preds[i]),
-            succs: std::mem::take(&mut succs[i]),
-            done: AtomicUsize::new(0),
-            failures: (0..depth).map(|_| Mutex::new(None)).collect(),
-            failed: (0..depth).map(|_| AtomicBool::new(false)).collect(),
-            param: param_of[i],
-            next_param: param_of[i].and_then(|p| {
-                let next = (p + 1) % param_kernels;
-                param_of.iter().position(|&x| x == Some(next))
-            }),
+        .map(|(i, name)| {
+            let (failures, failed) = per_slot(depth)?;
+            Ok(ActorShared {
+                name,
+                thread: threads[i],
+                preds: std::mem::take(&mut preds[i]),
+                succs: std::mem::take(&mut succs[i]),
+                done: AtomicUsize::new(0),
+                failures,
+                failed,
+                param: param_of[i],
+                next_param: param_of[i].and_then(|p| {
+                    let next = (p + 1) % param_kernels;
+                    param_of.iter().position(|&x| x == Some(next))
+                }),
+            })
         })
-        .collect();
-    let notifiers: Vec<Arc<Notifier<FutexWait>>> =
-        (0..nthreads).map(|_| Arc::new(Notifier::new())).collect();
+        .collect::<Result<_>>()?;
+    // The thread count comes from the user too: one notifier and one actor list each.
+    let mut notifiers: Vec<Arc<Notifier<FutexWait>>> = Vec::new();
+    let mut per_thread: Vec<Vec<LocalActor>> = Vec::new();
+    if notifiers.try_reserve_exact(nthreads).is_err()
+        || per_thread.try_reserve_exact(nthreads).is_err()
+    {
+        return Err(oom(
+            0,
+            "threads",
+            format!("{nthreads} graph threads do not fit in memory"),
+        ));
+    }
+    notifiers.extend((0..nthreads).map(|_| Arc::new(Notifier::new())));
+    per_thread.extend((0..nthreads).map(|_| Vec::new()));
 
     // Buffers wake the thread of the actor that pops them.
     let bufs = lazy.buffers();
@@ -500,7 +543,6 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         trace: b.trace.take(),
     });
 
-    let mut per_thread: Vec<Vec<LocalActor>> = (0..nthreads).map(|_| Vec::new()).collect();
     for (id, kind) in locals.into_iter().enumerate() {
         per_thread[shared.actors[id].thread].push(LocalActor { id, kind });
     }

@@ -1,0 +1,135 @@
+//! Sizes no host can provide are `Error::OutOfMemory`, never a panic or an abort: tensors,
+//! host memory and graph blobs (their sizes and the pipeline depth come from the user).
+//!
+//! On Linux with overcommit a large zeroed allocation may "succeed" lazily, so the sizes
+//! here are beyond what any allocator can hand out: past `isize::MAX` bytes (refused
+//! before asking the allocator) or past the address space of the machine (`1 << 50`
+//! bytes, a PiB: more than 47-bit user space).
+
+use std::time::Duration;
+
+use ivm_std::graph::GraphBuilder;
+use ivm_std::{Config, CpuAllocator, DeviceAllocator, Error, HostMemory, Tensor, VirtualMachine};
+
+/// Sizes that must be refused. `1 << 50` only where `usize` has room for it.
+fn impossible_sizes() -> Vec<usize> {
+    let mut v = vec![usize::MAX, usize::MAX / 2, isize::MAX as usize + 1];
+    if usize::BITS >= 64 {
+        v.push(1usize << (usize::BITS - 14));
+    }
+    v
+}
+
+fn assert_oom<T: std::fmt::Debug>(what: &str, n: usize, r: ivm_std::Result<T>) {
+    match r {
+        Err(Error::OutOfMemory { nbytes, .. }) => assert_eq!(nbytes, n, "{what}({n})"),
+        other => panic!("{what}({n}): expected OutOfMemory, got {other:?}"),
+    }
+}
+
+fn read_u64(vm: &VirtualMachine, t: &Tensor) -> u64 {
+    let mut b = [0u8; 8];
+    vm.sync_read_small_mem(t, &mut b).unwrap();
+    u64::from_ne_bytes(b)
+}
+
+#[test]
+fn impossible_tensor_sizes_are_out_of_memory_and_the_vm_goes_on() {
+    for config in [Config::default(), Config::single_thread()] {
+        for caching_allocator in [true, false] {
+            let vm = VirtualMachine::new(Config {
+                caching_allocator,
+                timeout_period: Duration::from_secs(20),
+                ..config.clone()
+            })
+            .unwrap();
+            for n in impossible_sizes() {
+                assert_oom("new_tensor", n, vm.new_tensor(n));
+                assert_oom(
+                    "new_tensor_on",
+                    n,
+                    vm.new_tensor_on(&vm.default_stream(), n),
+                );
+            }
+            // Nothing leaked into the VM: it still works.
+            let t = vm
+                .new_tensor_from(&vm.default_stream(), &7u64.to_ne_bytes())
+                .unwrap();
+            assert_eq!(read_u64(&vm, &t), 7);
+            drop(t);
+            vm.shutdown().unwrap();
+        }
+    }
+}
+
+#[test]
+fn host_memory_and_the_cpu_allocator_refuse_impossible_sizes() {
+    let a = CpuAllocator;
+    for n in impossible_sizes() {
+        assert_oom("CpuAllocator::allocate", n, a.allocate(n));
+        assert_oom("HostMemory::try_zeroed", n, HostMemory::try_zeroed(n));
+    }
+    let m = HostMemory::try_from_bytes(&[1, 2, 3]).unwrap();
+    assert_eq!(ivm_std::DeviceMemory::nbytes(&m), 3);
+    assert_eq!(
+        ivm_std::DeviceMemory::nbytes(&HostMemory::try_zeroed(0).unwrap()),
+        0
+    );
+}
+
+#[test]
+fn impossible_graph_blobs_and_depths_are_out_of_memory() {
+    for n in impossible_sizes() {
+        // An intermediate blob produced by a kernel (depth slots) and an input blob.
+        let mut g = GraphBuilder::new("huge");
+        let x = g.input("x", 8);
+        let y = g.blob("y", n);
+        g.kernel("k", &[x], &[y], |_| {});
+        assert_oom("GraphBuilder::build (blob)", n, g.build().map(drop));
+
+        let mut g = GraphBuilder::new("huge-input");
+        let x = g.input("x", n);
+        let y = g.blob("y", 8);
+        g.kernel("k", &[x], &[y], |_| {});
+        g.output("y", y);
+        assert_oom("GraphBuilder::build (input)", n, g.build().map(drop));
+    }
+    for depth in [usize::MAX, usize::MAX / 2, isize::MAX as usize + 1] {
+        let mut g = GraphBuilder::new("deep");
+        let x = g.input("x", 8);
+        let y = g.blob("y", 8);
+        g.kernel("k", &[x], &[y], |_| {});
+        g.pipeline_depth(depth);
+        match g.build() {
+            Err(Error::OutOfMemory { .. }) => {}
+            other => panic!(
+                "depth {depth}: expected OutOfMemory, got {:?}",
+                other.map(drop)
+            ),
+        }
+    }
+    // One notifier per graph thread: a thread count no host can hold.
+    for threads in [usize::MAX, usize::MAX / 2] {
+        let mut g = GraphBuilder::new("wide");
+        let x = g.input("x", 8);
+        let y = g.blob("y", 8);
+        g.kernel("k", &[x], &[y], |_| {});
+        g.threads(threads);
+        match g.build() {
+            Err(Error::OutOfMemory { .. }) => {}
+            other => panic!(
+                "{threads} threads: expected OutOfMemory, got {:?}",
+                other.map(drop)
+            ),
+        }
+    }
+    // A sane graph still builds.
+    let mut g = GraphBuilder::new("fine");
+    let x = g.input("x", 8);
+    let y = g.blob("y", 8);
+    g.kernel("k", &[x], &[y], |k| {
+        k.output_u64(0)[0] = k.input_u64(0)[0] + 1
+    });
+    g.output("y", y);
+    g.build().unwrap().shutdown();
+}
