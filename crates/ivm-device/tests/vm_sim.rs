@@ -417,10 +417,7 @@ fn impossible_sim_allocations_are_out_of_memory() {
     assert_eq!(sim.allocator_stats(0).unwrap().allocations, 0);
     for caching_allocator in [false, true] {
         let vm = vm_with(
-            Config {
-                caching_allocator,
-                ..Config::default()
-            },
+            Config::default().with_caching_allocator(caching_allocator),
             &sim,
         );
         let s0 = vm.stream(StreamId::default_for(sim_device(0))).unwrap();

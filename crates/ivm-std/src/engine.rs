@@ -452,7 +452,7 @@ fn can_run_protocol_inline(ctx: &DispatchCtx<'_, Job>, instr: &Instruction) -> b
         return false;
     }
     let all_ran = ctx.others_on_stream().all(|j| {
-        // Acquire: pairs with the Release in `lazy::launch::run_deferred` (or the
+        // Acquire: pairs with the Release in `execute::run_deferred` (or the
         // executor's Release of DONE, for a step without deferred body).
         j.0.status.load(Ordering::Acquire) & (status::BODY_RAN | status::DONE) != 0
     });

@@ -37,11 +37,12 @@ fn read_u64(vm: &VirtualMachine, t: &Tensor) -> u64 {
 fn impossible_tensor_sizes_are_out_of_memory_and_the_vm_goes_on() {
     for config in [Config::default(), Config::single_thread()] {
         for caching_allocator in [true, false] {
-            let vm = VirtualMachine::new(Config {
-                caching_allocator,
-                timeout_period: Duration::from_secs(20),
-                ..config.clone()
-            })
+            let vm = VirtualMachine::new(
+                config
+                    .clone()
+                    .with_caching_allocator(caching_allocator)
+                    .with_timeout_period(Duration::from_secs(20)),
+            )
             .unwrap();
             for n in impossible_sizes() {
                 assert_oom("new_tensor", n, vm.new_tensor(n));

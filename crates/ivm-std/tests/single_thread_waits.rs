@@ -17,18 +17,9 @@ fn configs(period: Duration) -> [(&'static str, Config); 2] {
     [
         (
             "single",
-            Config {
-                timeout_period: period,
-                ..Config::single_thread()
-            },
+            Config::single_thread().with_timeout_period(period),
         ),
-        (
-            "multi",
-            Config {
-                timeout_period: period,
-                ..Config::default()
-            },
-        ),
+        ("multi", Config::default().with_timeout_period(period)),
     ]
 }
 

@@ -51,7 +51,9 @@ impl GBlob {
         v.try_reserve_exact(slots)
             .map_err(|_| format!("{slots} register slots do not fit in memory"))?;
         for _ in 0..slots {
-            v.push(UnsafeCell::new(crate::cpu::try_zeroed_words(words)?));
+            v.push(UnsafeCell::new(crate::device::cpu::try_zeroed_words(
+                words,
+            )?));
         }
         Ok(Self {
             nbytes,
