@@ -3,8 +3,13 @@
 //! "later" instruction completes, whether a waiting caller claims an instruction) come from
 //! the input too, and must leave every datum as the sequential interpreter does; barriers,
 //! release order, early releases, hangs and leaks are checked as well
-//! (`ivm_engine::check`). The planted bugs that this check catches are shown by
-//! `cargo test -p ivm-engine --all-features` (`planted_bugs_are_caught`).
+//! (`ivm_engine::check`).
+//!
+//! The planted ordering bugs live in ivm-engine (feature `planted-bugs`): set
+//! `IVM_FUZZ_PLANT=drop-edge` (a dropped read→write edge) or `IVM_FUZZ_PLANT=out-of-order`
+//! (a release before the instruction finished) to run the same target on an engine with
+//! that bug planted; the fuzzer must then find a crashing input (within seconds). `cargo
+//! test -p ivm-engine --all-features` (`planted_bugs_are_caught`) shows the same in CI.
 //!
 //! Set `IVM_FUZZ_STATS=1` to print, every 2^16 runs, the distribution of program lengths
 //! and cross-stream uses reached so far.
@@ -12,7 +17,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use ivm_engine::check::{Program, check};
+use std::sync::OnceLock;
+
+use ivm_engine::PlantedBug;
+use ivm_engine::check::{Program, check, check_planted};
 use libfuzzer_sys::fuzz_target;
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -20,13 +28,29 @@ static RUNS: AtomicUsize = AtomicUsize::new(0);
 static LENGTHS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 static CROSS: AtomicUsize = AtomicUsize::new(0);
 
+/// The bug `IVM_FUZZ_PLANT` asks for (none when unset).
+fn planted() -> PlantedBug {
+    static BUG: OnceLock<PlantedBug> = OnceLock::new();
+    *BUG.get_or_init(|| match std::env::var("IVM_FUZZ_PLANT").as_deref() {
+        Err(_) | Ok("" | "none") => PlantedBug::None,
+        Ok("drop-edge") => PlantedBug::DropReadWriteEdge,
+        Ok("out-of-order") => PlantedBug::OutOfOrderRelease,
+        Ok(other) => panic!("IVM_FUZZ_PLANT={other}: expected drop-edge or out-of-order"),
+    })
+}
+
 fuzz_target!(|data: &[u8]| {
     // The first 8 bytes seed the executor's choices; the rest is the program.
     let (seed, rest) = data.split_at(data.len().min(8));
     let mut s = [0u8; 8];
     s[..seed.len()].copy_from_slice(seed);
     let program = Program::from_bytes(rest);
-    if let Err(m) = check(&program, u64::from_le_bytes(s)) {
+    let seed = u64::from_le_bytes(s);
+    let result = match planted() {
+        PlantedBug::None => check(&program, seed),
+        bug => check_planted(&program, seed, bug),
+    };
+    if let Err(m) = result {
         panic!("engine diverged from the sequential interpreter: {m:?}\n{program:?}");
     }
     let len = program.ops.len();
@@ -43,7 +67,11 @@ fuzz_target!(|data: &[u8]| {
         let l: Vec<usize> = LENGTHS.iter().map(|c| c.load(Relaxed)).collect();
         eprintln!(
             "engine_program: {n} runs; ops <8: {}, <32: {}, <128: {}, >=128: {}; cross-stream uses {}",
-            l[0], l[1], l[2], l[3], CROSS.load(Relaxed)
+            l[0],
+            l[1],
+            l[2],
+            l[3],
+            CROSS.load(Relaxed)
         );
     }
 });
