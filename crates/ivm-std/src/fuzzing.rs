@@ -98,11 +98,11 @@ pub use arbitrary;
 use arbitrary::{Arbitrary, Unstructured};
 
 use crate::device::DeviceAdapter;
-use crate::device::ids::{Device, StreamId, StreamType};
+use crate::engine::tensor::Tensor;
 use crate::graph::{Graph, GraphBuilder};
 use crate::model::stream::Stream;
-use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
+use crate::util::ids::{Device, StreamId, StreamType};
 use crate::vm::VirtualMachine;
 use crate::{Config, DebugCounters};
 

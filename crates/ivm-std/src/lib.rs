@@ -29,55 +29,45 @@
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod builder;
-pub mod completion;
-mod config;
 pub mod contract;
 pub mod device;
-mod drive;
+mod doors;
 mod engine;
-mod execute;
-mod fork;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod graph;
-pub mod lazy;
 mod model;
-mod scheduler;
-mod shared;
-mod soft_sync;
-pub mod stats;
-mod sync_access;
-mod tensor;
+mod runtime;
 mod util;
 mod vm;
-mod worker;
 
-pub use builder::InstructionsBuilder;
-pub use completion::{Completion, ReadSmallMem};
-pub use config::{Config, Mode, SPIN_WINDOW_MIN_CORES};
 pub use device::alloc_cache;
 pub use device::cpu::{CpuAdapter, CpuAllocator, CpuEvent, CpuStream, HostMemory};
-pub use device::ids::{Device, DeviceKind, StreamId, StreamType};
 pub use device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
 };
+pub use doors::builder::InstructionsBuilder;
+pub use doors::completion::{Completion, ReadSmallMem};
+pub use doors::lazy::LazyGraph;
+pub use doors::{completion, lazy};
+pub use engine::DebugCounters;
 /// Loom models only: the helper count of the `Helping` protocol (`drive.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
-pub use drive::Helpers;
+pub use engine::drive::Helpers;
 /// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
-pub use drive::Wake;
-pub use engine::DebugCounters;
-pub use lazy::LazyGraph;
+pub use engine::drive::Wake;
+pub use engine::stats;
+pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
+pub use engine::tensor::Tensor;
 pub use model::instruction::KernelCtx;
 pub use model::stream::{CpuStreamPolicy, DeviceStreamPolicy, Placement, Stream, StreamPolicy};
 pub use model::trace;
-pub use stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
-pub use tensor::Tensor;
+pub use runtime::config::{Config, Mode, SPIN_WINDOW_MIN_CORES};
 pub use util::error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use util::futex;
+pub use util::ids::{Device, DeviceKind, StreamId, StreamType};
 pub use util::tuning::RING_MAX;
 pub use vm::VirtualMachine;

@@ -71,9 +71,9 @@ use std::sync::{Arc, Mutex};
 use ivm_core::sync::{AtomicBool, Ordering};
 
 use crate::device::cpu::HostMemory;
-use crate::device::ids::Device;
 use crate::device::{DeviceAllocator, DeviceMemory, DeviceStream, KernelMode};
 use crate::util::error::{Error, Result};
+use crate::util::ids::Device;
 use crate::util::lock;
 
 /// The smallest size class (and the granularity of small requests).
@@ -496,7 +496,7 @@ mod tests {
     use super::*;
     use crate::device::DeviceAdapter;
     use crate::device::cpu::CpuAdapter;
-    use crate::device::ids::StreamType;
+    use crate::util::ids::StreamType;
 
     fn cache() -> (CachingAllocator, Arc<dyn DeviceStream>) {
         let cpu = CpuAdapter::new();

@@ -5,12 +5,12 @@ use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::device::ids::{Device, DeviceKind, StreamType};
 use crate::device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
     PINNED_BUFFER_MIN, check_range,
 };
 use crate::util::error::{Error, Result};
+use crate::util::ids::{Device, DeviceKind, StreamType};
 
 /// Host memory: 8-byte aligned, zero-filled, freed when dropped.
 pub struct HostMemory {

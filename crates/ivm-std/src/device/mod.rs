@@ -33,15 +33,14 @@
 
 pub mod alloc_cache;
 pub(crate) mod cpu;
-pub(crate) mod ids;
 
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::device::ids::{Device, DeviceKind, StreamType};
 use crate::util::error::Result;
+use crate::util::ids::{Device, DeviceKind, StreamType};
 
 /// A closure run on the host in a stream's order (after all work enqueued on the stream
 /// before it, before all work enqueued after it).

@@ -80,7 +80,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lazy::{DEFAULT_BUFFER_RUNS, JobInstance, LazyGraph};
+use crate::doors::lazy::{DEFAULT_BUFFER_RUNS, JobInstance, LazyGraph};
 use crate::util::error::{Error, Result};
 
 pub use runtime::Graph;
@@ -318,7 +318,7 @@ impl GraphBuilder {
     }
 
     /// How many runs each of the job's buffers holds (see
-    /// [`LazyGraphBuilder::buffer_runs`](crate::lazy::LazyGraphBuilder::buffer_runs)).
+    /// [`LazyGraphBuilder::buffer_runs`](crate::doors::lazy::LazyGraphBuilder::buffer_runs)).
     pub fn buffer_runs(&mut self, runs: usize) -> &mut Self {
         self.buffer_runs = runs.max(1);
         self

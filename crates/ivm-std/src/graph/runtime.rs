@@ -25,7 +25,7 @@ use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 
 use super::{GraphBuilder, GraphCtx, GraphEvent, KernelBody, Phase, TraceFn, describe};
-use crate::lazy::{CriticalSectionInstance, JobInstance, LazyGraph, TryPop};
+use crate::doors::lazy::{CriticalSectionInstance, JobInstance, LazyGraph, TryPop};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;
@@ -564,7 +564,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
 }
 
 fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
-    crate::drive::mark_graph_thread();
+    crate::engine::drive::mark_graph_thread();
     let notifier = &s.notifiers[t];
     let (mut compute, mut protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
         .into_iter()
@@ -678,7 +678,7 @@ impl Shared {
 
 /// Pops one item of `buf` into `held` until it holds `n`; whether it does.
 fn fill(
-    buf: &crate::lazy::Buffer<Arc<CriticalSectionInstance>>,
+    buf: &crate::doors::lazy::Buffer<Arc<CriticalSectionInstance>>,
     held: &mut Vec<Arc<CriticalSectionInstance>>,
     n: usize,
 ) -> bool {

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::*;
-use crate::device::ids::Device;
-use crate::lazy::{CsKind, EndEvent, SharedEventRecord};
+use crate::doors::lazy::{CsKind, EndEvent, SharedEventRecord};
 use crate::model::blob::Blob;
+use crate::util::ids::Device;
 
 fn blob(bytes: &[u8]) -> Arc<Blob> {
     let b = Blob::new(0, 0, Device::CPU, bytes.len());

@@ -10,9 +10,9 @@ use ivm_core::sync::{AtomicBool, Ordering};
 
 use crate::device::DeviceMemory;
 use crate::device::cpu::HostMemory;
-use crate::device::ids::Device;
 use crate::model::dependence::Dependence;
 use crate::util::error::Failure;
+use crate::util::ids::Device;
 
 /// The eager blob object: memory on a device plus its dependence. Instructions hold it
 /// through `Arc<Blob>`, never through a user [`Tensor`].

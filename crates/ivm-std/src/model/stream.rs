@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::device::ids::{StreamId, StreamType};
 use crate::device::{DeviceAllocator, DeviceStream, KernelMode};
 use crate::model::thread_ctx::ThreadCtx;
 use crate::util::error::Failure;
+use crate::util::ids::{StreamId, StreamType};
 
 /// Where the instructions of a stream run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

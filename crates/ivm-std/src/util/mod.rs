@@ -1,8 +1,10 @@
-//! The lowest layer of ivm-std: errors, the futex wait backend, the mutex helper and the
-//! tuning constants. Nothing here knows about instructions, streams or the engine.
+//! The lowest layer of ivm-std, the vocabulary every layer above uses: errors, the names
+//! of devices and streams, the futex wait backend, the mutex helper and the tuning
+//! constants. Nothing here knows about instructions, streams or the engine.
 
 pub(crate) mod error;
 pub mod futex;
+pub(crate) mod ids;
 pub(crate) mod tuning;
 
 use std::sync::{Mutex, MutexGuard};

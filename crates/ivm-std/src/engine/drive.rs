@@ -75,13 +75,32 @@ use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering, UnsafeCell, fence};
 use ivm_core::wait::{Instant, Wait};
 
 use crate::engine::Engine;
-use crate::shared::{ReentryGuard, VmShared};
+use crate::engine::shared::{ReentryGuard, VmShared};
 use crate::util::futex::FutexWait;
 use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE_DEFER};
 
 thread_local! {
     /// This thread runs a graph runtime's actors (see [`Wake::complete_outside`]).
     static GRAPH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+thread_local! {
+    /// The sync callback this thread is submitting (its address), while its submission
+    /// drives the engine: the only instruction the engine may hand to this thread
+    /// (`status::CLAIMED`), since the thread runs it right after (`sync_callback`).
+    static CLAIMABLE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the engine, driven by this thread, may hand `instr` to it (see `CLAIMABLE`).
+pub(crate) fn claimable(instr: &crate::model::instruction::Instruction) -> bool {
+    CLAIMABLE.with(std::cell::Cell::get) == std::ptr::from_ref(instr) as usize
+}
+
+/// The sync callback this thread submits (`Some`, while its submission drives the engine)
+/// or no longer (`None`): see [`claimable`].
+pub(crate) fn set_claimable(instr: Option<&crate::model::instruction::Instruction>) {
+    let addr = instr.map_or(0, |i| std::ptr::from_ref(i) as usize);
+    CLAIMABLE.with(|c| c.set(addr));
 }
 
 /// Marks the calling thread as a graph runtime's thread: lazy-job completions on it may
@@ -233,7 +252,7 @@ impl Wake {
             return;
         };
         if !GRAPH_THREAD.with(std::cell::Cell::get) {
-            if crate::shared::inside(link.id) {
+            if crate::engine::shared::inside(link.id) {
                 // Release (in `mark`): as in `unpark`.
                 self.mark();
             } else {

@@ -5,8 +5,8 @@ use ivm_core::sync::Ordering;
 use ivm_engine::NodeState as EngineState;
 
 use super::Engine;
+use crate::engine::stats::{Dag, DagEdge, DagNode, NodeState, StatsCells, TRACKED_STREAMS};
 use crate::model::instruction::status;
-use crate::stats::{Dag, DagEdge, DagNode, NodeState, StatsCells, TRACKED_STREAMS};
 
 impl Engine {
     /// Publishes the engine-side stats counters (Relaxed stores; statistics only).

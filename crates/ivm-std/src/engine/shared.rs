@@ -14,22 +14,22 @@ use ivm_core::notifier::Timed;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
-use crate::config::Config;
 use crate::device::DeviceAdapter;
-use crate::device::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::engine::Engine;
+use crate::engine::soft_sync::{self, Use};
+use crate::engine::tensor::Tensor;
+use crate::engine::worker::worker_loop;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Kind, PendingTag};
 use crate::model::stream::{
     DeviceCtx, DeviceStreamPolicy, Placement, Sticky, Stream, StreamPolicy, StreamShared,
 };
 use crate::model::thread_ctx::ThreadCtx;
-use crate::soft_sync::{self, Use};
-use crate::tensor::Tensor;
+use crate::runtime::config::Config;
 use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::futex::FutexWait;
+use crate::util::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::util::lock;
-use crate::worker::worker_loop;
 
 thread_local! {
     /// The id of the VM whose thread, kernel, callback or engine step this thread is in
@@ -67,7 +67,7 @@ pub(crate) enum Probe {
     /// Fills the slot with a diagnostic of the engine, once.
     Diagnose(Arc<DiagSlot>),
     /// Fills the slot with a dump of the lively DAG, once (`stats.rs`).
-    Dag(Arc<crate::stats::DagSlot>),
+    Dag(Arc<crate::engine::stats::DagSlot>),
 }
 
 pub(crate) struct DiagSlot {
@@ -115,10 +115,10 @@ pub(crate) struct VmShared {
     /// A bug planted in the engine for the equivalence fuzzer's own tests (feature
     /// `fuzzing`; set only by `fuzzing::Runner::with_planted_bug`, never by `Config`).
     #[cfg(feature = "fuzzing")]
-    pub(crate) planted: crate::fuzzing::PlantedBug,
+    pub(crate) planted: ivm_engine::PlantedBug,
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
-    pub(crate) parking: Arc<crate::drive::Wake>,
+    pub(crate) parking: Arc<crate::engine::drive::Wake>,
     pub(crate) state: AtomicUsize,
     pub(crate) stop: AtomicBool,
     pub(crate) flying: AtomicUsize,
@@ -132,21 +132,24 @@ pub(crate) struct VmShared {
     pub(crate) registry: Mutex<Registry>,
     /// Multi-thread mode: the engine, driven by whoever holds the token in `parking`
     /// (`drive.rs`). Empty in single-thread mode.
-    pub(crate) cell: crate::drive::EngineCell,
+    pub(crate) cell: crate::engine::drive::EngineCell,
     /// Single-thread mode: the engine, driven by callers.
     pub(crate) engine: Option<Mutex<Engine>>,
     pub(crate) barrier_stream: Arc<StreamShared>,
     pub(crate) default_cpu: OnceLock<Arc<StreamShared>>,
     /// Lazy-job state (launcher queue, transport dependence), created on first launch.
-    pub(crate) lazy: OnceLock<crate::lazy::launch::VmLazy>,
+    /// The lazy-job door's per-VM state (`lazy::launch::VmLazy`), created on first use.
+    /// Type-erased: the door lives in a layer above this state (ARCHITECTURE.md, "The
+    /// module map").
+    pub(crate) lazy: OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     /// The registered device adapters (the cpu adapter first), one per device kind.
     pub(crate) adapters: Vec<Arc<dyn DeviceAdapter>>,
     /// Some adapter supports events (soft sync can emit something).
     pub(crate) events: bool,
     /// Fork policy: where the VM was created (see `fork.rs`).
-    pub(crate) birth: crate::fork::Birth,
+    pub(crate) birth: crate::runtime::fork::Birth,
     /// Introspection counters (see `stats.rs`).
-    pub(crate) stats: crate::stats::StatsCells,
+    pub(crate) stats: crate::engine::stats::StatsCells,
 }
 
 /// Leaves the submitting-callers count on drop.
@@ -161,10 +164,10 @@ impl Drop for CallerToken<'_> {
 
 /// Single-thread mode: the engine, held by this thread. Letting go (drop, or
 /// [`unlock_own`](Self::unlock_own)) announces the release to a caller that found it held
-/// ([`SingleWaits::released`](crate::drive::SingleWaits::released)).
+/// ([`SingleWaits::released`](crate::engine::drive::SingleWaits::released)).
 pub(crate) struct SingleEngine<'a> {
     guard: Option<MutexGuard<'a, Engine>>,
-    waits: &'a crate::drive::SingleWaits,
+    waits: &'a crate::engine::drive::SingleWaits,
 }
 
 impl SingleEngine<'_> {
@@ -479,7 +482,7 @@ impl VmShared {
     /// until something is announced: a device or lazy-job completion, a push, another
     /// driver's progress, the release of the engine it found held, or a deadline.
     ///
-    /// [`SingleWaits`]: crate::drive::SingleWaits
+    /// [`SingleWaits`]: crate::engine::drive::SingleWaits
     pub(crate) fn drive_until(
         &self,
         mut done: impl FnMut(Option<bool>) -> bool,

@@ -13,17 +13,17 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use crate::builder::InstructionsBuilder;
-use crate::device::ids::{Device, StreamId, StreamType};
-use crate::lazy::{
+use crate::doors::builder::InstructionsBuilder;
+use crate::doors::lazy::{
     CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
 };
+use crate::engine::shared::NEXT_BLOB_ID;
+use crate::engine::tensor::Tensor;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Deferred, Instruction, Kind};
 use crate::model::stream::StreamShared;
-use crate::shared::NEXT_BLOB_ID;
-use crate::tensor::Tensor;
 use crate::util::error::{Error, Failure, Result};
+use crate::util::ids::{Device, StreamId, StreamType};
 use crate::util::lock;
 
 /// The failure an eager instruction records for a lazy-job error: a graph kernel's
@@ -176,7 +176,7 @@ impl LazyGraph {
             CsKind::Input => &bufs.inputs,
             CsKind::Output => &bufs.outputs,
         };
-        let room = |b: &crate::lazy::Buffer<_>| b.len() < b.capacity();
+        let room = |b: &crate::doors::lazy::Buffer<_>| b.len() < b.capacity();
         room(&bufs.wait) && room(&bufs.callback) && per_op.iter().flatten().all(room)
     }
 
@@ -388,7 +388,7 @@ impl InstructionsBuilder<'_> {
 
         let blobs =
             |ts: &[&Tensor]| -> Vec<Arc<Blob>> { ts.iter().map(|t| t.blob().clone()).collect() };
-        let records = |ifaces: &[crate::lazy::Interface]| -> Vec<Arc<SharedEventRecord>> {
+        let records = |ifaces: &[crate::doors::lazy::Interface]| -> Vec<Arc<SharedEventRecord>> {
             ifaces
                 .iter()
                 .map(|i| {
@@ -516,9 +516,12 @@ impl InstructionsBuilder<'_> {
     }
 }
 
-impl crate::shared::VmShared {
+impl crate::engine::shared::VmShared {
     /// The VM's lazy-job state, created on first use.
     pub(crate) fn lazy(&self) -> &VmLazy {
-        self.lazy.get_or_init(|| VmLazy::new(self.id))
+        self.lazy
+            .get_or_init(|| Box::new(VmLazy::new(self.id)))
+            .downcast_ref()
+            .expect("ivm: the lazy slot holds a VmLazy (only this function fills it)")
     }
 }

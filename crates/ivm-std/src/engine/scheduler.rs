@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use ivm_core::wait::Wait;
 
-use crate::drive::Driver;
-use crate::shared::{ReentryGuard, VmShared};
+use crate::engine::drive::Driver;
+use crate::engine::shared::{ReentryGuard, VmShared};
 use crate::util::futex::FutexWait;
 use crate::util::tuning::PROBE_POLL;
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use ivm_core::sync::AtomicU32;
 
-use crate::device::ids::Device;
+use crate::engine::shared::VmShared;
 use crate::model::blob::Blob;
 use crate::model::stream::StreamShared;
-use crate::shared::VmShared;
+use crate::util::ids::Device;
 use ivm_core::list::NIL;
 
 /// A user handle on a tensor (cheap to clone). When the last handle drops, the VM enqueues

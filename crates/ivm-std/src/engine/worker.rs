@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use ivm_core::sync::Ordering;
 
+use crate::engine::shared::{ReentryGuard, VmShared};
 use crate::model::instruction::Instruction;
 use crate::model::thread_ctx::ThreadCtx;
-use crate::shared::{ReentryGuard, VmShared};
 
 /// The body of a worker thread.
 pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
@@ -23,7 +23,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
     let mut consumer = ctx.queue.consume();
     let poll = shared.config.worker_poll_window;
     // A release this worker owes the engine (see `drive::Owed`).
-    let owed = crate::drive::Owed::default();
+    let owed = crate::engine::drive::Owed::default();
     let run = |instr: Arc<Instruction>| {
         // Before running anything (it may take long), settle what we owe, unless a
         // helper spins: it takes care of it (`drive::Helping`).
@@ -31,7 +31,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
             owed.settle(&shared, !shared.helper_spinning());
         }
         let sync_access = instr.waiter.is_some();
-        crate::execute::execute(&instr);
+        crate::engine::execute::execute(&instr);
         drop(instr);
         // After DONE (Release inside `execute`): the engine must release it.
         if sync_access {

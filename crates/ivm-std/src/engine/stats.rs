@@ -30,19 +30,13 @@
 
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use ivm_core::counter::BlockingCounter;
-use ivm_core::notifier::Timed;
 use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering};
-use ivm_core::wait::Wait;
 
-use crate::device::ids::StreamId;
-use crate::shared::Probe;
-use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::futex::FutexWait;
+use crate::util::ids::StreamId;
 use crate::util::lock;
-use crate::vm::VirtualMachine;
 
 /// Streams (by dense index) whose running-list length is tracked individually.
 pub(crate) const TRACKED_STREAMS: usize = 64;
@@ -50,9 +44,9 @@ pub(crate) const TRACKED_STREAMS: usize = 64;
 /// Counters of one VM thread (the scheduler or a worker).
 #[derive(Debug)]
 pub(crate) struct ThreadCounters {
-    name: String,
-    parks: AtomicUsize,
-    wakes: AtomicUsize,
+    pub(crate) name: String,
+    pub(crate) parks: AtomicUsize,
+    pub(crate) wakes: AtomicUsize,
 }
 
 impl ThreadCounters {
@@ -79,7 +73,7 @@ pub(crate) struct StatsCells {
     pub(crate) running: [AtomicU32; TRACKED_STREAMS],
     /// Sum of the running lengths of the other streams.
     pub(crate) running_other: AtomicUsize,
-    threads: Mutex<Vec<Arc<ThreadCounters>>>,
+    pub(crate) threads: Mutex<Vec<Arc<ThreadCounters>>>,
 }
 
 impl Default for StatsCells {
@@ -145,7 +139,7 @@ pub struct ThreadStats {
     pub wakes: usize,
 }
 
-/// A snapshot of a VM's counters (see the [module docs](crate::stats)).
+/// A snapshot of a VM's counters (see the [module docs](crate::engine::stats)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VmStats {
@@ -173,93 +167,10 @@ pub struct VmStats {
     pub threads: Vec<ThreadStats>,
 }
 
-impl VirtualMachine {
-    /// A cheap snapshot of the VM's counters: no round trip to the scheduler (see
-    /// [`crate::stats`]).
-    ///
-    /// # Errors
-    /// [`Error::Forked`] in a fork child. Works after shutdown (the final counters).
-    pub fn stats(&self) -> Result<VmStats> {
-        let shared = self.shared_state();
-        shared.birth.check()?;
-        let c = &shared.stats;
-        // Relaxed loads throughout: statistics (see the module docs).
-        let flying = shared.flying.load(Ordering::Relaxed);
-        let released = shared.finished.load(Ordering::Relaxed);
-        let lively = c.lively.load(Ordering::Relaxed);
-        let mut streams: Vec<(u32, StreamId)> = lock(&shared.registry)
-            .streams
-            .values()
-            .map(|s| (s.index, s.id))
-            .collect();
-        streams.push((shared.barrier_stream.index, shared.barrier_stream.id));
-        streams.sort_unstable_by_key(|(i, _)| *i);
-        let streams = streams
-            .into_iter()
-            .filter_map(|(i, id)| {
-                c.running.get(i as usize).map(|r| StreamStats {
-                    id,
-                    running: r.load(Ordering::Relaxed) as usize,
-                })
-            })
-            .collect();
-        let threads = lock(&c.threads)
-            .iter()
-            .map(|t| ThreadStats {
-                name: t.name.clone(),
-                parks: t.parks.load(Ordering::Relaxed),
-                wakes: t.wakes.load(Ordering::Relaxed),
-            })
-            .collect();
-        Ok(VmStats {
-            vm_id: shared.id,
-            flying,
-            received: released + flying,
-            released,
-            pending: flying.saturating_sub(lively),
-            lively,
-            ready: c.ready.load(Ordering::Relaxed),
-            streams,
-            running_other_streams: c.running_other.load(Ordering::Relaxed),
-            threads,
-        })
-    }
-
-    /// The lively instruction DAG, taken by the engine's owner (exact; waits for the
-    /// scheduler, see [`crate::stats`]). Render it with [`Dag::to_text`] or
-    /// [`Dag::to_dot`].
-    ///
-    /// # Errors
-    /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier;
-    /// [`Error::ShutDown`]; [`Error::Forked`]; [`Error::Timeout`] when the scheduler does
-    /// not answer in time.
-    pub fn dump_dag(&self) -> Result<Dag> {
-        let shared = self.shared_state();
-        shared.check_caller()?;
-        if let Some(engine) = shared.lock_engine() {
-            return Ok(engine.dag());
-        }
-        let slot = Arc::new(DagSlot {
-            done: BlockingCounter::new(1),
-            value: Mutex::new(None),
-        });
-        shared.submit_probe(Probe::Dag(slot.clone()));
-        let wait = shared.config.timeout_period.min(Duration::from_secs(2));
-        let deadline = FutexWait::now().saturating_add(wait);
-        match slot.done.timed_wait_until_zero(deadline) {
-            Ok(Timed::Notified) => lock(&slot.value).take().ok_or(Error::ShutDown),
-            _ => Err(Error::Timeout(Diagnostic {
-                scheduler_unresponsive: true,
-                ..Diagnostic::default()
-            })),
-        }
-    }
-}
-
 /// Where the engine's owner leaves a DAG dump for the caller who asked for it.
 pub(crate) struct DagSlot {
-    done: BlockingCounter<FutexWait>,
-    value: Mutex<Option<Dag>>,
+    pub(crate) done: BlockingCounter<FutexWait>,
+    pub(crate) value: Mutex<Option<Dag>>,
 }
 
 impl DagSlot {
@@ -369,7 +280,7 @@ impl Dag {
     }
 }
 
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 
+use crate::engine::shared::VmShared;
+use crate::engine::tensor::Tensor;
 use crate::model::instruction::{Instruction, KernelCtx, Kind};
 use crate::model::stream::{Stream, StreamShared};
-use crate::shared::VmShared;
-use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
 
 thread_local! {

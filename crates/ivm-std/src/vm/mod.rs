@@ -1,5 +1,9 @@
 //! The virtual machine: its public entry points and its threads' lifecycle.
 
+mod async_api;
+mod fork;
+mod introspect;
+
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,22 +14,22 @@ use ivm_core::counter::BlockingCounter;
 use ivm_core::mpsc::MpscQueue;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
-use crate::builder::InstructionsBuilder;
-use crate::config::{Config, Mode};
 use crate::device::cpu::{CpuAdapter, HostMemory};
-use crate::device::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::device::{DeviceAdapter, DeviceMemory};
+use crate::doors::builder::InstructionsBuilder;
+use crate::doors::sync_access::{self, CallbackKind};
+use crate::engine::shared::{
+    NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside,
+};
+use crate::engine::tensor::{Tensor, TensorInner};
 use crate::engine::{DebugCounters, Engine};
 use crate::model::blob::Blob;
 use crate::model::instruction::Kind;
 use crate::model::stream::{CpuStreamPolicy, DeviceCtx, Stream, StreamShared};
-use crate::shared::{
-    NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside,
-};
-use crate::sync_access::{self, CallbackKind};
-use crate::tensor::{Tensor, TensorInner};
+use crate::runtime::config::{Config, Mode};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
+use crate::util::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::util::lock;
 
 /// The instruction virtual machine.
@@ -91,7 +95,7 @@ impl VirtualMachine {
             config,
             adapters,
             #[cfg(feature = "fuzzing")]
-            crate::fuzzing::PlantedBug::None,
+            ivm_engine::PlantedBug::None,
         )
     }
 
@@ -100,7 +104,7 @@ impl VirtualMachine {
     pub(crate) fn start(
         config: Config,
         adapters: Vec<Arc<dyn DeviceAdapter>>,
-        #[cfg(feature = "fuzzing")] planted: crate::fuzzing::PlantedBug,
+        #[cfg(feature = "fuzzing")] planted: ivm_engine::PlantedBug,
     ) -> Result<Self> {
         config.validate()?;
         let mut all: Vec<Arc<dyn DeviceAdapter>> = vec![Arc::new(CpuAdapter::new())];
@@ -121,7 +125,7 @@ impl VirtualMachine {
             crate::model::trace::set_enabled(true);
         }
         let single = config.mode == Mode::SingleThread;
-        let parking = Arc::new(crate::drive::Wake::for_mode(single));
+        let parking = Arc::new(crate::engine::drive::Wake::for_mode(single));
         let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let barrier_stream = Arc::new(StreamShared {
             vm_id: id,
@@ -140,7 +144,7 @@ impl VirtualMachine {
             #[cfg(feature = "fuzzing")]
             planted,
             engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
-            cell: crate::drive::EngineCell::new(
+            cell: crate::engine::drive::EngineCell::new(
                 (!single).then(|| Engine::new(config.pending_window)),
             ),
             pending: MpscQueue::new(),
@@ -169,8 +173,8 @@ impl VirtualMachine {
             lazy: OnceLock::new(),
             adapters: all,
             events,
-            birth: crate::fork::Birth::now(),
-            stats: crate::stats::StatsCells::new(),
+            birth: crate::runtime::fork::Birth::now(),
+            stats: crate::engine::stats::StatsCells::new(),
             config,
         });
         let mut threads = Threads {
@@ -183,7 +187,7 @@ impl VirtualMachine {
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ivm{id}-scheduler"))
-                .spawn(move || crate::scheduler::scheduler_loop(s))
+                .spawn(move || crate::engine::scheduler::scheduler_loop(s))
                 .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.scheduler = Some(h);
         }

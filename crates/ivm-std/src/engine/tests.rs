@@ -1,12 +1,12 @@
 //! Engine unit tests. The engine is driven by hand: instructions are dispatched to worker
 //! contexts that no thread runs, so each test decides when each instruction completes.
 use super::*;
-use crate::config::Config;
-use crate::device::ids::{Device, StreamId, StreamType};
 use crate::model::blob::Blob;
 use crate::model::instruction::Instruction;
 use crate::model::stream::CpuStreamPolicy;
 use crate::model::thread_ctx::ThreadCtx;
+use crate::runtime::config::Config;
+use crate::util::ids::{Device, StreamId, StreamType};
 
 struct Rig {
     vm: crate::VirtualMachine,
@@ -97,7 +97,7 @@ fn write_waits_for_reads_and_release_is_in_order() {
         r.dispatched(1).is_empty(),
         "reads wait for the leading write"
     );
-    crate::execute::execute(&d0[0]);
+    crate::engine::execute::execute(&d0[0]);
     r.step();
     let d1 = r.dispatched(1);
     assert_eq!(names(&d1), ["r2", "r3"]);
@@ -106,16 +106,16 @@ fn write_waits_for_reads_and_release_is_in_order() {
         "the second write waits for both reads"
     );
     // Complete r3 before r2: nothing may be released out of order.
-    crate::execute::execute(&d1[1]);
+    crate::engine::execute::execute(&d1[1]);
     r.step();
     assert_eq!(r.lively(), 3, "r3 is done but behind r2 on its stream");
     assert!(r.dispatched(0).is_empty());
-    crate::execute::execute(&d1[0]);
+    crate::engine::execute::execute(&d1[0]);
     r.step();
     assert_eq!(r.lively(), 1);
     let d0 = r.dispatched(0);
     assert_eq!(names(&d0), ["w4"]);
-    crate::execute::execute(&d0[0]);
+    crate::engine::execute::execute(&d0[0]);
     r.step();
     assert_eq!(r.engine.counters(), (0, 0, 0));
 }
@@ -137,7 +137,7 @@ fn same_stream_successors_are_prescheduled() {
         "edges were made (sources not yet dispatched), then satisfied"
     );
     for i in &d {
-        crate::execute::execute(i);
+        crate::engine::execute::execute(i);
     }
     r.step();
     assert_eq!(r.engine.counters(), (0, 0, 0));
@@ -163,7 +163,7 @@ fn no_edge_to_a_dispatched_source_on_the_same_stream() {
         "other stream: waits for the write's release"
     );
     assert_eq!(r.engine.core.edges(), 1);
-    crate::execute::execute(&d[0]);
+    crate::engine::execute::execute(&d[0]);
     r.step();
     let d1 = r.dispatched(1);
     assert_eq!(names(&d1), ["r_other"]);
@@ -175,7 +175,7 @@ fn read_after_released_write_has_no_edge_and_write_after_reads_waits() {
     let a = r.blob();
     r.instr("w", 0, &[], &[&a]);
     r.step();
-    crate::execute::execute(&r.dispatched(0)[0]);
+    crate::engine::execute::execute(&r.dispatched(0)[0]);
     r.step();
     assert_eq!(r.lively(), 0);
     r.instr("r1", 1, &[&a], &[]);
@@ -187,7 +187,7 @@ fn read_after_released_write_has_no_edge_and_write_after_reads_waits() {
         r.dispatched(0).is_empty(),
         "w2 waits for r1 (write after read)"
     );
-    crate::execute::execute(&d1[0]);
+    crate::engine::execute::execute(&d1[0]);
     r.step();
     assert_eq!(names(&r.dispatched(0)), ["w2"]);
 }
@@ -218,13 +218,13 @@ fn barrier_runs_when_oldest_and_holds_back_nothing_later() {
         ["i2"],
         "the barrier does not hold back later instructions"
     );
-    crate::execute::execute(&d1[0]);
+    crate::engine::execute::execute(&d1[0]);
     r.step();
     assert!(
         !ran.load(std::sync::atomic::Ordering::SeqCst),
         "i1 is older and lively"
     );
-    crate::execute::execute(&d0[0]);
+    crate::engine::execute::execute(&d0[0]);
     r.step();
     assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(r.engine.counters(), (0, 0, 0));

@@ -9,15 +9,24 @@
 //! instructions back. Run by exactly one thread at a time (ARCHITECTURE.md, "who may drive
 //! the engine").
 
+pub(crate) mod drive;
+pub(crate) mod execute;
+pub(crate) mod scheduler;
+pub(crate) mod shared;
+pub(crate) mod soft_sync;
+pub mod stats;
+pub(crate) mod tensor;
+pub(crate) mod worker;
+
 use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 use ivm_engine::{AccessMode, Completion, DispatchCtx, Dispatched, Executor, Growable};
 
-use crate::drive::Driver;
+use crate::engine::drive::Driver;
+use crate::engine::shared::{Probe, VmShared};
 use crate::model::instruction::{Instruction, Kind, status};
 use crate::model::stream::{Placement, StreamShared};
-use crate::shared::{Probe, VmShared};
 use crate::util::error::{Diagnostic, LivelyInstruction};
 use crate::util::tuning::PRESIZE;
 
@@ -304,7 +313,7 @@ impl Executor<Job> for Exec<'_> {
         crate::model::trace::record(instr, crate::model::trace::Phase::Dispatch);
         if self.inline_small && can_run_inline(ctx, instr) {
             // The driver runs it now (see `can_run_inline`): no hand-over, no wake.
-            crate::execute::execute(instr);
+            crate::engine::execute::execute(instr);
             *self.inline_runs += 1;
             return Dispatched::Handed;
         }
@@ -319,7 +328,7 @@ impl Executor<Job> for Exec<'_> {
         if can_run_protocol_inline(ctx, instr) {
             // A lazy-job protocol step the driver does now, without blocking (see
             // `can_run_protocol_inline`): no hand-over to the stream's thread, no wake.
-            crate::execute::execute_as(instr, false);
+            crate::engine::execute::execute_as(instr, false);
             return Dispatched::Handed;
         }
         match (&instr.stream.thread, instr.stream.policy.placement()) {
@@ -327,7 +336,7 @@ impl Executor<Job> for Exec<'_> {
                 thread.submit(instr.clone());
             }
             // Single-thread mode, or a stream that lives on the scheduler.
-            _ => crate::execute::execute(instr),
+            _ => crate::engine::execute::execute(instr),
         }
         Dispatched::Handed
     }
@@ -344,7 +353,7 @@ impl Executor<Job> for Exec<'_> {
         // Relaxed: diagnostic bit.
         instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
         crate::model::trace::record(instr, crate::model::trace::Phase::Dispatch);
-        crate::execute::execute(instr);
+        crate::engine::execute::execute(instr);
         true
     }
 
@@ -354,7 +363,7 @@ impl Executor<Job> for Exec<'_> {
         // Planted bug only (`OutOfOrderRelease`): released before it finished, so its
         // executor still owns the body; leave it alone.
         #[cfg(feature = "fuzzing")]
-        let premature = self.shared.planted == crate::fuzzing::PlantedBug::OutOfOrderRelease
+        let premature = self.shared.planted == ivm_engine::PlantedBug::OutOfOrderRelease
             && instr.status() & status::DONE == 0;
         #[cfg(not(feature = "fuzzing"))]
         let premature = false;
@@ -380,7 +389,7 @@ impl Exec<'_> {
     /// Whether `instr` (just dispatched) is a sync callback
     /// (`sync_access_blob_by_callback[_mut]`) that its waiting caller may run itself: that
     /// caller is the thread driving the engine now, inside the submission of this very
-    /// instruction (`sync_access::claimable`: it runs it as soon as the submission
+    /// instruction (`drive::claimable`: it runs it as soon as the submission
     /// returns, before it waits), on a worker's stream, and the access is one
     /// [`sole_host_access`] allows. As for an inline small access, every other accessor
     /// of the tensor is ordered by an edge from or to it. Unlike it, the callback is user
@@ -390,7 +399,7 @@ impl Exec<'_> {
     /// does not run it.
     fn can_hand_to_caller(&self, ctx: &DispatchCtx<'_, Job>, instr: &Instruction) -> bool {
         self.driver == Driver::Caller
-            && crate::sync_access::claimable(instr)
+            && crate::engine::drive::claimable(instr)
             && instr.stream.thread.is_some()
             && sole_host_access(ctx, instr, true)
     }
@@ -468,8 +477,6 @@ fn can_run_protocol_inline(ctx: &DispatchCtx<'_, Job>, instr: &Instruction) -> b
 }
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
 mod tests;
 
-#[path = "engine_surface.rs"]
 mod surface;

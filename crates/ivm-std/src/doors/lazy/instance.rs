@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::lazy::record::{EndEvent, SharedEventRecord};
+use crate::doors::lazy::record::{EndEvent, SharedEventRecord};
 use crate::model::blob::Blob;
 use crate::util::error::Error;
 use crate::util::lock;

@@ -23,10 +23,10 @@ use std::sync::Arc;
 
 use ivm_core::sync::{AtomicU32, Ordering};
 
+use crate::engine::shared::VmShared;
 use crate::model::blob::Blob;
 use crate::model::instruction::{EventSlot, Instruction, Kind, Operands};
 use crate::model::stream::{Placement, StreamShared};
-use crate::shared::VmShared;
 use ivm_core::list::NIL;
 
 /// What soft sync emits between two streams.

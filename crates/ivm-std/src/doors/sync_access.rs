@@ -19,24 +19,12 @@ use std::sync::Arc;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
+use crate::engine::shared::VmShared;
+use crate::engine::tensor::Tensor;
 use crate::model::instruction::{Instruction, Kind, Waiter};
 use crate::model::stream::StreamShared;
-use crate::shared::VmShared;
-use crate::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::util::tuning::{RING_MAX, SLOTS};
-
-thread_local! {
-    /// The sync callback this thread is submitting (its address), while its submission
-    /// drives the engine: the only instruction the engine may hand to this thread
-    /// (`status::CLAIMED`), since the thread runs it right after (`sync_callback`).
-    static CLAIMABLE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Whether the engine, driven by this thread, may hand `instr` to it (see `CLAIMABLE`).
-pub(crate) fn claimable(instr: &Instruction) -> bool {
-    CLAIMABLE.with(std::cell::Cell::get) == std::ptr::from_ref(instr) as usize
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SmallKind {
@@ -362,10 +350,14 @@ fn wait_small(
         waiter.btb.skip_blocking();
         let worker = instr.stream.thread.as_deref();
         let running = || worker.is_none_or(|w| !w.is_parked());
-        if crate::drive::spin_yield_until(done, crate::util::tuning::CALLER_YIELD_SPIN, running) {
+        if crate::engine::drive::spin_yield_until(
+            done,
+            crate::util::tuning::CALLER_YIELD_SPIN,
+            running,
+        ) {
             return Ok(());
         }
-    } else if crate::drive::spin_while_progress(shared, done) {
+    } else if crate::engine::drive::spin_while_progress(shared, done) {
         return Ok(());
     }
     // Relaxed: a progress counter compared with itself; no data is read through it.
@@ -426,9 +418,9 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         }
     }
     let instr = Arc::new(instr);
-    CLAIMABLE.with(|c| c.set(Arc::as_ptr(&instr) as usize));
+    crate::engine::drive::set_claimable(Some(&instr));
     let received = shared.receive_one(instr.clone(), true);
-    CLAIMABLE.with(|c| c.set(0));
+    crate::engine::drive::set_claimable(None);
     received?;
     // Relaxed: set by this very thread, while it drove the engine in `receive_one`.
     if instr.status.load(Ordering::Relaxed) & crate::model::instruction::status::CLAIMED != 0 {
@@ -437,8 +429,8 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         // thread would (a reentrant call from `f` is refused alike), then have it
         // released like a worker does.
         {
-            let _reentry = crate::shared::ReentryGuard::enter(shared.id);
-            crate::execute::execute_claimed(&instr);
+            let _reentry = crate::engine::shared::ReentryGuard::enter(shared.id);
+            crate::engine::execute::execute_claimed(&instr);
         }
         shared.after_push(true);
     }

@@ -97,19 +97,6 @@ impl Birth {
 /// Set when `pthread_atfork` failed: forks are then detected by comparing process ids.
 static PID_FALLBACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-impl crate::vm::VirtualMachine {
-    /// Whether this process is a `fork()` child of the process that created the VM (then
-    /// every entry point returns [`Error::Forked`]; see [`crate::contract`]).
-    pub fn is_forked(&self) -> bool {
-        self.shared_state().birth.is_forked()
-    }
-
-    /// The id of the process that created the VM.
-    pub fn creator_pid(&self) -> u32 {
-        self.shared_state().birth.pid()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,303 @@
+//! The `_async` entry points of [`VirtualMachine`]: each submits its work at once and
+//! returns a [`Completion`](crate::Completion) (the mechanism is in `completion.rs`).
+
+use super::VirtualMachine;
+use crate::doors::builder::InstructionsBuilder;
+use crate::doors::completion::{
+    Completer, Completion, ReadSmallMem, async_target, barrier_completing, check_bounds,
+    check_timeout, completer_for, submit_on, wait_deadline,
+};
+use crate::doors::sync_access::check_size;
+use crate::engine::tensor::Tensor;
+use crate::model::instruction::Waiter;
+use crate::model::instruction::{Instruction, Kind};
+use crate::util::error::{Error, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+impl VirtualMachine {
+    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes at the start of `t` without blocking:
+    /// the returned future copies them into `out` when it resolves. See
+    /// [`crate::doors::completion`].
+    ///
+    /// Validation errors (size, bounds, a tensor of another VM, shutdown, reentrancy,
+    /// fork) are returned by the future.
+    pub fn sync_read_small_mem_async<'a>(&self, t: &Tensor, out: &'a mut [u8]) -> ReadSmallMem<'a> {
+        self.sync_read_small_mem_at_async(t, 0, out)
+    }
+
+    /// [`sync_read_small_mem_async`](Self::sync_read_small_mem_async) at `offset`.
+    pub fn sync_read_small_mem_at_async<'a>(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        out: &'a mut [u8],
+    ) -> ReadSmallMem<'a> {
+        let shared = self.shared_state();
+        let len = out.len();
+        let inner = match self.read_async(t, offset, len) {
+            Ok(c) => c,
+            Err(e) => Completion::ready(shared, Err(e)),
+        };
+        ReadSmallMem { inner, out }
+    }
+
+    fn read_async(&self, t: &Tensor, offset: usize, len: usize) -> Result<Completion<[u8; 16]>> {
+        let shared = self.shared_state();
+        check_size(len)?;
+        let stream = async_target(shared, t)?;
+        check_bounds(t, offset, len)?;
+        let (c, slot) = Completion::new(shared);
+        let done = completer_for(slot, t, &stream);
+        let f = move |b: &[u8]| {
+            let mut small = [0u8; 16];
+            small[..len].copy_from_slice(&b[offset..offset + len]);
+            done.complete(Ok(small));
+        };
+        let instr = Instruction::new(
+            "sync_read_small_mem_async",
+            stream.clone(),
+            Kind::Read(Box::new(f)),
+        );
+        submit_on(shared, t, &stream, instr, false)?;
+        Ok(c)
+    }
+
+    /// Writes `data` (1, 2, 4, 8 or 16 bytes, copied now) at `offset` of `t` without
+    /// blocking; the completion resolves once the write is done. See
+    /// [`crate::doors::completion`].
+    pub fn sync_write_small_mem_async(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        data: &[u8],
+    ) -> Completion<()> {
+        let shared = self.shared_state();
+        let r = (|| {
+            let len = data.len();
+            check_size(len)?;
+            let stream = async_target(shared, t)?;
+            check_bounds(t, offset, len)?;
+            let mut small = [0u8; 16];
+            small[..len].copy_from_slice(data);
+            let (c, slot) = Completion::new(shared);
+            let done = completer_for(slot, t, &stream);
+            let f = move |b: &mut [u8]| {
+                b[offset..offset + len].copy_from_slice(&small[..len]);
+                done.complete(Ok(()));
+            };
+            let instr = Instruction::new(
+                "sync_write_small_mem_async",
+                stream.clone(),
+                Kind::Write(Box::new(f)),
+            );
+            submit_on(shared, t, &stream, instr, true)?;
+            Ok(c)
+        })();
+        r.unwrap_or_else(|e| Completion::ready(shared, Err(e)))
+    }
+
+    /// Runs `f` on `t`'s bytes (after every earlier writer) on its device's default stream
+    /// without blocking; the completion resolves to `f`'s result. A panic in `f` resolves
+    /// to [`Error::KernelPanicked`]. See [`crate::doors::completion`].
+    pub fn sync_access_blob_by_callback_async<R: Send + 'static>(
+        &self,
+        t: &Tensor,
+        f: impl FnOnce(&[u8]) -> R + Send + 'static,
+    ) -> Completion<R> {
+        let shared = self.shared_state();
+        let r = (|| {
+            let stream = async_target(shared, t)?;
+            let (c, slot) = Completion::new(shared);
+            let done = completer_for(slot, t, &stream);
+            let cb = move |b: &[u8]| {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)));
+                done.complete(r.map_err(|p| Error::KernelPanicked {
+                    instruction: "sync_access_blob_by_callback_async".into(),
+                    message: crate::engine::execute::panic_message(&*p),
+                }));
+            };
+            let instr = Instruction::new(
+                "sync_access_blob_by_callback_async",
+                stream.clone(),
+                Kind::Read(Box::new(cb)),
+            );
+            submit_on(shared, t, &stream, instr, false)?;
+            Ok(c)
+        })();
+        r.unwrap_or_else(|e| Completion::ready(shared, Err(e)))
+    }
+
+    /// A completion that resolves once every instruction received before this call has
+    /// been released (an async [`sync`](Self::sync) without its device synchronisation:
+    /// on asynchronous devices, compute instructions are released when launched).
+    pub fn sync_async(&self) -> Completion<()> {
+        let shared = self.shared_state();
+        let r = (|| {
+            shared.check_caller()?;
+            let (c, slot) = Completion::new(shared);
+            let instr = barrier_completing(shared, slot);
+            shared.receive_one(Arc::new(instr), false)?;
+            Ok(c)
+        })();
+        r.unwrap_or_else(|e| Completion::ready(shared, Err(e)))
+    }
+
+    /// [`run`](Self::run), plus a completion that resolves once the batch (and every
+    /// instruction received before it) has been released.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub fn run_async<R>(
+        &self,
+        f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>,
+    ) -> Result<(R, Completion<()>)> {
+        let shared = self.shared_state();
+        let (c, slot) = Completion::new(shared);
+        let r = self.run(|b| {
+            let r = f(b)?;
+            let done = Completer {
+                slot,
+                on_drop: Some(Box::new(|| Error::ShutDown)),
+            };
+            b.barrier(move || done.complete(Ok(())))?;
+            Ok(r)
+        })?;
+        Ok((r, c))
+    }
+
+    /// [`sync_read_small_mem`](Self::sync_read_small_mem) that fails with the diagnostic
+    /// [`Error::Timeout`] once `timeout` has passed (a hard deadline for this call, instead
+    /// of the VM-wide progress period). See [`crate::doors::completion`].
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem`](Self::sync_read_small_mem); a zero `timeout` is an
+    /// [`Error::InvalidArgument`].
+    pub fn sync_read_small_mem_timeout(
+        &self,
+        t: &Tensor,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, 0, Some(out), None, timeout)
+    }
+
+    /// [`sync_read_small_mem_at`](Self::sync_read_small_mem_at) with a per-call timeout.
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
+    pub fn sync_read_small_mem_at_timeout(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, offset, Some(out), None, timeout)
+    }
+
+    /// [`sync_write_small_mem`](Self::sync_write_small_mem) with a per-call timeout.
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
+    pub fn sync_write_small_mem_timeout(
+        &self,
+        t: &Tensor,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, 0, None, Some(data), timeout)
+    }
+
+    /// [`sync_write_small_mem_at`](Self::sync_write_small_mem_at) with a per-call timeout.
+    ///
+    /// # Errors
+    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
+    pub fn sync_write_small_mem_at_timeout(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        data: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.small_timeout(t, offset, None, Some(data), timeout)
+    }
+
+    /// [`sync`](Self::sync) with a per-call timeout for the release of everything received
+    /// before it (the device synchronisation that follows is not bounded).
+    ///
+    /// # Errors
+    /// As [`sync`](Self::sync); [`Error::Timeout`] once `timeout` has passed; a zero
+    /// `timeout` is an [`Error::InvalidArgument`].
+    pub fn sync_timeout(&self, timeout: Duration) -> Result<()> {
+        let shared = self.shared_state();
+        shared.check_caller()?;
+        check_timeout(timeout)?;
+        let mut instr = Instruction::new("sync", shared.barrier_stream(), Kind::Noop);
+        instr.barrier = true;
+        instr.waiter = Some(Waiter::new());
+        let instr = Arc::new(instr);
+        shared.receive_one(instr.clone(), false)?;
+        wait_deadline(shared, &instr, timeout, false)?;
+        let mut first = None;
+        for s in shared.async_streams() {
+            let r = s.dev.stream.synchronize();
+            let f = s.dev.sticky.take().map(|f| f.poison_error());
+            let e = s.dev.stream.take_error().map(Error::Device);
+            if first.is_none() {
+                first = r.err().or(f).or(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn small_timeout(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        read: Option<&mut [u8]>,
+        write: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<()> {
+        let shared = self.shared_state();
+        shared.check_caller()?;
+        check_timeout(timeout)?;
+        let len = read
+            .as_ref()
+            .map_or_else(|| write.map_or(0, <[u8]>::len), |b| b.len());
+        check_size(len)?;
+        shared.check_tensor(t)?;
+        check_bounds(t, offset, len)?;
+        let stream = shared.default_stream_of(t.device())?;
+        let (name, kind) = match write {
+            None => ("sync_read_small_mem", Kind::SmallRead { offset, len }),
+            Some(_) => ("sync_write_small_mem", Kind::SmallWrite { offset, len }),
+        };
+        let mut instr = Instruction::new(name, stream.clone(), kind);
+        instr.waiter = Some(Waiter::new());
+        if let Some(src) = write {
+            // SAFETY: not shared yet: we own `small` (ownership step 1).
+            instr
+                .small
+                .with_mut(|p| unsafe { (&mut *p)[..len].copy_from_slice(src) });
+        }
+        {
+            // SAFETY: not shared yet; we own the body (ownership step 1).
+            let body = unsafe { instr.body_mut() };
+            if write.is_some() {
+                body.outputs.push(t.blob().clone());
+            } else {
+                body.inputs.push(t.blob().clone());
+            }
+        }
+        // A fresh instruction (never a ring entry): on a timeout it is simply abandoned and
+        // a late executor writes only into its own buffer.
+        let instr = Arc::new(instr);
+        let mut list = Vec::with_capacity(1);
+        shared.soft_sync([t], &stream, &mut |i| list.push(i));
+        list.push(instr.clone());
+        shared.receive_list(&mut list, true)?;
+        wait_deadline(shared, &instr, timeout, true)?;
+        crate::doors::sync_access::small_result(&instr, read)
+    }
+}
