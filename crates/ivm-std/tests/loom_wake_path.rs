@@ -270,7 +270,7 @@ fn model(skip: bool, variant: Variant) {
         assert_eq!(job.data.with(|p| unsafe { *p }), 42);
         // The engine releases it without further input.
         vm.released_n.wait_and_clear().unwrap();
-        // Shutdown (`vm.rs`): stop, then unpark (marks the word).
+        // Shutdown (`vm/mod.rs`): stop, then unpark (marks the word).
         vm.stop.store(true, Ordering::Release);
         vm.wake.unpark();
         worker.join().unwrap();

@@ -1,5 +1,5 @@
 //! Introspection entry points of [`VirtualMachine`]: [`stats`](VirtualMachine::stats) and
-//! the DAG dump (the counters and the dump format are in `stats.rs`).
+//! the DAG dump (the counters and the dump format are in `engine/stats.rs`).
 
 use super::VirtualMachine;
 use crate::engine::shared::Probe;

@@ -206,8 +206,8 @@ impl VirtualMachine {
         &self.shared
     }
 
-    /// The shared state, for the entry points defined in other modules (`stats.rs`,
-    /// `completion.rs`, `fork.rs`).
+    /// The shared state, for the entry points defined in the other files of `vm/`
+    /// (`introspect.rs`, `async_api.rs`, `fork.rs`).
     pub(crate) fn shared_state(&self) -> &Arc<VmShared> {
         &self.shared
     }
