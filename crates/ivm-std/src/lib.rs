@@ -51,14 +51,14 @@ pub use doors::completion::{Completion, ReadSmallMem};
 pub use doors::lazy::LazyGraph;
 pub use doors::{completion, lazy};
 pub use engine::DebugCounters;
+/// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use engine::drive::EngineToken;
 /// Loom models only: the helper count of the `Helping` protocol (`drive.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::drive::Helpers;
-/// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
-#[cfg(loom)]
-#[doc(hidden)]
-pub use engine::drive::Wake;
 pub use engine::stats;
 pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use engine::tensor::Tensor;

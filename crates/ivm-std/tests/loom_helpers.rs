@@ -1,10 +1,10 @@
 //! Loom model of the `Helping` protocol of `drive.rs` at small scale, with the VM's own
-//! engine token (`ivm_std::Wake`) and helper count (`ivm_std::Helpers`, both hidden,
+//! engine token (`ivm_std::EngineToken`) and helper count (`ivm_std::Helpers`, both hidden,
 //! `cfg(loom)` only) in the order of operations of `worker.rs`'s `run` closure,
 //! `drive::Owed` and `drive::Helping`:
 //!
 //! * worker: finishes a job (writes its data, DONE Release), then leaves the release to a
-//!   helper: `Wake::mark` and owes a drive if nobody held the engine (`Owed::mark`; in the
+//!   helper: `EngineToken::mark` and owes a drive if nobody held the engine (`Owed::mark`; in the
 //!   `WorkerDecides` variant only if `Helpers::spinning`, else it drives itself through
 //!   `acquire_or_mark` as `VmShared::completed` does). Before it runs its next instruction
 //!   it settles (`Owed::settle(&shared, !shared.helper_spinning())`): the debt is gone if
@@ -30,7 +30,7 @@
 #![cfg(loom)]
 
 use ivm_core::sync::{AtomicBool, Ordering, UnsafeCell};
-use ivm_std::{Helpers, Wake};
+use ivm_std::{EngineToken, Helpers};
 
 /// What the engine owns: whether the job is lively (dispatched, unreleased), and the
 /// release count.
@@ -40,7 +40,7 @@ struct Engine {
 }
 
 struct Vm {
-    wake: Wake,
+    wake: EngineToken,
     helpers: Helpers,
     engine: UnsafeCell<Engine>,
     /// The job's output, written by the worker before its Release DONE.
@@ -129,7 +129,7 @@ fn model(polls: usize, variant: Variant) {
         // Leaked, not Arc'd: a planted bug panics, and a second panic while unwinding a
         // loom Arc aborts the test binary.
         let vm: &'static Vm = Box::leak(Box::new(Vm {
-            wake: Wake::new(),
+            wake: EngineToken::new(),
             helpers: Helpers::new(),
             engine: UnsafeCell::new(Engine {
                 lively: true,

@@ -1,5 +1,5 @@
 //! Loom model of the VM's wake path at small scale, with the VM's own engine token
-//! (`ivm_std::Wake`, hidden, `cfg(loom)` only) and the same ivm-core building blocks and
+//! (`ivm_std::EngineToken`, hidden, `cfg(loom)` only) and the same ivm-core building blocks and
 //! order of operations as `drive.rs` / `scheduler.rs` / `worker.rs` / `sync_access.rs`:
 //!
 //! * caller: pushes its instruction to the pending queue, then `acquire_or_mark`: if it got
@@ -29,7 +29,7 @@ use ivm_core::btb::BlockingThenBusy;
 use ivm_core::mpsc::{self, MpscQueue};
 use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, Ordering, UnsafeCell};
-use ivm_std::Wake;
+use ivm_std::EngineToken;
 
 struct Job {
     pending: mpsc::Links<Job>,
@@ -80,7 +80,7 @@ struct Engine {
 
 struct Vm {
     pending: MpscQueue<Job, P>,
-    wake: Wake,
+    wake: EngineToken,
     engine: UnsafeCell<Engine>,
     worker_q: MpscQueue<Job, W>,
     worker_n: Notifier<LoomWait>,
@@ -170,7 +170,7 @@ fn model(skip: bool, variant: Variant) {
     loom::model(move || {
         let vm = Arc::new(Vm {
             pending: MpscQueue::new(),
-            wake: Wake::new(),
+            wake: EngineToken::new(),
             engine: UnsafeCell::new(Engine::default()),
             worker_q: MpscQueue::new(),
             worker_n: Notifier::new(),

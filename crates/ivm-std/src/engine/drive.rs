@@ -20,9 +20,9 @@
 //! * a **caller waiting** for a result (a sync access) is a *helper* ([`Helping`]) while
 //!   it spins: it drives whenever input is marked, so a worker with more instructions
 //!   queued leaves its releases to it ([`Owed`]) and any producer skips waking the
-//!   scheduler ([`Wake::unpark`]);
+//!   scheduler ([`EngineToken::unpark`]);
 //! * a **lazy-job completion** on a graph runtime's thread drives the engine right there
-//!   when nobody holds it and no helper spins ([`Wake::complete_outside`]);
+//!   when nobody holds it and no helper spins ([`EngineToken::complete_outside`]);
 //! * the **scheduler thread** is the driver of last resort: probes, user barriers (their
 //!   callbacks run on the scheduler thread), device completions that
 //!   arrive while nobody drives, shutdown, and hand-overs from a driver that ran out of its
@@ -32,18 +32,18 @@
 //!
 //! # The state word
 //!
-//! [`Wake::state`] holds two bits: `LOCKED` (somebody holds the engine) and `DIRTY` (input
-//! was published that the engine may not have seen). Every write to it is a
-//! read-modify-write, so its modification order is a single chain and the Release/Acquire
+//! [`EngineToken::state`] holds a [`TokenWord`] with two named bits: `LOCKED` (somebody
+//! holds the engine) and `DIRTY` (input was published that the engine may not have seen).
+//! Every write to it is a read-modify-write, so its modification order is a single chain and the Release/Acquire
 //! pairs below form release sequences that no plain store breaks.
 //!
 //! * **Producer** (pushed to the pending queue, set `DONE` on an instruction, submitted a
 //!   probe, requested shutdown) publishes its input first, then either
-//!   [`acquire_or_mark`](Wake::acquire_or_mark) — takes the engine if it is free (Acquire),
-//!   or sets `DIRTY` on a held engine (Release) — or [`unpark`](Wake::unpark) — sets
+//!   [`acquire_or_mark`](EngineToken::acquire_or_mark) — takes the engine if it is free (Acquire),
+//!   or sets `DIRTY` on a held engine (Release) — or [`unpark`](EngineToken::unpark) — sets
 //!   `DIRTY` (Release) and wakes the scheduler if nobody holds the engine.
 //! * **Holder**: after taking the engine it drains the pending queue and steps the engine
-//!   until it makes no progress, then [`unlock`](Wake::unlock)s: a compare-exchange
+//!   until it makes no progress, then [`unlock`](EngineToken::unlock)s: a compare-exchange
 //!   `LOCKED → 0` (Release: publishes the engine's state to the next holder). If it fails,
 //!   `DIRTY` was set meanwhile: the holder clears it with an Acquire swap (which
 //!   synchronises with the producer's Release) and drives again.
@@ -62,7 +62,7 @@
 //!
 //! A driver that must stop before the engine is clean (step budget spent, a probe or user
 //! barrier needs the scheduler thread, shutdown) hands over with
-//! [`unlock_to_scheduler`](Wake::unlock_to_scheduler): it leaves `DIRTY` set on an
+//! [`unlock_to_scheduler`](EngineToken::unlock_to_scheduler): it leaves `DIRTY` set on an
 //! unlocked word and unparks the scheduler, which is then responsible.
 //!
 //! The loom model `tests/loom_wake_path.rs` checks this protocol with a caller, a worker
@@ -80,7 +80,7 @@ use crate::util::futex::FutexWait;
 use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE_DEFER};
 
 thread_local! {
-    /// This thread runs a graph runtime's actors (see [`Wake::complete_outside`]).
+    /// This thread runs a graph runtime's actors (see [`EngineToken::complete_outside`]).
     static GRAPH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -104,15 +104,88 @@ pub(crate) fn set_claimable(instr: Option<&crate::model::instruction::Instructio
 }
 
 /// Marks the calling thread as a graph runtime's thread: lazy-job completions on it may
-/// drive the engine ([`Wake::complete_outside`]).
+/// drive the engine ([`EngineToken::complete_outside`]).
 pub(crate) fn mark_graph_thread() {
     GRAPH_THREAD.with(|g| g.set(true));
 }
 
-/// Somebody holds the engine.
-const LOCKED: u32 = 1;
-/// Input was published that the engine may not have seen.
-const DIRTY: u32 = 2;
+/// A value of the token's state word: two named bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TokenWord(u32);
+
+impl TokenWord {
+    /// Nobody holds the engine and no input is marked.
+    const FREE: TokenWord = TokenWord(0);
+    /// Somebody holds the engine.
+    const LOCKED: TokenWord = TokenWord(1);
+    /// Input was published that the engine may not have seen.
+    const DIRTY: TokenWord = TokenWord(2);
+
+    /// Whether somebody holds the engine.
+    fn locked(self) -> bool {
+        self.0 & Self::LOCKED.0 != 0
+    }
+
+    /// This word with the bits of `other` set too.
+    fn with(self, other: TokenWord) -> TokenWord {
+        TokenWord(self.0 | other.0)
+    }
+}
+
+/// The token's state word ([`TokenWord`] values in an atomic). Every write is a
+/// read-modify-write (see the module docs); each method takes the ordering its call site
+/// chooses and says why.
+struct TokenState(AtomicU32);
+
+impl TokenState {
+    fn new() -> Self {
+        Self(AtomicU32::new(TokenWord::FREE.0))
+    }
+
+    #[inline]
+    fn load(&self, order: Ordering) -> TokenWord {
+        TokenWord(self.0.load(order))
+    }
+
+    /// Sets the bits of `bits`; returns the previous word.
+    #[inline]
+    fn fetch_or(&self, bits: TokenWord, order: Ordering) -> TokenWord {
+        TokenWord(self.0.fetch_or(bits.0, order))
+    }
+
+    #[inline]
+    fn swap(&self, new: TokenWord, order: Ordering) -> TokenWord {
+        TokenWord(self.0.swap(new.0, order))
+    }
+
+    #[inline]
+    fn compare_exchange(
+        &self,
+        current: TokenWord,
+        new: TokenWord,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<TokenWord, TokenWord> {
+        self.0
+            .compare_exchange(current.0, new.0, success, failure)
+            .map(TokenWord)
+            .map_err(TokenWord)
+    }
+
+    #[inline]
+    fn compare_exchange_weak(
+        &self,
+        current: TokenWord,
+        new: TokenWord,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<TokenWord, TokenWord> {
+        self.0
+            .compare_exchange_weak(current.0, new.0, success, failure)
+            .map(TokenWord)
+            .map_err(TokenWord)
+    }
+}
 
 /// Which kind of thread drives the engine (some work is reserved to the scheduler thread).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,12 +209,13 @@ impl Driver {
     }
 }
 
-/// The VM's wake word: the engine's ownership token plus the scheduler's parking spot.
-/// Shared with every stream's device side (completions call [`Wake::unpark`]).
+/// The engine token: who owns the VM's engine (the [`TokenWord`] bits), plus the
+/// scheduler's parking spot and the helpers and single-thread waiters it wakes.
+/// Shared with every stream's device side (completions call [`EngineToken::unpark`]).
 ///
 /// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_wake_path.rs`.
-pub struct Wake {
-    state: AtomicU32,
+pub struct EngineToken {
+    state: TokenState,
     parking: Parking<FutexWait>,
     /// Callers spinning in a wait that drive the engine when they see input marked
     /// ([`Helping`]): while one is registered, a producer need not wake the scheduler.
@@ -157,7 +231,7 @@ pub struct Wake {
     pub(crate) waits: SingleWaits,
 }
 
-/// What [`Wake::complete_outside`] needs of its VM: its id and mode without touching the
+/// What [`EngineToken::complete_outside`] needs of its VM: its id and mode without touching the
 /// VM itself (no reference count on a device's callback thread), and a weak handle for
 /// the graph threads that drive it.
 struct VmLink {
@@ -166,9 +240,9 @@ struct VmLink {
     shared: std::sync::Weak<VmShared>,
 }
 
-impl std::fmt::Debug for Wake {
+impl std::fmt::Debug for EngineToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wake")
+        f.debug_struct("EngineToken")
             // Relaxed: a diagnostic snapshot.
             .field("state", &self.state.load(Ordering::Relaxed))
             .field("parking", &self.parking)
@@ -176,13 +250,13 @@ impl std::fmt::Debug for Wake {
     }
 }
 
-impl Default for Wake {
+impl Default for EngineToken {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Wake {
+impl EngineToken {
     /// An unlocked, clean word; the scheduler running.
     pub fn new() -> Self {
         Self::for_mode(false)
@@ -192,7 +266,7 @@ impl Wake {
     /// input to [`SingleWaits`].
     pub(crate) fn for_mode(single: bool) -> Self {
         Self {
-            state: AtomicU32::new(0),
+            state: TokenState::new(),
             parking: Parking::new(),
             helpers: Helpers::new(),
             vm: std::sync::OnceLock::new(),
@@ -222,8 +296,8 @@ impl Wake {
         }
         // Release: publishes the producer's input to the holder's Acquire (its failed
         // unlock's swap, or the next `try_lock`) that reads this RMW's release sequence.
-        let old = self.state.fetch_or(DIRTY, Ordering::Release);
-        if old & LOCKED != 0 {
+        let old = self.state.fetch_or(TokenWord::DIRTY, Ordering::Release);
+        if old.locked() {
             return false;
         }
         if self.helpers.spinning() {
@@ -288,13 +362,13 @@ impl Wake {
         // Relaxed: only a first guess; the RMWs below decide.
         let mut s = self.state.load(Ordering::Relaxed);
         loop {
-            if s & LOCKED == 0 {
+            if !s.locked() {
                 // Acquire: pairs with the previous holder's Release unlock (the engine's
                 // state) and with every marking RMW in the release sequences we read (the
                 // input published before them). Clearing DIRTY is fine: we drain all input.
                 match self.state.compare_exchange_weak(
                     s,
-                    LOCKED,
+                    TokenWord::LOCKED,
                     Ordering::Acquire,
                     Ordering::Relaxed,
                 ) {
@@ -306,7 +380,7 @@ impl Wake {
                 // RMW, so it extends the release sequence the holder's Acquire reads.
                 match self.state.compare_exchange_weak(
                     s,
-                    s | DIRTY,
+                    s.with(TokenWord::DIRTY),
                     Ordering::Release,
                     Ordering::Relaxed,
                 ) {
@@ -324,19 +398,24 @@ impl Wake {
     /// synchronises with it and drains all input). See [`Owed`].
     pub fn mark(&self) -> bool {
         // Release: as in `unpark`.
-        self.state.fetch_or(DIRTY, Ordering::Release) & LOCKED == 0
+        !self
+            .state
+            .fetch_or(TokenWord::DIRTY, Ordering::Release)
+            .locked()
     }
 
     /// Takes the engine if nobody holds it.
     pub fn try_lock(&self) -> bool {
         // Relaxed: only a first guess; the CAS decides.
         let mut s = self.state.load(Ordering::Relaxed);
-        while s & LOCKED == 0 {
+        while !s.locked() {
             // Acquire: as in `acquire_or_mark`.
-            match self
-                .state
-                .compare_exchange_weak(s, LOCKED, Ordering::Acquire, Ordering::Relaxed)
-            {
+            match self.state.compare_exchange_weak(
+                s,
+                TokenWord::LOCKED,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return true,
                 Err(x) => s = x,
             }
@@ -351,16 +430,21 @@ impl Wake {
         // Release: publishes the engine's state to the next holder's Acquire.
         if self
             .state
-            .compare_exchange(LOCKED, 0, Ordering::Release, Ordering::Relaxed)
+            .compare_exchange(
+                TokenWord::LOCKED,
+                TokenWord::FREE,
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
             .is_ok()
         {
             return true;
         }
         // Acquire: synchronises with the marking RMWs (their input is visible to us now).
-        let prev = self.state.swap(LOCKED, Ordering::Acquire);
+        let prev = self.state.swap(TokenWord::LOCKED, Ordering::Acquire);
         debug_assert_eq!(
             prev,
-            LOCKED | DIRTY,
+            TokenWord::LOCKED.with(TokenWord::DIRTY),
             "ivm: unlock of an engine we do not hold"
         );
         false
@@ -371,7 +455,7 @@ impl Wake {
     #[cfg(loom)]
     #[doc(hidden)]
     pub fn planted_unlock_ignoring_marks(&self) -> bool {
-        self.state.swap(0, Ordering::Release);
+        self.state.swap(TokenWord::FREE, Ordering::Release);
         true
     }
 
@@ -380,7 +464,7 @@ impl Wake {
     pub fn unlock_to_scheduler(&self) {
         // Release: publishes the engine's state (and the input we leave unhandled) to the
         // scheduler's Acquire when it takes the engine.
-        self.state.swap(DIRTY, Ordering::Release);
+        self.state.swap(TokenWord::DIRTY, Ordering::Release);
         self.parking.unpark();
     }
 
@@ -388,7 +472,7 @@ impl Wake {
     pub fn dirty_unlocked(&self) -> bool {
         // Acquire: pairs with the marking RMWs, as in `try_lock` (the scheduler takes the
         // engine right after anyway).
-        self.state.load(Ordering::Acquire) == DIRTY
+        self.state.load(Ordering::Acquire) == TokenWord::DIRTY
     }
 }
 
@@ -409,7 +493,7 @@ impl Wake {
 /// waiter's checks.
 ///
 /// Announced: pushes that find the pending queue empty, device and lazy-job completions
-/// ([`Wake::unpark`]), every engine step that made progress, and a release of the engine
+/// ([`EngineToken::unpark`]), every engine step that made progress, and a release of the engine
 /// that a waiter asked for ([`want_engine`](Self::want_engine),
 /// [`released`](Self::released)). A release nobody asked for is not announced, so that
 /// two callers waiting for the same slow graph do not wake each other in turn.
@@ -507,7 +591,7 @@ impl SingleWaits {
     }
 }
 
-/// The engine of a multi-thread VM, guarded by the `LOCKED` bit of the VM's [`Wake`].
+/// The engine of a multi-thread VM, guarded by the `LOCKED` bit of the VM's [`EngineToken`].
 /// `None` after the scheduler thread took it out at shutdown.
 pub(crate) struct EngineCell {
     engine: UnsafeCell<Option<Engine>>,
@@ -561,7 +645,7 @@ impl EngineCell {
     /// The engine.
     ///
     /// # Safety
-    /// The caller holds `LOCKED` of this VM's [`Wake`] and no other reference obtained
+    /// The caller holds `LOCKED` of this VM's [`EngineToken`] and no other reference obtained
     /// from this function is alive.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn get(&self) -> &mut Option<Engine> {
@@ -571,7 +655,7 @@ impl EngineCell {
 }
 
 /// A release a worker owes the engine: it finished an instruction, marked the word
-/// ([`Wake::mark`]) instead of driving, and found nobody holding the engine. Two reasons
+/// ([`EngineToken::mark`]) instead of driving, and found nobody holding the engine. Two reasons
 /// to leave a release to somebody else:
 ///
 /// * **a finished sync access** (*patient* debt): its caller is about to come back and
@@ -750,7 +834,7 @@ impl Helpers {
         fence(Ordering::SeqCst);
     }
 
-    /// Worker, after its marking RMW on the wake word ([`Wake::mark`]): whether a helper
+    /// Worker, after its marking RMW on the wake word ([`EngineToken::mark`]): whether a helper
     /// is registered, i.e. will see the mark (then the worker may run on owing the
     /// release).
     pub fn spinning(&self) -> bool {
@@ -1031,12 +1115,12 @@ pub(crate) fn spin_while_progress(shared: &VmShared, mut done: impl FnMut() -> b
     }
 }
 
-impl crate::model::stream::CompletionSink for Wake {
+impl crate::model::stream::CompletionSink for EngineToken {
     fn unpark(&self) -> bool {
-        Wake::unpark(self)
+        EngineToken::unpark(self)
     }
 
     fn complete_outside(&self) {
-        Wake::complete_outside(self);
+        EngineToken::complete_outside(self);
     }
 }

@@ -118,7 +118,7 @@ pub(crate) struct VmShared {
     pub(crate) planted: ivm_engine::PlantedBug,
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
-    pub(crate) parking: Arc<crate::engine::drive::Wake>,
+    pub(crate) parking: Arc<crate::engine::drive::EngineToken>,
     pub(crate) state: AtomicUsize,
     pub(crate) stop: AtomicBool,
     pub(crate) flying: AtomicUsize,

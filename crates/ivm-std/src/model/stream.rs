@@ -171,12 +171,12 @@ impl Sticky {
 /// engine layer.
 pub(crate) trait CompletionSink: Send + Sync {
     /// After publishing a completion (`DONE`, with Release): marks the engine dirty and
-    /// wakes the scheduler thread if nobody drives (`Wake::unpark`). Returns whether it
+    /// wakes the scheduler thread if nobody drives (`EngineToken::unpark`). Returns whether it
     /// made a wake call.
     fn unpark(&self) -> bool;
 
     /// After a deferred body's completion fired: as [`unpark`](Self::unpark), or drives
-    /// the engine right there on a graph runtime's thread (`Wake::complete_outside`).
+    /// the engine right there on a graph runtime's thread (`EngineToken::complete_outside`).
     fn complete_outside(&self);
 }
 

@@ -125,7 +125,7 @@ impl VirtualMachine {
             crate::model::trace::set_enabled(true);
         }
         let single = config.mode == Mode::SingleThread;
-        let parking = Arc::new(crate::engine::drive::Wake::for_mode(single));
+        let parking = Arc::new(crate::engine::drive::EngineToken::for_mode(single));
         let id = NEXT_VM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let barrier_stream = Arc::new(StreamShared {
             vm_id: id,
