@@ -24,8 +24,9 @@ use ivm_engine::check::{Program, check, check_planted};
 use libfuzzer_sys::fuzz_target;
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
-/// Program lengths reached, by bucket: <8, <32, <128, ≥128 operations.
-static LENGTHS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+/// Program lengths reached, by bucket: <8, <32, <128, <512, ≥512 operations.
+static LENGTHS: [AtomicUsize; 5] = [const { AtomicUsize::new(0) }; 5];
+static LONGEST: AtomicUsize = AtomicUsize::new(0);
 static CROSS: AtomicUsize = AtomicUsize::new(0);
 
 /// The bug `IVM_FUZZ_PLANT` asks for (none when unset).
@@ -58,19 +59,24 @@ fuzz_target!(|data: &[u8]| {
         0..8 => 0,
         8..32 => 1,
         32..128 => 2,
-        _ => 3,
+        128..512 => 3,
+        _ => 4,
     }]
     .fetch_add(1, Relaxed);
+    LONGEST.fetch_max(len, Relaxed);
     CROSS.fetch_add(program.cross_stream_uses(), Relaxed);
     let n = RUNS.fetch_add(1, Relaxed) + 1;
     if n % (1 << 16) == 0 && std::env::var_os("IVM_FUZZ_STATS").is_some() {
         let l: Vec<usize> = LENGTHS.iter().map(|c| c.load(Relaxed)).collect();
         eprintln!(
-            "engine_program: {n} runs; ops <8: {}, <32: {}, <128: {}, >=128: {}; cross-stream uses {}",
+            "engine_program: {n} runs; ops <8: {}, <32: {}, <128: {}, <512: {}, >=512: {}, \
+             longest {}; cross-stream uses {}",
             l[0],
             l[1],
             l[2],
             l[3],
+            l[4],
+            LONGEST.load(Relaxed),
             CROSS.load(Relaxed)
         );
     }
