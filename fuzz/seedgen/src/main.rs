@@ -6,7 +6,7 @@
 //!   with at least `MIN_VM_OPS` ops, the ones with the most cross-stream uses (and, for the
 //!   sim target, cross-device uses, copies and launches) on the target's topology.
 //! * `engine_program`: 8 bytes of executor seed, then `ivm_engine::check::Program`'s byte
-//!   format (2 to 5 bytes an op); programs of roughly 40 to 1300 ops, the candidate with the
+//!   format (2 to 5 bytes an op); programs of roughly 20 to 630 ops, the candidate with the
 //!   most cross-stream uses at each length.
 //!
 //! Deterministic (a fixed SplitMix64 stream): rerunning rewrites the same files. Run from
