@@ -97,7 +97,7 @@ fuzz_target!(|data: &[u8]| {
         }
     });
     let n = RUNS.fetch_add(1, Relaxed) + 1;
-    if n % (1 << 12) == 0 && std::env::var_os("IVM_FUZZ_STATS").is_some() {
+    if n.is_multiple_of(1 << 12) && std::env::var_os("IVM_FUZZ_STATS").is_some() {
         print_stats();
     }
 });

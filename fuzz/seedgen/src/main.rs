@@ -69,7 +69,7 @@ fn vm_seeds(topology: &Topology, rng: &mut Rng) -> Vec<Vec<u8>> {
         .map(|(bytes, p)| (vm_score(topology, &p), bytes))
         .collect();
     // Stable: equal scores keep the order drawn.
-    scored.sort_by(|a, b| b.0.cmp(&a.0));
+    scored.sort_by_key(|s| std::cmp::Reverse(s.0));
     scored.into_iter().take(SEEDS).map(|(_, b)| b).collect()
 }
 
