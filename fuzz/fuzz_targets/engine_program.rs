@@ -11,22 +11,25 @@
 //! that bug planted; the fuzzer must then find a crashing input (within seconds). `cargo
 //! test -p ivm-engine --all-features` (`planted_bugs_are_caught`) shows the same in CI.
 //!
-//! Set `IVM_FUZZ_STATS=1` to print, every 2^16 runs, the distribution of program lengths
-//! and cross-stream uses reached so far.
+//! Set `IVM_FUZZ_STATS=1` to print, every 2^12 runs and at exit, the distribution of
+//! program lengths and cross-stream uses reached so far.
 #![no_main]
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 
 use ivm_engine::PlantedBug;
 use ivm_engine::check::{Program, check, check_planted};
 use libfuzzer_sys::fuzz_target;
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
-/// Program lengths reached, by bucket: <8, <32, <128, ≥128 operations.
-static LENGTHS: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+/// Program lengths reached, by bucket: <8, <32, <128, <512, ≥512 operations.
+static LENGTHS: [AtomicUsize; 5] = [const { AtomicUsize::new(0) }; 5];
+static LONGEST: AtomicUsize = AtomicUsize::new(0);
 static CROSS: AtomicUsize = AtomicUsize::new(0);
+/// Registers the exit report once (with `IVM_FUZZ_STATS` set).
+static STATS_AT_EXIT: Once = Once::new();
 
 /// The bug `IVM_FUZZ_PLANT` asks for (none when unset).
 fn planted() -> PlantedBug {
@@ -37,6 +40,28 @@ fn planted() -> PlantedBug {
         Ok("out-of-order") => PlantedBug::OutOfOrderRelease,
         Ok(other) => panic!("IVM_FUZZ_PLANT={other}: expected drop-edge or out-of-order"),
     })
+}
+
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// The report `IVM_FUZZ_STATS` asks for (libFuzzer ends with `exit()`, which runs `atexit`
+/// handlers).
+extern "C" fn print_stats() {
+    let l: Vec<usize> = LENGTHS.iter().map(|c| c.load(Relaxed)).collect();
+    eprintln!(
+        "engine_program: {} runs; ops <8: {}, <32: {}, <128: {}, <512: {}, >=512: {}, \
+         longest {}; cross-stream uses {}",
+        RUNS.load(Relaxed),
+        l[0],
+        l[1],
+        l[2],
+        l[3],
+        l[4],
+        LONGEST.load(Relaxed),
+        CROSS.load(Relaxed)
+    );
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -58,20 +83,21 @@ fuzz_target!(|data: &[u8]| {
         0..8 => 0,
         8..32 => 1,
         32..128 => 2,
-        _ => 3,
+        128..512 => 3,
+        _ => 4,
     }]
     .fetch_add(1, Relaxed);
+    LONGEST.fetch_max(len, Relaxed);
     CROSS.fetch_add(program.cross_stream_uses(), Relaxed);
+    STATS_AT_EXIT.call_once(|| {
+        if std::env::var_os("IVM_FUZZ_STATS").is_some() {
+            // SAFETY: registers a plain `extern "C"` function with no preconditions; it
+            // only reads atomics and writes to stderr.
+            unsafe { atexit(print_stats) };
+        }
+    });
     let n = RUNS.fetch_add(1, Relaxed) + 1;
-    if n % (1 << 16) == 0 && std::env::var_os("IVM_FUZZ_STATS").is_some() {
-        let l: Vec<usize> = LENGTHS.iter().map(|c| c.load(Relaxed)).collect();
-        eprintln!(
-            "engine_program: {n} runs; ops <8: {}, <32: {}, <128: {}, >=128: {}; cross-stream uses {}",
-            l[0],
-            l[1],
-            l[2],
-            l[3],
-            CROSS.load(Relaxed)
-        );
+    if n.is_multiple_of(1 << 12) && std::env::var_os("IVM_FUZZ_STATS").is_some() {
+        print_stats();
     }
 });

@@ -4,7 +4,8 @@
 //! random (seeded) sim latencies. Results must equal the sequential interpreter.
 //!
 //! Kernel panics are stripped (libFuzzer aborts on any panic). `IVM_FUZZ_STATS=1` prints,
-//! at exit, how many programs crossed streams and devices.
+//! every 1024 programs and at exit, the program lengths reached and how many programs
+//! crossed streams and devices.
 #![no_main]
 
 #[path = "common/stats.rs"]
@@ -40,8 +41,9 @@ fn runner() -> Runner {
 
 fuzz_target!(|program: Program| {
     let runner = RUNNER.get_or_init(runner);
-    match runner.run(&program.without_panics()) {
-        Ok(o) => stats::record(&o),
+    let program = program.without_panics();
+    match runner.run(&program) {
+        Ok(o) => stats::record(&program, &o),
         Err(mismatch) => panic!("{mismatch}"),
     }
 });

@@ -1,15 +1,23 @@
-//! Coverage counters of the VM equivalence targets: programs run, and how many of them
-//! crossed streams or devices (soft sync), copied or launched lazy jobs. With
-//! `IVM_FUZZ_STATS` set they are printed to stderr when the process exits (libFuzzer ends
-//! with `exit()`, which runs `atexit` handlers).
+//! Coverage counters of the VM equivalence targets: programs run, their lengths, and how
+//! many of them crossed streams or devices (soft sync), copied or launched lazy jobs. With
+//! `IVM_FUZZ_STATS` set they are printed to stderr every [`EVERY`] programs and when the
+//! process exits (libFuzzer ends with `exit()`, which runs `atexit` handlers).
 
 use std::sync::Once;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use ivm_std::fuzzing::Outcome;
+use ivm_std::fuzzing::{MAX_OPS, Outcome, Program};
+
+/// Programs between two periodic reports.
+const EVERY: u64 = 1 << 10;
+/// Upper bounds (exclusive) of the program-length buckets, in ops; the last bucket is
+/// `LENGTH_BOUNDS[3]..=MAX_OPS`.
+const LENGTH_BOUNDS: [usize; 4] = [5, 10, 20, 30];
 
 // Relaxed throughout: independent statistics counters, read once at exit.
 static PROGRAMS: AtomicU64 = AtomicU64::new(0);
+static LENGTHS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static LONGEST: AtomicU64 = AtomicU64::new(0);
 static KERNELS: AtomicU64 = AtomicU64::new(0);
 static COPIES: AtomicU64 = AtomicU64::new(0);
 static COPY_PROGRAMS: AtomicU64 = AtomicU64::new(0);
@@ -26,11 +34,25 @@ unsafe extern "C" {
 
 extern "C" fn print_stats() {
     let g = |c: &AtomicU64| c.load(Relaxed);
+    let l: Vec<u64> = LENGTHS.iter().map(g).collect();
+    let b = LENGTH_BOUNDS;
     eprintln!(
-        "ivm-fuzz stats: {} programs, {} kernels; {} copies in {} programs; {} launches in {} \
+        "ivm-fuzz stats: {} programs, {} kernels; ops <{}: {}, <{}: {}, <{}: {}, <{}: {}, \
+         {}..={MAX_OPS}: {}, longest {}; {} copies in {} programs; {} launches in {} \
          programs; {} cross-stream uses in {} programs; {} cross-device uses in {} programs",
         g(&PROGRAMS),
         g(&KERNELS),
+        b[0],
+        l[0],
+        b[1],
+        l[1],
+        b[2],
+        l[2],
+        b[3],
+        l[3],
+        b[3],
+        l[4],
+        g(&LONGEST),
         g(&COPIES),
         g(&COPY_PROGRAMS),
         g(&LAUNCHES),
@@ -42,11 +64,14 @@ extern "C" fn print_stats() {
     );
 }
 
-/// Counts one run; registers the exit report on first use when `IVM_FUZZ_STATS` is set.
-pub fn record(o: &Outcome) {
+/// Counts one run of `program`; registers the exit report on first use when
+/// `IVM_FUZZ_STATS` is set.
+pub fn record(program: &Program, o: &Outcome) {
     static ONCE: Once = Once::new();
+    static ENABLED: AtomicBool = AtomicBool::new(false);
     ONCE.call_once(|| {
         if std::env::var_os("IVM_FUZZ_STATS").is_some() {
+            ENABLED.store(true, Relaxed);
             // SAFETY: registers a plain `extern "C"` function with no preconditions; it
             // only reads atomics and writes to stderr.
             unsafe { atexit(print_stats) };
@@ -55,7 +80,12 @@ pub fn record(o: &Outcome) {
     let add = |c: &AtomicU64, n: usize| {
         c.fetch_add(n as u64, Relaxed);
     };
-    add(&PROGRAMS, 1);
+    let len = program.ops.len();
+    add(
+        &LENGTHS[LENGTH_BOUNDS.iter().take_while(|&&b| len >= b).count()],
+        1,
+    );
+    LONGEST.fetch_max(len as u64, Relaxed);
     add(&KERNELS, o.kernels);
     add(&COPIES, o.copies);
     add(&COPY_PROGRAMS, usize::from(o.copies > 0));
@@ -65,4 +95,7 @@ pub fn record(o: &Outcome) {
     add(&CROSS_STREAM_PROGRAMS, usize::from(o.cross.streams > 0));
     add(&CROSS_DEVICE, o.cross.devices);
     add(&CROSS_DEVICE_PROGRAMS, usize::from(o.cross.devices > 0));
+    if PROGRAMS.fetch_add(1, Relaxed) % EVERY == EVERY - 1 && ENABLED.load(Relaxed) {
+        print_stats();
+    }
 }
