@@ -249,3 +249,38 @@ fn stream_sequential_instructions_order_through_the_schedule_dependence() {
     assert_eq!(names(&r.dispatched(0)), ["s1", "s2"]);
     assert_eq!(r.engine.core.edges(), 1);
 }
+
+/// The instruction ownership steps end to end on one instruction: pool → builder's fill →
+/// engine → dispatch → execute (`DONE`) → release (the engine clears the body) → back to
+/// the pool once nobody else holds it → reset in place for the next use (same allocation).
+#[test]
+fn released_instruction_goes_back_to_the_pool_and_is_reused_in_place() {
+    let mut r = Rig::new(1);
+    let a = r.blob();
+    let pool = &r.vm.shared().cell.pool;
+    let i = pool.instruction("first", &r.streams[0], Kind::Noop);
+    let first = Arc::as_ptr(&i);
+    // SAFETY: not shared yet (the pool gave us its only reference).
+    unsafe { i.body_mut() }.outputs.push(a.clone());
+    r.vm.shared().count_received(1);
+    r.engine.receive(i);
+    r.step();
+    let d = r.dispatched(0);
+    assert_eq!(names(&d), ["first"]);
+    crate::engine::execute::execute(&d[0]);
+    // Still held here: the engine keeps it for a later give-back instead of pooling it.
+    r.step();
+    assert_eq!(r.lively(), 0);
+    drop(d);
+    // The next step hands it to the pool (nobody else holds it now).
+    r.step();
+    let pool = &r.vm.shared().cell.pool;
+    let j = pool.instruction("second", &r.streams[0], Kind::Noop);
+    assert_eq!(Arc::as_ptr(&j), first, "reused in place");
+    assert_eq!(j.name, "second");
+    assert_eq!(j.status(), 0);
+    // SAFETY: not shared (the pool gave us its only reference).
+    let body = unsafe { j.body() };
+    assert!(body.inputs.as_slice().is_empty() && body.outputs.as_slice().is_empty());
+    assert_eq!(Arc::strong_count(&a), 1, "the release let go of the blob");
+}

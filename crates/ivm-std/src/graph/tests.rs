@@ -136,18 +136,38 @@ fn runs_pipeline_and_outputs_leave_before_the_callback() {
     let x = g.input("x", 8);
     let early = g.blob("early", 8);
     let late = g.blob("late", 8);
+    let log = log_trace(&mut g);
     g.kernel("fast", &[x], &[early], |k| {
         let v = k.input_u64(0)[0];
         k.output_u64(0)[0] = v + 1;
     });
-    g.kernel("slow", &[early], &[late], |k| {
-        std::thread::sleep(Duration::from_millis(20));
+    let seen = log.clone();
+    g.kernel("slow", &[early], &[late], move |k| {
         let v = k.input_u64(0)[0];
+        // A long kernel, without assuming how long is long enough (a sleep of 20 ms is a
+        // few thousand basic blocks on miri's virtual clock): it lasts until what the
+        // assertions below expect to happen during it has happened (run i's early output
+        // copied out, run i+1's input started), at most 10 s, so a regression fails them
+        // instead of hanging.
+        let i = v - 1;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let log = seen.lock().unwrap();
+            let has = |actor: &str, iteration: u64, phase: Phase| {
+                log.iter()
+                    .any(|e| &*e.actor == actor && e.iteration == iteration && e.phase == phase)
+            };
+            if has("output/early", i, Phase::End) && (i >= 2 || has("input/x", i + 1, Phase::Start))
+            {
+                break;
+            }
+            drop(log);
+            std::thread::yield_now();
+        }
         k.output_u64(0)[0] = v * 10;
     });
     g.output("early", early);
     g.output("late", late);
-    let log = log_trace(&mut g);
     let graph = g.build().unwrap();
     let runs: Vec<_> = (0..3u64)
         .map(|i| {
