@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Ordering mutants: how many weakened memory orderings and deleted wake calls the loom
+# models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
+#
+# For every site in ivm-core's sources and in ivm-std's engine token (engine/drive.rs):
+#   * each Acquire / Release / AcqRel / SeqCst in code is replaced by Relaxed, one at a
+#     time (a `fence(..)` call is deleted instead: a Relaxed fence is not allowed);
+#   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
+# then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
+# models for an ivm-core mutant, ivm-std's wake-path and helper models for a drive.rs
+# mutant. A mutant is *killed* when a model fails (or does not build), *survives* when
+# every model passes. The survivors are printed at the end, as `file:line (what)`.
+#
+#   bash .ci/ordering_mutants.sh                       # every site
+#   bash .ci/ordering_mutants.sh crates/ivm-core/src/notifier.rs   # the sites of some files
+#   MUTANT_TIMEOUT=900 bash .ci/ordering_mutants.sh    # seconds per mutant (default 600)
+#
+# A mutant whose models run past the timeout counts as killed (loom reports lost wake-ups
+# as deadlocks quickly; a timeout means the model no longer terminates). Sources are
+# restored after each mutant and on exit, whatever happens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+timeout_s="${MUTANT_TIMEOUT:-600}"
+if [ "$#" -gt 0 ]; then
+    files=("$@")
+else
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs; echo crates/ivm-std/src/engine/drive.rs)
+fi
+backup="$(mktemp -d)"
+restore() {
+    for f in "${files[@]}"; do
+        [ -f "$backup/$(echo "$f" | tr / _)" ] && cp "$backup/$(echo "$f" | tr / _)" "$f"
+    done
+    return 0
+}
+trap restore EXIT
+for f in "${files[@]}"; do cp "$f" "$backup/$(echo "$f" | tr / _)"; done
+
+# Lists the mutants of a file: "line<TAB>column<TAB>kind<TAB>description".
+sites() {
+    python3 - "$1" <<'EOF'
+import re, sys
+lines = open(sys.argv[1]).read().split("\n")
+in_test = False
+for n, line in enumerate(lines):
+    code = line.split("//")[0]
+    if re.match(r"\s*#\[cfg\(test\)\]", line):
+        in_test = True  # by convention the test module is the last item
+    if in_test or not code.strip() or re.match(r"\s*(use|pub use)\b", code):
+        continue
+    m = re.search(r"\bfence\((Ordering::)?(Acquire|Release|AcqRel|SeqCst)\)", code)
+    if m:
+        print(f"{n + 1}\t{m.start()}\tdelete-fence\tfence({m.group(2)}) deleted")
+        continue
+    for m in re.finditer(r"\b(Ordering::)?(Acquire|Release|AcqRel|SeqCst)\b", code):
+        print(f"{n + 1}\t{m.start()}\trelax\t{m.group(2)} -> Relaxed")
+    m = re.search(r"\bW::(wake_one|wake_all)\([^;]*\);", code)
+    if m:
+        print(f"{n + 1}\t{m.start()}\tdelete-wake\t{m.group(1)} deleted")
+EOF
+}
+
+# Applies one mutant to a file in place.
+mutate() {
+    python3 - "$1" "$2" "$3" "$4" <<'EOF'
+import re, sys
+path, line, col, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+lines = open(path).read().split("\n")
+s = lines[line - 1]
+if kind == "relax":
+    m = re.compile(r"\b(Ordering::)?(Acquire|Release|AcqRel|SeqCst)\b").match(s, col)
+    # A bare `Acquire` (imported) becomes a full path, so no import is needed.
+    s = s[:m.start()] + (m.group(1) or "crate::sync::Ordering::") + "Relaxed" + s[m.end():]
+elif kind == "delete-fence":
+    s = re.sub(r"\bfence\([^)]*\)", "()", s, count=1)
+elif kind == "delete-wake":
+    s = re.sub(r"\bW::(wake_one|wake_all)\([^;]*\);", "();", s, count=1)
+lines[line - 1] = s
+open(path, "w").write("\n".join(lines))
+EOF
+}
+
+models() {
+    case "$1" in
+        crates/ivm-std/*)
+            RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
+                --target-dir target/mutants -p ivm-std --test loom_wake_path --test loom_helpers \
+                -- --skip planted ;;
+        *)
+            RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
+                --target-dir target/mutants -p ivm-core --test 'loom_*' -- --skip planted ;;
+    esac
+}
+
+killed=0
+survived=()
+total=0
+for f in "${files[@]}"; do
+    while IFS=$'\t' read -r line col kind what; do
+        [ -n "$line" ] || continue
+        total=$((total + 1))
+        cp "$backup/$(echo "$f" | tr / _)" "$f"
+        mutate "$f" "$line" "$col" "$kind"
+        if models "$f" >/dev/null 2>&1; then
+            survived+=("$f:$line ($what)")
+            echo "SURVIVED $f:$line ($what)"
+        else
+            killed=$((killed + 1))
+            echo "killed   $f:$line ($what)"
+        fi
+        cp "$backup/$(echo "$f" | tr / _)" "$f"
+    done < <(sites "$f")
+done
+
+echo
+echo "ordering mutants: $total, killed $killed, survived ${#survived[@]} (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
+for s in "${survived[@]}"; do echo "  $s"; done
