@@ -17,7 +17,8 @@
 #
 # A mutant whose models run past the timeout counts as killed (loom reports lost wake-ups
 # as deadlocks quickly; a timeout means the model no longer terminates). Sources are
-# restored after each mutant and on exit, whatever happens.
+# restored after each mutant and on exit, whatever happens; still, run it in a checkout
+# nobody is editing (a build started meanwhile would see a mutant).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"

@@ -139,3 +139,180 @@ fn planted_check_before_park() {
 fn planted_unpark_by_load() {
     model(1, Bug::UnparkByLoad);
 }
+
+// ---- data published through the parking alone -------------------------------------------
+//
+// The models above publish their inputs through atomics, and the consumer loops until it
+// sees them, so a missing Acquire only delays it by one more park. These models publish a
+// plain cell (a loom `UnsafeCell`) and read it right after `park` returned, with nothing
+// but the parking word (or the closed flag) in between: a weakened ordering on that path
+// is a data race, which loom reports. (Found by `.ci/ordering_mutants.sh`: each of the
+// orderings these models check survived every model before.)
+
+/// A cell written by a producer or the closer before it unparks or closes, and read by the
+/// consumer once `park` says so.
+struct Published {
+    parking: Parking<LoomWait>,
+    /// Written by the producer before its unpark.
+    by_producer: loom::cell::UnsafeCell<u32>,
+    /// Set (Release) by the producer after writing its cell, before its unpark: the
+    /// consumer's `has_input`. Its own Acquire makes a `HadInput` return safe by itself.
+    produced: loom::sync::atomic::AtomicBool,
+    /// Written by the closer before `close`.
+    by_closer: loom::cell::UnsafeCell<u32>,
+}
+
+fn leak_published() -> &'static Published {
+    Box::leak(Box::new(Published {
+        parking: Parking::new(),
+        by_producer: loom::cell::UnsafeCell::new(0),
+        produced: loom::sync::atomic::AtomicBool::new(false),
+        by_closer: loom::cell::UnsafeCell::new(0),
+    }))
+}
+
+fn publishing_producer(s: &'static Published) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        // SAFETY: only this thread writes the cell, before its Release unpark; the
+        // consumer reads it only after it synchronised with that unpark (or with the
+        // `produced` flag) — the property under test; loom reports a race otherwise.
+        s.by_producer.with_mut(|p| unsafe { *p = 7 });
+        s.produced
+            .store(true, loom::sync::atomic::Ordering::Release);
+        s.parking.unpark();
+    })
+}
+
+fn publishing_closer(s: &'static Published) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        // SAFETY: as in `publishing_producer`, with `close` as the publishing step.
+        s.by_closer.with_mut(|p| unsafe { *p = 9 });
+        s.parking.close();
+    })
+}
+
+/// What the consumer may read after `park` returned `r`.
+fn read_after(s: &Published, r: Park) {
+    match r {
+        Park::Unparked | Park::HadInput => {
+            // Only the producer unparks in these models before the closer's data counts,
+            // and `HadInput` came from `produced` (Acquire): the producer's cell is
+            // published either way.
+            if r == Park::HadInput || s.produced.load(loom::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: see `publishing_producer`.
+                let v = s.by_producer.with(|p| unsafe { *p });
+                assert_eq!(v, 7);
+            }
+        }
+        Park::Closed => {
+            // SAFETY: see `publishing_closer`.
+            let v = s.by_closer.with(|p| unsafe { *p });
+            assert_eq!(v, 9);
+        }
+        Park::TimedOut => {}
+    }
+}
+
+/// An unpark wakes a sleeping consumer, which then reads what the producer wrote before
+/// unparking: the Acquire load of the state after the wait must pair with the unpark.
+#[test]
+fn unpark_publishes_to_the_woken_consumer() {
+    loom::model(|| {
+        let s = leak_published();
+        let p = publishing_producer(s);
+        let r = s.parking.park(
+            || s.produced.load(loom::sync::atomic::Ordering::Acquire),
+            None,
+        );
+        assert!(matches!(r, Park::Unparked | Park::HadInput), "{r:?}");
+        if r == Park::Unparked {
+            // The unpark that ended the park is the producer's: its cell is published.
+            // SAFETY: see `publishing_producer`.
+            let v = s.by_producer.with(|p| unsafe { *p });
+            assert_eq!(v, 7);
+        }
+        p.join().unwrap();
+    });
+}
+
+/// A timed park whose deadline races the unpark: when the withdrawal finds the unpark
+/// already there (`Unparked`), the consumer reads the producer's cell, so the
+/// withdrawing swap must be Acquire.
+#[test]
+fn timed_park_withdrawal_publishes_the_racing_unpark() {
+    loom::model(|| {
+        let s = leak_published();
+        let p = publishing_producer(s);
+        let r = s.parking.park(|| false, Some(Instant::from_nanos(1)));
+        if r == Park::Unparked {
+            // SAFETY: see `publishing_producer`.
+            let v = s.by_producer.with(|p| unsafe { *p });
+            assert_eq!(v, 7);
+        }
+        p.join().unwrap();
+    });
+}
+
+/// Shutdown publishes like an input: a consumer that parks and gets `Closed` (through the
+/// flag check before it sleeps, or woken by the close) reads what the closer wrote
+/// before closing.
+#[test]
+fn close_publishes_to_the_parking_consumer() {
+    loom::model(|| {
+        let s = leak_published();
+        let c = publishing_closer(s);
+        loop {
+            let r = s.parking.park(|| false, None);
+            read_after(s, r);
+            if r == Park::Closed {
+                break;
+            }
+        }
+        c.join().unwrap();
+    });
+}
+
+/// A producer's unpark and the close race a sleeping consumer: the consumer may be woken
+/// by the producer's unpark and then find the flag set, so the flag's own load must be
+/// Acquire (the unpark it synchronised with says nothing about the closer's data).
+#[test]
+fn close_racing_an_unpark_still_publishes() {
+    loom::model(|| {
+        let s = leak_published();
+        let p = publishing_producer(s);
+        let c = publishing_closer(s);
+        loop {
+            let r = s.parking.park(
+                || s.produced.load(loom::sync::atomic::Ordering::Acquire),
+                None,
+            );
+            read_after(s, r);
+            if r == Park::Closed {
+                break;
+            }
+            if r == Park::HadInput {
+                // Consume the input so that the next park sleeps.
+                s.produced
+                    .store(false, loom::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        p.join().unwrap();
+        c.join().unwrap();
+    });
+}
+
+/// `is_closed` is how another thread learns about shutdown: it reads what the closer
+/// wrote before closing.
+#[test]
+fn is_closed_publishes_the_closer_data() {
+    loom::model(|| {
+        let s = leak_published();
+        let c = publishing_closer(s);
+        if s.parking.is_closed() {
+            // SAFETY: see `publishing_closer`.
+            let v = s.by_closer.with(|p| unsafe { *p });
+            assert_eq!(v, 9);
+        }
+        c.join().unwrap();
+    });
+}
