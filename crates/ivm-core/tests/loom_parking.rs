@@ -316,3 +316,19 @@ fn is_closed_publishes_the_closer_data() {
         c.join().unwrap();
     });
 }
+
+/// A timed park whose withdrawal finds a producer's unpark while the close is under way:
+/// it may report `Closed` after synchronising with the producer only, so the flag's load
+/// on that path must be Acquire too.
+#[test]
+fn timed_park_withdrawal_racing_unpark_and_close() {
+    loom::model(|| {
+        let s = leak_published();
+        let p = publishing_producer(s);
+        let c = publishing_closer(s);
+        let r = s.parking.park(|| false, Some(Instant::from_nanos(1)));
+        read_after(s, r);
+        p.join().unwrap();
+        c.join().unwrap();
+    });
+}
