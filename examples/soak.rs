@@ -205,7 +205,7 @@ fn shutdown_cycles(stop: &AtomicBool, ops: &Ops, errs: &Errors) {
         cycle += 1;
         // A graph serves one VM: a fresh one per VM.
         let graph = Arc::new(plus_one());
-        let config = if cycle % 3 == 0 {
+        let config = if cycle.is_multiple_of(3) {
             Config::single_thread()
         } else {
             Config::default()

@@ -256,3 +256,55 @@ fn runs_of_different_graphs_serialise_in_launch_order() {
     vm.shutdown().unwrap();
     assert_eq!(vm.debug_counters(), DebugCounters::default());
 }
+
+/// Launches of one graph from several threads at once, each over its own tensors: every
+/// run copies its own inputs and writes its own outputs. A submission's instructions reach
+/// the engine together (`VmShared::receive_list`); pushed one by one, two threads' lists
+/// interleaved, so the critical-section begins of two launches landed on the
+/// critical-section stream in another order than the launches themselves, and the graph
+/// paired run k's job with run k+1's outputs (a wrong value, or "end record was already
+/// initialised"). Found by `.ci/sanitizers.sh` (shutdown_under_load, one run in three).
+#[test]
+fn concurrent_launches_of_one_graph_keep_their_tensors() {
+    for config in [Config::default(), Config::single_thread()] {
+        // A graph serves one VM.
+        let mut g = GraphBuilder::new("plus_1000");
+        let x = g.input("x", 8);
+        let y = g.blob("y", 8);
+        g.kernel("add", &[x], &[y], |k| {
+            let v = k.input_u64(0)[0];
+            k.output_u64(0)[0] = v + 1000;
+        });
+        g.output("y", y);
+        let graph = g.build().unwrap();
+        let vm = VirtualMachine::new(config).unwrap();
+        let s = vm.default_stream();
+        std::thread::scope(|sc| {
+            for t in 0..4u64 {
+                let (vm, graph, s) = (&vm, &graph, &s);
+                sc.spawn(move || {
+                    let c = tensor(vm, t << 32);
+                    let ys: Vec<Tensor> = (0..8).map(|_| tensor(vm, 0)).collect();
+                    for round in 0..200u64 {
+                        // Long submissions: eight launches each, so two threads' lists
+                        // are pushed at the same time.
+                        vm.run(|bl| {
+                            for y in &ys {
+                                bl.call(s, &[], &[&c], |k| k.output_u64(0)[0] += 1)?;
+                                bl.launch_lazy_job(&[&c], &[y], &[], graph.lazy())?;
+                            }
+                            Ok(())
+                        })
+                        .unwrap();
+                        for (j, y) in ys.iter().enumerate() {
+                            let want = (t << 32) + round * 8 + j as u64 + 1 + 1000;
+                            assert_eq!(read_u64(vm, y), want, "thread {t} round {round}");
+                        }
+                    }
+                });
+            }
+        });
+        vm.shutdown().unwrap();
+        assert_eq!(vm.debug_counters(), DebugCounters::default());
+    }
+}

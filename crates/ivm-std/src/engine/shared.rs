@@ -117,6 +117,13 @@ pub(crate) struct VmShared {
     #[cfg(feature = "fuzzing")]
     pub(crate) planted: ivm_engine::PlantedBug,
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
+    /// Held while a list of more than one instruction is pushed to `pending`, so that
+    /// one submission's instructions reach the engine together: two lists pushed
+    /// element by element would interleave, and two lazy launches of one graph from two
+    /// threads would then put their critical-section begins on the critical-section
+    /// stream in another order than their launches (run k's outputs copied into run
+    /// k+1's tensors, "end record was already initialised").
+    pub(crate) receive_lock: Mutex<()>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
     pub(crate) parking: Arc<crate::engine::drive::EngineToken>,
     pub(crate) state: AtomicUsize,
@@ -321,8 +328,11 @@ impl VmShared {
         // Relaxed: a count; the instructions themselves are published by the pushes.
         self.flying.fetch_add(list.len(), Ordering::Relaxed);
         let mut wake = false;
-        for i in list.drain(..) {
-            wake |= self.pending.push(i);
+        {
+            let _whole = (list.len() > 1).then(|| lock(&self.receive_lock));
+            for i in list.drain(..) {
+                wake |= self.pending.push(i);
+            }
         }
         self.pushed(wake);
         drop(token);

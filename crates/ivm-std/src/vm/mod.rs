@@ -148,6 +148,7 @@ impl VirtualMachine {
                 (!single).then(|| Engine::new(config.pending_window)),
             ),
             pending: MpscQueue::new(),
+            receive_lock: Mutex::new(()),
             parking,
             state: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
