@@ -294,21 +294,50 @@ pub struct LoomWait;
 #[cfg(loom)]
 const PARKING_SPOTS: usize = 8;
 
+/// The parking spots of one model execution, and which atomic owns each.
+#[cfg(loom)]
+struct Spots {
+    /// The address of the atomic each spot belongs to, in the order the atomics were first
+    /// waited on or woken. A std mutex, not a loom one: it is bookkeeping of the emulation,
+    /// not a synchronisation point of the model.
+    owners: std::sync::Mutex<std::vec::Vec<usize>>,
+    spots: [(loom::sync::Mutex<()>, loom::sync::Condvar); PARKING_SPOTS],
+}
+
 #[cfg(loom)]
 loom::lazy_static! {
-    /// Parking spots hashed by the atomic's address, so that a wake on one atomic does not
-    /// wake (and so hide a lost wake on) an unrelated one, except on a hash collision.
+    /// One parking spot per atomic (the first `PARKING_SPOTS - 1` atomics used; later ones
+    /// share the last spot), so that a wake on one atomic does not wake (and so hide a lost
+    /// wake on) an unrelated one.
+    ///
+    /// Spots are handed out in first-use order, not by hashing the address: addresses
+    /// change from one execution of a model to the next (leaked or reallocated state), and
+    /// a spot choice that depends on them would make loom's executions diverge from the
+    /// schedule it replays. First-use order depends only on the schedule.
     ///
     /// Loom drops lazy statics when the model closure returns: every model must join all
     /// of its threads before returning.
-    static ref PARKING: [(loom::sync::Mutex<()>, loom::sync::Condvar); PARKING_SPOTS] =
-        core::array::from_fn(|_| (loom::sync::Mutex::new(()), loom::sync::Condvar::new()));
+    static ref PARKING: Spots = Spots {
+        owners: std::sync::Mutex::new(std::vec::Vec::new()),
+        spots: core::array::from_fn(|_| (loom::sync::Mutex::new(()), loom::sync::Condvar::new())),
+    };
 }
 
 #[cfg(loom)]
 fn parking_spot(atom: &AtomicU32) -> &'static (loom::sync::Mutex<()>, loom::sync::Condvar) {
     let addr = core::ptr::from_ref(atom).addr();
-    &PARKING[(addr / core::mem::align_of::<AtomicU32>()) % PARKING_SPOTS]
+    let mut owners = PARKING
+        .owners
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let i = match owners.iter().position(|&a| a == addr) {
+        Some(i) => i,
+        None => {
+            owners.push(addr);
+            owners.len() - 1
+        }
+    };
+    &PARKING.spots[i.min(PARKING_SPOTS - 1)]
 }
 
 #[cfg(loom)]
