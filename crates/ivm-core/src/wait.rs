@@ -108,6 +108,29 @@ impl Clock for NoClock {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SpinWait<C: Clock = NoClock>(PhantomData<C>);
 
+/// The polling wait of the backends without an OS ([`SpinWait`], and `WfeWait` on
+/// Cortex-M): until `atom` no longer holds `expected` or `deadline` passes on `C`, calling
+/// `idle` between checks (a spin hint, or WFE).
+#[cfg(not(loom))]
+#[inline]
+fn poll_until_changed<C: Clock>(
+    atom: &AtomicU32,
+    expected: u32,
+    deadline: Option<Instant>,
+    mut idle: impl FnMut(),
+) -> WaitResult {
+    loop {
+        // Relaxed: the caller re-reads the atomic with the ordering it needs.
+        if atom.load(Ordering::Relaxed) != expected {
+            return WaitResult::Woken;
+        }
+        if deadline.is_some_and(|deadline| C::now() >= deadline) {
+            return WaitResult::TimedOut;
+        }
+        idle();
+    }
+}
+
 #[cfg(not(loom))]
 impl<C: Clock> Wait for SpinWait<C> {
     #[inline]
@@ -116,16 +139,7 @@ impl<C: Clock> Wait for SpinWait<C> {
     }
 
     fn wait(atom: &AtomicU32, expected: u32, deadline: Option<Instant>) -> WaitResult {
-        loop {
-            // Relaxed: the caller re-reads the atomic with the ordering it needs.
-            if atom.load(Ordering::Relaxed) != expected {
-                return WaitResult::Woken;
-            }
-            if deadline.is_some_and(|deadline| C::now() >= deadline) {
-                return WaitResult::TimedOut;
-            }
-            crate::sync::spin_loop();
-        }
+        poll_until_changed::<C>(atom, expected, deadline, crate::sync::spin_loop)
     }
 
     #[inline]
@@ -239,18 +253,9 @@ impl<C: Clock> Wait for WfeWait<C> {
     }
 
     fn wait(atom: &AtomicU32, expected: u32, deadline: Option<Instant>) -> WaitResult {
-        loop {
-            // Relaxed: the caller re-reads the atomic with the ordering it needs.
-            if atom.load(Ordering::Relaxed) != expected {
-                return WaitResult::Woken;
-            }
-            if deadline.is_some_and(|deadline| C::now() >= deadline) {
-                return WaitResult::TimedOut;
-            }
-            // An event set since the compare above (a waker's SEV, an interrupt's return)
-            // makes this return at once: see "No lost wake-up".
-            wfe();
-        }
+        // An event set since the compare (a waker's SEV, an interrupt's return) makes the
+        // WFE return at once: see "No lost wake-up".
+        poll_until_changed::<C>(atom, expected, deadline, wfe)
     }
 
     #[inline]
