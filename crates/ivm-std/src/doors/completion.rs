@@ -173,7 +173,7 @@ impl<T> Drop for Completer<T> {
 }
 
 /// Why an instruction over `blob` on `stream` was dropped without running.
-pub(crate) fn dropped_error(blob: &Blob, stream: &StreamShared) -> Error {
+fn dropped_error(blob: &Blob, stream: &StreamShared) -> Error {
     if let Some(f) = blob.poison() {
         return f.poison_error();
     }
