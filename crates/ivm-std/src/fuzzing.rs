@@ -98,9 +98,9 @@ pub use arbitrary;
 use arbitrary::{Arbitrary, Unstructured};
 
 use crate::device::DeviceAdapter;
-use crate::engine::tensor::Tensor;
 use crate::graph::{Graph, GraphBuilder};
 use crate::model::stream::Stream;
+use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::util::ids::{Device, StreamId, StreamType};
 use crate::vm::VirtualMachine;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 
-use crate::engine::shared::VmShared;
-use crate::engine::tensor::Tensor;
 use crate::model::instruction::{Instruction, KernelCtx, Kind};
 use crate::model::stream::{Stream, StreamShared};
+use crate::runtime::shared::VmShared;
+use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 
 thread_local! {
@@ -55,7 +55,7 @@ impl<'vm> InstructionsBuilder<'vm> {
     /// Hands the collected instructions to the VM, then drops the handles given up with
     /// [`release_tensor`](Self::release_tensor) (their releases follow the instructions).
     pub(crate) fn submit(&mut self) -> Result<()> {
-        let r = self.vm.receive_list(&mut self.list, true);
+        let r = self.vm.core.receive_list(&mut self.list, true);
         self.released.clear();
         r
     }
@@ -120,7 +120,7 @@ impl<'vm> InstructionsBuilder<'vm> {
                 list.push(i)
             });
         // Pooled: no allocation in steady state (`pool.rs`).
-        let instr = self.vm.cell.pool.instruction(name, stream, kind);
+        let instr = self.vm.core.cell.pool.instruction(name, stream, kind);
         {
             // SAFETY: not shared yet; the builder owns the body (ownership step 1).
             let body = unsafe { instr.body_mut() };
@@ -184,7 +184,7 @@ impl<'vm> InstructionsBuilder<'vm> {
             &stream.shared,
             inputs,
             outputs,
-            Kind::Kernel(crate::model::smallfn::KernelFn::new(kernel)),
+            Kind::Kernel(crate::model::kernel::KernelFn::new(kernel)),
         );
         Ok(())
     }

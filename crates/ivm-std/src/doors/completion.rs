@@ -90,11 +90,11 @@ use ivm_core::counter::WaitError;
 use ivm_core::sync::{AtomicU32, Ordering};
 use ivm_core::wait::Wait;
 
-use crate::engine::shared::VmShared;
-use crate::engine::tensor::Tensor;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Kind};
 use crate::model::stream::StreamShared;
+use crate::runtime::shared::VmShared;
+use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;
@@ -228,13 +228,13 @@ impl<T> Completion<T> {
     }
 
     fn check(&self) -> Result<()> {
-        self.vm.birth.check()?;
+        self.vm.core.birth.check()?;
         if self.taken {
             return Err(Error::InvalidArgument(
                 "a completion was polled again after it returned Ready".into(),
             ));
         }
-        if self.vm.is_shut() {
+        if self.vm.core.is_shut() {
             return Err(Error::ShutDown);
         }
         Ok(())
@@ -252,7 +252,7 @@ impl<T> Completion<T> {
     /// The instruction's own error; [`Error::Reentrant`] from a VM thread (waiting there
     /// would deadlock); [`Error::ShutDown`]; [`Error::Forked`]; [`Error::Timeout`].
     pub fn wait(self) -> Result<T> {
-        let period = self.vm.config.timeout_period;
+        let period = self.vm.core.config.timeout_period;
         self.wait_inner(period, true)
     }
 
@@ -268,18 +268,18 @@ impl<T> Completion<T> {
 
     fn wait_inner(mut self, period: Duration, progress: bool) -> Result<T> {
         self.check()?;
-        if crate::engine::shared::inside(self.vm.id) {
+        if crate::engine::core::inside(self.vm.id) {
             return Err(Error::Reentrant);
         }
         let slot = self.slot.clone();
-        if self.vm.single_thread() {
+        if self.vm.core.single_thread() {
             // `wait_timeout`: a hard deadline; `wait`: the VM-wide progress period.
             let deadline = (!progress).then(|| FutexWait::now().saturating_add(period));
-            self.vm.drive_until(|_| slot.is_done(), deadline)?;
+            self.vm.core.drive_until(|_| slot.is_done(), deadline)?;
             return self.take();
         }
         // Relaxed: a progress counter compared with itself.
-        let mut last = self.vm.finished.load(Ordering::Relaxed);
+        let mut last = self.vm.core.finished.load(Ordering::Relaxed);
         let mut end = FutexWait::now().saturating_add(period);
         while !slot.is_done() {
             FutexWait::wait(&slot.state, PENDING, Some(end));
@@ -287,9 +287,9 @@ impl<T> Completion<T> {
                 break;
             }
             if FutexWait::now() >= end {
-                let now = self.vm.finished.load(Ordering::Relaxed);
+                let now = self.vm.core.finished.load(Ordering::Relaxed);
                 if !progress || now == last {
-                    return Err(Error::Timeout(self.vm.diagnostic()));
+                    return Err(Error::Timeout(self.vm.core.diagnostic()));
                 }
                 last = now;
                 end = FutexWait::now().saturating_add(period);
@@ -311,13 +311,13 @@ impl<T> Future for Completion<T> {
         if this.slot.is_done() {
             return Poll::Ready(this.take());
         }
-        if this.vm.single_thread() {
+        if this.vm.core.single_thread() {
             // Nobody runs the engine in the background: drive it here.
-            if crate::engine::shared::inside(this.vm.id) {
+            if crate::engine::core::inside(this.vm.id) {
                 this.taken = true;
                 return Poll::Ready(Err(Error::Reentrant));
             }
-            if let Err(e) = this.vm.drive() {
+            if let Err(e) = this.vm.core.drive() {
                 this.taken = true;
                 return Poll::Ready(Err(e));
             }
@@ -401,7 +401,7 @@ pub(crate) fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> 
 
 /// Validates an async access of `t` and returns its default stream.
 pub(crate) fn async_target(shared: &Arc<VmShared>, t: &Tensor) -> Result<Arc<StreamShared>> {
-    shared.check_caller()?;
+    shared.core.check_caller()?;
     shared.check_tensor(t)?;
     if t.blob().mem.host_ptr().is_none() {
         return Err(Error::DeviceMismatch(format!(
@@ -432,7 +432,7 @@ pub(crate) fn submit_on(
     let mut list = Vec::with_capacity(1);
     shared.soft_sync([t], stream, &mut |i| list.push(i));
     list.push(Arc::new(instr));
-    shared.receive_list(&mut list, true)
+    shared.core.receive_list(&mut list, true)
 }
 
 pub(crate) fn completer_for<T>(
@@ -474,16 +474,18 @@ pub(crate) fn wait_deadline(
             "internal: waiting on an instruction without waiter".into(),
         ));
     };
-    if shared.single_thread() {
+    if shared.core.single_thread() {
         let deadline = FutexWait::now().saturating_add(timeout);
-        return shared.drive_until(|_| waiter.btb.is_done(), Some(deadline));
+        return shared
+            .core
+            .drive_until(|_| waiter.btb.is_done(), Some(deadline));
     }
-    if skip && shared.flying() < shared.config.skip_blocking_threshold {
+    if skip && shared.core.flying() < shared.core.config.skip_blocking_threshold {
         waiter.btb.skip_blocking();
     }
     match waiter.btb.wait_until_done(timeout, || true) {
         Ok(()) => Ok(()),
-        Err(WaitError::Stopped) => Err(Error::Timeout(shared.diagnostic())),
+        Err(WaitError::Stopped) => Err(Error::Timeout(shared.core.diagnostic())),
         Err(WaitError::Closed) => Err(Error::ShutDown),
     }
 }

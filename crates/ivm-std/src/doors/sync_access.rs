@@ -19,10 +19,10 @@ use std::sync::Arc;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
-use crate::engine::shared::VmShared;
-use crate::engine::tensor::Tensor;
 use crate::model::instruction::{Instruction, Kind, Waiter};
 use crate::model::stream::StreamShared;
+use crate::runtime::shared::VmShared;
+use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::util::tuning::{RING_MAX, SLOTS};
 
@@ -74,7 +74,7 @@ fn take_small(
     offset: usize,
     len: usize,
 ) -> (Arc<Instruction>, usize) {
-    let cap = shared.config.sync_ring_capacity.min(RING_MAX);
+    let cap = shared.core.config.sync_ring_capacity.min(RING_MAX);
     RING.with(|r| {
         let mut ring = r.borrow_mut();
         let pos = ring
@@ -131,14 +131,14 @@ fn take_small(
             // release it when nobody drives it. After a whole timeout period (a stuck
             // VM: the access itself will report it) fall back to a fresh instruction.
             let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() >= shared.config.timeout_period {
+            if since.elapsed() >= shared.core.config.timeout_period {
                 let fresh = Arc::new(small_instruction(stream, kind, offset, len));
                 return (fresh, own_done);
             }
-            if shared.single_thread() {
-                let _ = shared.drive();
+            if shared.core.single_thread() {
+                let _ = shared.core.drive();
             } else {
-                shared.help();
+                shared.core.help();
             }
             std::thread::yield_now();
         }
@@ -154,7 +154,7 @@ pub(crate) fn sync_barrier(shared: &VmShared) -> Arc<Instruction> {
 /// an error the instruction is abandoned (never reused).
 pub(crate) fn sync_wait(shared: &VmShared, instr: Arc<Instruction>) -> Result<()> {
     let waited = instr.clone();
-    if let Err(e) = shared.receive_one(instr, false) {
+    if let Err(e) = shared.core.receive_one(instr, false) {
         abandon(&waited);
         return Err(e);
     }
@@ -233,7 +233,7 @@ pub(crate) fn small_access(
     mut read: Option<&mut [u8]>,
     write: Option<&[u8]>,
 ) -> Result<()> {
-    shared.check_caller()?;
+    shared.core.check_caller()?;
     let len = read
         .as_ref()
         .map_or_else(|| write.map_or(0, <[u8]>::len), |b| b.len());
@@ -242,14 +242,14 @@ pub(crate) fn small_access(
     check_bounds(t, offset, len)?;
     let stream = shared.default_stream_of(t.device())?;
     soft_sync(shared, t, &stream)?;
-    if shared.config.inline_sync_access
+    if shared.core.config.inline_sync_access
         && !stream.dev.is_async()
         && t.blob().mem.host_ptr().is_some()
     {
         // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
         let mut result = None;
         let read = &mut read;
-        if shared.try_direct(|| {
+        if shared.core.try_direct(|| {
             result = Some(direct_access(t, offset, len, read.as_deref_mut(), write));
         }) {
             return result.unwrap_or(Ok(()));
@@ -278,7 +278,7 @@ pub(crate) fn small_access(
         }
     }
     let waited = instr.clone();
-    if let Err(e) = shared.receive_one(instr, true) {
+    if let Err(e) = shared.core.receive_one(instr, true) {
         abandon(&waited);
         return Err(e);
     }
@@ -335,10 +335,10 @@ fn wait_small(
         .waiter
         .as_ref()
         .expect("ivm: waiting on an instruction without waiter");
-    if shared.single_thread() {
+    if shared.core.single_thread() {
         // Runs the engine here; on an asynchronous device, parks until the device work
         // the caller waits for completes (its completion unparks us).
-        shared.drive_until(|_| waiter.btb.is_done(), None)?;
+        shared.core.drive_until(|_| waiter.btb.is_done(), None)?;
         return Ok(());
     }
     if waiter.btb.is_done() {
@@ -346,7 +346,10 @@ fn wait_small(
         return Ok(());
     }
     let done = || waiter.btb.is_done();
-    if skip && shared.flying().saturating_sub(own_done) < shared.config.skip_blocking_threshold {
+    if skip
+        && shared.core.flying().saturating_sub(own_done)
+            < shared.core.config.skip_blocking_threshold
+    {
         waiter.btb.skip_blocking();
         let worker = instr.stream.thread.as_deref();
         let running = || worker.is_none_or(|w| !w.is_parked());
@@ -357,22 +360,22 @@ fn wait_small(
         ) {
             return Ok(());
         }
-    } else if crate::engine::drive::spin_while_progress(shared, done) {
+    } else if crate::engine::drive::spin_while_progress(&shared.core, done) {
         return Ok(());
     }
     // Relaxed: a progress counter compared with itself; no data is read through it.
-    let mut last = shared.finished.load(Ordering::Relaxed);
+    let mut last = shared.core.finished.load(Ordering::Relaxed);
     let r = waiter
         .btb
-        .wait_until_done(shared.config.timeout_period, || {
-            let now = shared.finished.load(Ordering::Relaxed);
+        .wait_until_done(shared.core.config.timeout_period, || {
+            let now = shared.core.finished.load(Ordering::Relaxed);
             let stalled = now == last;
             last = now;
             stalled
         });
     match r {
         Ok(()) => Ok(()),
-        Err(WaitError::Stopped) => Err(Error::Timeout(shared.diagnostic())),
+        Err(WaitError::Stopped) => Err(Error::Timeout(shared.core.diagnostic())),
         Err(WaitError::Closed) => Err(Error::ShutDown),
     }
 }
@@ -384,7 +387,7 @@ pub(crate) fn sync_callback<R: Send + 'static>(
     t: &Tensor,
     kind: CallbackKind<R>,
 ) -> Result<R> {
-    shared.check_caller()?;
+    shared.core.check_caller()?;
     shared.check_tensor(t)?;
     let stream = shared.default_stream_of(t.device())?;
     soft_sync(shared, t, &stream)?;
@@ -418,10 +421,9 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         }
     }
     let instr = Arc::new(instr);
-    crate::engine::drive::set_claimable(Some(&instr));
-    let received = shared.receive_one(instr.clone(), true);
-    crate::engine::drive::set_claimable(None);
-    received?;
+    shared
+        .core
+        .receive_one_claiming(instr.clone(), true, true)?;
     // Relaxed: set by this very thread, while it drove the engine in `receive_one`.
     if instr.status.load(Ordering::Relaxed) & crate::model::instruction::status::CLAIMED != 0 {
         // The engine handed it to us (its stream was idle, its sources released): run it
@@ -429,10 +431,12 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         // thread would (a reentrant call from `f` is refused alike), then have it
         // released like a worker does.
         {
-            let _reentry = crate::engine::shared::ReentryGuard::enter(shared.id);
+            let _reentry = crate::engine::core::ReentryGuard::enter(shared.id);
             crate::engine::execute::execute_claimed(&instr);
         }
-        shared.after_push(true);
+        shared
+            .core
+            .after_push(true, crate::engine::drive::Claim::NONE);
     }
     wait(shared, &instr, true)?;
     // SAFETY: the wait returned Ok: the executor is done with `failure`.
@@ -452,7 +456,7 @@ fn soft_sync(shared: &VmShared, t: &Tensor, stream: &Arc<StreamShared>) -> Resul
     let mut r = Ok(());
     shared.soft_sync([t], stream, &mut |i| {
         if r.is_ok() {
-            r = shared.receive_one(i, false);
+            r = shared.core.receive_one(i, false);
         }
     });
     r

@@ -75,32 +75,13 @@ use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering, UnsafeCell, fence};
 use ivm_core::wait::{Instant, Wait};
 
 use crate::engine::Engine;
-use crate::engine::shared::{ReentryGuard, VmShared};
+use crate::engine::core::{ReentryGuard, VmCore};
 use crate::util::futex::FutexWait;
 use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE_DEFER};
 
 thread_local! {
     /// This thread runs a graph runtime's actors (see [`EngineToken::complete_outside`]).
     static GRAPH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-thread_local! {
-    /// The sync callback this thread is submitting (its address), while its submission
-    /// drives the engine: the only instruction the engine may hand to this thread
-    /// (`status::CLAIMED`), since the thread runs it right after (`sync_callback`).
-    static CLAIMABLE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Whether the engine, driven by this thread, may hand `instr` to it (see `CLAIMABLE`).
-pub(crate) fn claimable(instr: &crate::model::instruction::Instruction) -> bool {
-    CLAIMABLE.with(std::cell::Cell::get) == std::ptr::from_ref(instr) as usize
-}
-
-/// The sync callback this thread submits (`Some`, while its submission drives the engine)
-/// or no longer (`None`): see [`claimable`].
-pub(crate) fn set_claimable(instr: Option<&crate::model::instruction::Instruction>) {
-    let addr = instr.map_or(0, |i| std::ptr::from_ref(i) as usize);
-    CLAIMABLE.with(|c| c.set(addr));
 }
 
 /// Marks the calling thread as a graph runtime's thread: lazy-job completions on it may
@@ -192,10 +173,38 @@ impl TokenState {
 pub(crate) enum Driver {
     /// The scheduler thread: may do everything (probes, user barriers).
     Scheduler,
-    /// A caller submitting work (`run`, sync accesses, `sync`).
-    Caller,
+    /// A caller submitting work (`run`, sync accesses, `sync`), with the one instruction
+    /// the engine may hand back to it to run itself, if any.
+    Caller(Claim),
     /// A worker thread, after it finished an instruction.
     Worker,
+}
+
+impl Driver {
+    /// A caller that will run nothing the engine hands it.
+    pub(crate) const CALLER: Driver = Driver::Caller(Claim::NONE);
+}
+
+/// The sync callback a caller is submitting, passed down its submission's drive: the only
+/// instruction the engine may hand to that caller (`status::CLAIMED`), since the caller
+/// runs it right after its submission returns (`sync_callback`). Compared by address; the
+/// caller keeps the instruction alive for as long as it drives with the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim(usize);
+
+impl Claim {
+    /// No instruction: the caller runs nothing the engine hands it.
+    pub(crate) const NONE: Claim = Claim(0);
+
+    /// A claim on `instr`.
+    pub(crate) fn of(instr: &crate::model::instruction::Instruction) -> Self {
+        Claim(std::ptr::from_ref(instr) as usize)
+    }
+
+    /// Whether this is a claim on `instr`.
+    pub(crate) fn is(self, instr: &crate::model::instruction::Instruction) -> bool {
+        self != Claim::NONE && self.0 == std::ptr::from_ref(instr) as usize
+    }
 }
 
 impl Driver {
@@ -203,7 +212,7 @@ impl Driver {
     /// thread (each step handles at most `pending_window` received instructions).
     fn step_budget(self) -> u32 {
         match self {
-            Driver::Scheduler | Driver::Caller => 64,
+            Driver::Scheduler | Driver::Caller(_) => 64,
             Driver::Worker => 16,
         }
     }
@@ -237,7 +246,7 @@ pub struct EngineToken {
 struct VmLink {
     id: usize,
     single_thread: bool,
-    shared: std::sync::Weak<VmShared>,
+    shared: std::sync::Weak<VmCore>,
 }
 
 impl std::fmt::Debug for EngineToken {
@@ -276,7 +285,7 @@ impl EngineToken {
     }
 
     /// Links the word to its VM (once, right after the VM is created).
-    pub(crate) fn set_vm(&self, vm: &std::sync::Arc<VmShared>) {
+    pub(crate) fn set_vm(&self, vm: &std::sync::Arc<VmCore>) {
         let _ = self.vm.set(VmLink {
             id: vm.id,
             single_thread: vm.single_thread(),
@@ -326,7 +335,7 @@ impl EngineToken {
             return;
         };
         if !GRAPH_THREAD.with(std::cell::Cell::get) {
-            if crate::engine::shared::inside(link.id) {
+            if crate::engine::core::inside(link.id) {
                 // Release (in `mark`): as in `unpark`.
                 self.mark();
             } else {
@@ -356,7 +365,7 @@ impl EngineToken {
     }
 
     /// Producer, after publishing its input: takes the engine if nobody holds it (returns
-    /// `true`: the caller must now drive, see [`VmShared::drive`]), or leaves a `DIRTY` mark
+    /// `true`: the caller must now drive, see [`VmCore::drive`]), or leaves a `DIRTY` mark
     /// for the holder (returns `false`: the holder will see the input).
     pub fn acquire_or_mark(&self) -> bool {
         // Relaxed: only a first guess; the RMWs below decide.
@@ -686,7 +695,7 @@ pub(crate) struct Owed {
 impl Owed {
     /// After a finished instruction the worker does not release itself: mark the word;
     /// owe a drive if nobody held it. `patient`: a finished sync access (see above).
-    pub(crate) fn mark(&self, shared: &VmShared, patient: bool) {
+    pub(crate) fn mark(&self, shared: &VmCore, patient: bool) {
         if shared.parking.mark() {
             if !self.owed.get() {
                 self.owed.set(true);
@@ -699,7 +708,7 @@ impl Owed {
         }
     }
 
-    /// A drive attempt (`VmShared::completed`) took care of everything marked so far.
+    /// A drive attempt (`VmCore::completed`) took care of everything marked so far.
     pub(crate) fn discharged(&self) {
         self.owed.set(false);
     }
@@ -711,7 +720,7 @@ impl Owed {
     /// Pays the debt if it is still there and `force`, or nobody helps and it is not
     /// patient, or it is overdue ([`RELEASE_DEFER`]; a polling worker calls this every
     /// step, so the clock is read only now and then).
-    pub(crate) fn settle(&self, shared: &VmShared, force: bool) {
+    pub(crate) fn settle(&self, shared: &VmCore, force: bool) {
         if !self.owed.get() {
             return;
         }
@@ -754,12 +763,12 @@ impl Owed {
 /// runs on, or the leaving helper sees the mark and drives. The counter and its fences
 /// live in [`Helpers`]; the loom model `tests/loom_helpers.rs` checks the protocol.
 pub(crate) struct Helping<'a> {
-    shared: &'a VmShared,
+    shared: &'a VmCore,
 }
 
 impl<'a> Helping<'a> {
     /// Registers a helper (multi-thread mode, a caller outside any VM thread).
-    pub(crate) fn enter(shared: &'a VmShared) -> Self {
+    pub(crate) fn enter(shared: &'a VmCore) -> Self {
         shared.parking.helpers.enter();
         Self { shared }
     }
@@ -865,7 +874,7 @@ impl Helpers {
     }
 }
 
-impl VmShared {
+impl VmCore {
     /// Whether a caller is registered as a helper (see [`Helping`], [`Helpers::spinning`]:
     /// a SeqCst fence orders the worker's preceding mark before the load).
     pub(crate) fn helper_spinning(&self) -> bool {
@@ -882,17 +891,18 @@ pub(crate) enum DriveEnd {
     HandedOver,
 }
 
-impl VmShared {
+impl VmCore {
     /// Multi-thread mode, after instructions were pushed to the pending queue: makes sure
     /// the engine sees them — by driving it here when nobody holds it and `may_drive`, by
-    /// a mark for the holder, or by waking the scheduler.
-    pub(crate) fn after_push(&self, may_drive: bool) {
+    /// a mark for the holder, or by waking the scheduler. `claim`: the instruction the
+    /// engine may hand back to this caller if it drives ([`Claim`]).
+    pub(crate) fn after_push(&self, may_drive: bool, claim: Claim) {
         if !may_drive {
             self.parking.unpark();
             return;
         }
         if self.parking.acquire_or_mark() {
-            self.drive_as(Driver::Caller);
+            self.drive_as(Driver::Caller(claim));
         }
     }
 
@@ -908,7 +918,7 @@ impl VmShared {
     /// if nobody holds the engine.
     pub(crate) fn help(&self) {
         if self.parking.try_lock() {
-            self.drive_as(Driver::Caller);
+            self.drive_as(Driver::CALLER);
         }
     }
 
@@ -925,7 +935,7 @@ impl VmShared {
             // Shut down: the scheduler took the engine out and keeps the word locked.
             return DriveEnd::Unlocked;
         };
-        let _reentry = (who == Driver::Caller).then(|| ReentryGuard::enter(self.id));
+        let _reentry = matches!(who, Driver::Caller(_)).then(|| ReentryGuard::enter(self.id));
         engine.set_driver(who, self.config.inline_sync_access);
         let budget = who.step_budget();
         let mut steps = 0u32;
@@ -997,7 +1007,7 @@ impl VmShared {
                 return false;
             };
             let _reentry = ReentryGuard::enter(self.id);
-            engine.set_driver(Driver::Caller, self.config.inline_sync_access);
+            engine.set_driver(Driver::CALLER, self.config.inline_sync_access);
             for _ in 0..REST_STEPS {
                 self.drain_pending(engine);
                 if !engine.step(self) {
@@ -1016,7 +1026,7 @@ impl VmShared {
         if needs_scheduler || self.stop_requested() {
             self.parking.unlock_to_scheduler();
         } else if !self.parking.unlock() {
-            self.drive_as(Driver::Caller);
+            self.drive_as(Driver::CALLER);
         }
         rest
     }
@@ -1069,7 +1079,7 @@ pub(crate) fn spin_yield_until(
 ///
 /// The caller is a [`Helping`] helper meanwhile: it releases what workers finish, so they
 /// run their next instructions without driving the engine.
-pub(crate) fn spin_while_progress(shared: &VmShared, mut done: impl FnMut() -> bool) -> bool {
+pub(crate) fn spin_while_progress(shared: &VmCore, mut done: impl FnMut() -> bool) -> bool {
     let helping = Helping::enter(shared);
     for _ in 0..64 {
         if done() {

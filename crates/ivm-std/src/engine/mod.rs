@@ -9,13 +9,11 @@
 //! instructions back. Run by exactly one thread at a time (ARCHITECTURE.md, "who may drive
 //! the engine").
 
+pub(crate) mod core;
 pub(crate) mod drive;
 pub(crate) mod execute;
 pub(crate) mod scheduler;
-pub(crate) mod shared;
-pub(crate) mod soft_sync;
 pub mod stats;
-pub(crate) mod tensor;
 pub(crate) mod worker;
 
 use std::sync::Arc;
@@ -23,8 +21,8 @@ use std::sync::Arc;
 use ivm_core::sync::Ordering;
 use ivm_engine::{AccessMode, Completion, DispatchCtx, Dispatched, Executor, Growable};
 
+use crate::engine::core::{Probe, VmCore};
 use crate::engine::drive::Driver;
-use crate::engine::shared::{Probe, VmShared};
 use crate::model::instruction::{Instruction, Kind, status};
 use crate::model::stream::{Placement, StreamShared};
 use crate::util::error::{Diagnostic, LivelyInstruction};
@@ -189,7 +187,7 @@ impl Engine {
     }
 
     /// One scheduling step. Returns whether anything changed.
-    pub(crate) fn step(&mut self, shared: &VmShared) -> bool {
+    pub(crate) fn step(&mut self, shared: &VmCore) -> bool {
         self.needs_scheduler = false;
         if shared.probes_submitted() {
             if self.driver == Driver::Scheduler {
@@ -296,7 +294,7 @@ impl Engine {
 /// The engine's hooks for one step: how a dispatched instruction runs, barriers, and
 /// taking released instructions back.
 struct Exec<'a> {
-    shared: &'a VmShared,
+    shared: &'a VmCore,
     driver: Driver,
     inline_small: bool,
     inline_runs: &'a mut usize,
@@ -389,7 +387,7 @@ impl Exec<'_> {
     /// Whether `instr` (just dispatched) is a sync callback
     /// (`sync_access_blob_by_callback[_mut]`) that its waiting caller may run itself: that
     /// caller is the thread driving the engine now, inside the submission of this very
-    /// instruction (`drive::claimable`: it runs it as soon as the submission
+    /// instruction (its [`Claim`](crate::engine::drive::Claim): it runs it as soon as the submission
     /// returns, before it waits), on a worker's stream, and the access is one
     /// [`sole_host_access`] allows. As for an inline small access, every other accessor
     /// of the tensor is ordered by an edge from or to it. Unlike it, the callback is user
@@ -398,8 +396,7 @@ impl Exec<'_> {
     /// ([`Dispatched::Claimed`]), so that stream order holds although the stream's worker
     /// does not run it.
     fn can_hand_to_caller(&self, ctx: &DispatchCtx<'_, Job>, instr: &Instruction) -> bool {
-        self.driver == Driver::Caller
-            && crate::engine::drive::claimable(instr)
+        matches!(self.driver, Driver::Caller(claim) if claim.is(instr))
             && instr.stream.thread.is_some()
             && sole_host_access(ctx, instr, true)
     }

@@ -19,12 +19,12 @@ use std::time::Instant;
 
 use ivm_core::wait::Wait;
 
+use crate::engine::core::{ReentryGuard, VmCore};
 use crate::engine::drive::Driver;
-use crate::engine::shared::{ReentryGuard, VmShared};
 use crate::util::futex::FutexWait;
 use crate::util::tuning::PROBE_POLL;
 
-pub(crate) fn scheduler_loop(shared: Arc<VmShared>) {
+pub(crate) fn scheduler_loop(shared: Arc<VmCore>) {
     let _reentry = ReentryGuard::enter(shared.id);
     let counters = shared.stats.scheduler();
     let wake = &shared.parking;

@@ -12,12 +12,12 @@ use std::time::Instant;
 
 use ivm_core::sync::Ordering;
 
-use crate::engine::shared::{ReentryGuard, VmShared};
+use crate::engine::core::{ReentryGuard, VmCore};
 use crate::model::instruction::Instruction;
 use crate::model::thread_ctx::ThreadCtx;
 
 /// The body of a worker thread.
-pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmShared>) {
+pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let _reentry = ReentryGuard::enter(shared.id);
     let counters = shared.stats.thread(&ctx.name);
     let mut consumer = ctx.queue.consume();

@@ -6,8 +6,8 @@
 pub(crate) mod blob;
 pub(crate) mod dependence;
 pub(crate) mod instruction;
+pub(crate) mod kernel;
 pub(crate) mod pool;
-pub(crate) mod smallfn;
 pub(crate) mod stream;
 pub(crate) mod thread_ctx;
 pub mod trace;

@@ -1,7 +1,7 @@
 //! Pooled instructions: the engine hands every instruction it releases back to its VM's
 //! pool when it holds the last reference (`Arc::get_mut`), and builders take them from
 //! there, so that a steady state of `call`s (with a plain `fn` or a closure of at most
-//! [`INLINE_BYTES`](crate::model::smallfn::INLINE_BYTES) bytes, see `smallfn.rs`), touches,
+//! [`INLINE_BYTES`](crate::model::kernel::INLINE_BYTES) bytes, see `kernel.rs`), touches,
 //! releases, soft-sync events and `sync()`s allocates nothing.
 //!
 //! The pool is bounded ([`POOL_MAX`]); beyond it released instructions are freed. It

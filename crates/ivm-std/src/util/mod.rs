@@ -1,8 +1,12 @@
 //! The lowest layer of ivm-std, the vocabulary every layer above uses: errors, the names
-//! of devices and streams, the futex wait backend, the mutex helper and the tuning
-//! constants. Nothing here knows about instructions, streams or the engine.
+//! of devices and streams, the futex wait backend, the mutex helper, the tuning
+//! constants, what a VM is configured with ([`Config`](crate::Config)) and the fork
+//! policy (the fork generation every entry point checks). Plain data and process-wide
+//! state: nothing here knows about instructions, streams or the engine.
 
+pub(crate) mod config;
 pub(crate) mod error;
+pub(crate) mod fork;
 pub mod futex;
 pub(crate) mod ids;
 pub(crate) mod tuning;

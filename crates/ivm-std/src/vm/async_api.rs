@@ -8,9 +8,9 @@ use crate::doors::completion::{
     check_timeout, completer_for, submit_on, wait_deadline,
 };
 use crate::doors::sync_access::check_size;
-use crate::engine::tensor::Tensor;
 use crate::model::instruction::Waiter;
 use crate::model::instruction::{Instruction, Kind};
+use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -134,10 +134,10 @@ impl VirtualMachine {
     pub fn sync_async(&self) -> Completion<()> {
         let shared = self.shared_state();
         let r = (|| {
-            shared.check_caller()?;
+            shared.core.check_caller()?;
             let (c, slot) = Completion::new(shared);
             let instr = barrier_completing(shared, slot);
-            shared.receive_one(Arc::new(instr), false)?;
+            shared.core.receive_one(Arc::new(instr), false)?;
             Ok(c)
         })();
         r.unwrap_or_else(|e| Completion::ready(shared, Err(e)))
@@ -231,13 +231,13 @@ impl VirtualMachine {
     /// `timeout` is an [`Error::InvalidArgument`].
     pub fn sync_timeout(&self, timeout: Duration) -> Result<()> {
         let shared = self.shared_state();
-        shared.check_caller()?;
+        shared.core.check_caller()?;
         check_timeout(timeout)?;
         let mut instr = Instruction::new("sync", shared.barrier_stream(), Kind::Noop);
         instr.barrier = true;
         instr.waiter = Some(Waiter::new());
         let instr = Arc::new(instr);
-        shared.receive_one(instr.clone(), false)?;
+        shared.core.receive_one(instr.clone(), false)?;
         wait_deadline(shared, &instr, timeout, false)?;
         let mut first = None;
         for s in shared.async_streams() {
@@ -260,7 +260,7 @@ impl VirtualMachine {
         timeout: Duration,
     ) -> Result<()> {
         let shared = self.shared_state();
-        shared.check_caller()?;
+        shared.core.check_caller()?;
         check_timeout(timeout)?;
         let len = read
             .as_ref()
@@ -296,7 +296,7 @@ impl VirtualMachine {
         let mut list = Vec::with_capacity(1);
         shared.soft_sync([t], &stream, &mut |i| list.push(i));
         list.push(instr.clone());
-        shared.receive_list(&mut list, true)?;
+        shared.core.receive_list(&mut list, true)?;
         wait_deadline(shared, &instr, timeout, true)?;
         crate::doors::sync_access::small_result(&instr, read)
     }

@@ -2,7 +2,7 @@
 //! the DAG dump (the counters and the dump format are in `engine/stats.rs`).
 
 use super::VirtualMachine;
-use crate::engine::shared::Probe;
+use crate::engine::core::Probe;
 use crate::engine::stats::{Dag, DagSlot, StreamStats, ThreadStats, VmStats};
 use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::futex::FutexWait;
@@ -23,11 +23,11 @@ impl VirtualMachine {
     /// [`Error::Forked`] in a fork child. Works after shutdown (the final counters).
     pub fn stats(&self) -> Result<VmStats> {
         let shared = self.shared_state();
-        shared.birth.check()?;
-        let c = &shared.stats;
+        shared.core.birth.check()?;
+        let c = &shared.core.stats;
         // Relaxed loads throughout: statistics (see the module docs).
-        let flying = shared.flying.load(Ordering::Relaxed);
-        let released = shared.finished.load(Ordering::Relaxed);
+        let flying = shared.core.flying.load(Ordering::Relaxed);
+        let released = shared.core.finished.load(Ordering::Relaxed);
         let lively = c.lively.load(Ordering::Relaxed);
         let mut streams: Vec<(u32, StreamId)> = lock(&shared.registry)
             .streams
@@ -77,16 +77,20 @@ impl VirtualMachine {
     /// not answer in time.
     pub fn dump_dag(&self) -> Result<Dag> {
         let shared = self.shared_state();
-        shared.check_caller()?;
-        if let Some(engine) = shared.lock_engine() {
+        shared.core.check_caller()?;
+        if let Some(engine) = shared.core.lock_engine() {
             return Ok(engine.dag());
         }
         let slot = Arc::new(DagSlot {
             done: BlockingCounter::new(1),
             value: Mutex::new(None),
         });
-        shared.submit_probe(Probe::Dag(slot.clone()));
-        let wait = shared.config.timeout_period.min(Duration::from_secs(2));
+        shared.core.submit_probe(Probe::Dag(slot.clone()));
+        let wait = shared
+            .core
+            .config
+            .timeout_period
+            .min(Duration::from_secs(2));
         let deadline = FutexWait::now().saturating_add(wait);
         match slot.done.timed_wait_until_zero(deadline) {
             Ok(Timed::Notified) => lock(&slot.value).take().ok_or(Error::ShutDown),

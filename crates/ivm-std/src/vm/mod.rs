@@ -11,22 +11,20 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ivm_core::counter::BlockingCounter;
-use ivm_core::mpsc::MpscQueue;
-use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use ivm_core::sync::Ordering;
 
 use crate::device::cpu::{CpuAdapter, HostMemory};
 use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::sync_access::{self, CallbackKind};
-use crate::engine::shared::{
-    NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, Registry, SHUT, VmShared, inside,
-};
-use crate::engine::tensor::{Tensor, TensorInner};
-use crate::engine::{DebugCounters, Engine};
+use crate::engine::DebugCounters;
+use crate::engine::core::{NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, SHUT, VmCore, inside};
 use crate::model::blob::Blob;
 use crate::model::instruction::Kind;
 use crate::model::stream::{CpuStreamPolicy, DeviceCtx, Stream, StreamShared};
-use crate::runtime::config::{Config, Mode};
+use crate::runtime::shared::{Registry, VmShared};
+use crate::runtime::tensor::{Tensor, TensorInner};
+use crate::util::config::{Config, Mode};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::ids::{Device, DeviceKind, StreamId, StreamType};
@@ -71,7 +69,7 @@ impl std::fmt::Debug for VirtualMachine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VirtualMachine")
             .field("id", &self.shared.id)
-            .field("mode", &self.shared.config.mode)
+            .field("mode", &self.shared.core.config.mode)
             .finish()
     }
 }
@@ -139,30 +137,16 @@ impl VirtualMachine {
             thread: None,
             dev: DeviceCtx::cpu(parking.clone(), single),
         });
-        let shared = Arc::new(VmShared {
+        let core = Arc::new(VmCore::new(
             id,
+            config,
+            parking,
             #[cfg(feature = "fuzzing")]
             planted,
-            engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
-            cell: crate::engine::drive::EngineCell::new(
-                (!single).then(|| Engine::new(config.pending_window)),
-            ),
-            pending: MpscQueue::new(),
-            receive_lock: Mutex::new(()),
-            parking,
-            state: AtomicUsize::new(0),
-            stop: AtomicBool::new(false),
-            flying: AtomicUsize::new(0),
-            finished: AtomicUsize::new(0),
-            bp_seq: AtomicU32::new(0),
-            bp_waiters: AtomicUsize::new(0),
-            probes: Mutex::new(Vec::new()),
-            probes_flag: AtomicBool::new(false),
-            live: [
-                AtomicUsize::new(0),
-                AtomicUsize::new(0),
-                AtomicUsize::new(0),
-            ],
+        ));
+        let shared = Arc::new(VmShared {
+            core: core.clone(),
+            id,
             registry: Mutex::new(Registry {
                 streams: HashMap::new(),
                 threads: HashMap::new(),
@@ -174,9 +158,6 @@ impl VirtualMachine {
             lazy: OnceLock::new(),
             adapters: all,
             events,
-            birth: crate::runtime::fork::Birth::now(),
-            stats: crate::engine::stats::StatsCells::new(),
-            config,
         });
         let mut threads = Threads {
             scheduler: None,
@@ -184,15 +165,15 @@ impl VirtualMachine {
         };
         if !single {
             // Registered here, so that the new thread allocates nothing for it.
-            let _ = shared.stats.thread(&format!("ivm{id}-scheduler"));
-            let s = shared.clone();
+            let _ = core.stats.thread(&format!("ivm{id}-scheduler"));
+            let s = core.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ivm{id}-scheduler"))
                 .spawn(move || crate::engine::scheduler::scheduler_loop(s))
                 .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.scheduler = Some(h);
         }
-        shared.parking.set_vm(&shared);
+        core.parking.set_vm(&core);
         let vm = VirtualMachine {
             shared,
             threads: Mutex::new(threads),
@@ -215,7 +196,7 @@ impl VirtualMachine {
 
     /// The VM's configuration.
     pub fn config(&self) -> &Config {
-        &self.shared.config
+        &self.shared.core.config
     }
 
     /// The stream `id`, created on first use (with its worker thread, in multi-thread
@@ -256,7 +237,7 @@ impl VirtualMachine {
 
     fn tensor_with(&self, stream: &Stream, nbytes: usize, data: &[u8]) -> Result<Tensor> {
         self.shared.check_stream(stream)?;
-        if self.shared.is_shut() {
+        if self.shared.core.is_shut() {
             return Err(Error::ShutDown);
         }
         let dev = &stream.shared.dev;
@@ -391,6 +372,7 @@ impl VirtualMachine {
         let t = self.wrap_tensor(stream, mem);
         let instr = self
             .shared
+            .core
             .cell
             .pool
             .instruction("fill_reused_block", s, kind);
@@ -405,7 +387,7 @@ impl VirtualMachine {
         // Relaxed: bookkeeping that follows the build order (as in `soft_sync.rs`).
         t.inner.last_used_stream.store(s.index, Ordering::Relaxed);
         t.inner.producer_stream.store(s.index, Ordering::Relaxed);
-        self.shared.receive_one(instr, false)?;
+        self.shared.core.receive_one(instr, false)?;
         Ok(t)
     }
 
@@ -491,11 +473,11 @@ impl VirtualMachine {
     /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier;
     /// [`Error::ShutDown`]; whatever `f` returns.
     pub fn run<R>(&self, f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>) -> Result<R> {
-        self.shared.check_caller()?;
+        self.shared.core.check_caller()?;
         let mut b = InstructionsBuilder::new(&self.shared);
         let r = f(&mut b)?;
         b.submit()?;
-        self.shared.drive()?;
+        self.shared.core.drive()?;
         Ok(r)
     }
 
@@ -507,7 +489,7 @@ impl VirtualMachine {
     /// that failed after its instruction was done at launch), reported once and cleared,
     /// or an error the device reported.
     pub fn sync(&self) -> Result<()> {
-        self.shared.check_caller()?;
+        self.shared.core.check_caller()?;
         // A reusable barrier from this thread's ring: no allocation in steady state.
         let instr = sync_access::sync_barrier(&self.shared);
         sync_access::sync_wait(&self.shared, instr)?;
@@ -570,11 +552,11 @@ impl VirtualMachine {
         &self,
         mut probe: impl FnMut() -> bool + Send + 'static,
     ) -> Result<()> {
-        self.shared.check_caller()?;
+        self.shared.core.check_caller()?;
         let panicked: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-        if self.shared.single_thread() {
+        if self.shared.core.single_thread() {
             loop {
-                self.shared.drive()?;
+                self.shared.core.drive()?;
                 let _reentry = ReentryGuard::enter(self.shared.id);
                 match catch_unwind(AssertUnwindSafe(&mut probe)) {
                     Ok(true) => return Ok(()),
@@ -590,7 +572,7 @@ impl VirtualMachine {
         }
         let done = Arc::new(BlockingCounter::<FutexWait>::new(1));
         let (d2, p2) = (done.clone(), panicked.clone());
-        self.shared.submit_probe(Probe::User(Box::new(move || {
+        self.shared.core.submit_probe(Probe::User(Box::new(move || {
             let r = match catch_unwind(AssertUnwindSafe(&mut probe)) {
                 Ok(r) => r,
                 Err(_) => {
@@ -616,12 +598,12 @@ impl VirtualMachine {
 
     /// Instructions received and not yet released.
     pub fn flying_instruction_count(&self) -> usize {
-        self.shared.flying()
+        self.shared.core.flying()
     }
 
     /// Whether `shutdown` has begun.
     pub fn is_shut_down(&self) -> bool {
-        self.shared.is_shut()
+        self.shared.core.is_shut()
     }
 
     /// How many small sync accesses ran without a worker (see
@@ -631,8 +613,8 @@ impl VirtualMachine {
     #[doc(hidden)]
     pub fn debug_inline_accesses(&self) -> (usize, usize) {
         (
-            self.shared.cell.direct_runs(),
-            self.shared.cell.inline_runs(),
+            self.shared.core.cell.direct_runs(),
+            self.shared.core.cell.inline_runs(),
         )
     }
 
@@ -640,10 +622,10 @@ impl VirtualMachine {
     #[doc(hidden)]
     pub fn debug_counters(&self) -> DebugCounters {
         DebugCounters {
-            instructions: self.shared.live[0].load(Ordering::Relaxed),
-            accesses: self.shared.live[1].load(Ordering::Relaxed),
-            edges: self.shared.live[2].load(Ordering::Relaxed),
-            flying: self.shared.flying(),
+            instructions: self.shared.core.live[0].load(Ordering::Relaxed),
+            accesses: self.shared.core.live[1].load(Ordering::Relaxed),
+            edges: self.shared.core.live[2].load(Ordering::Relaxed),
+            flying: self.shared.core.flying(),
         }
     }
 
@@ -654,7 +636,7 @@ impl VirtualMachine {
     /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier.
     pub fn shutdown(&self) -> Result<()> {
         // A fork child: the threads to join do not exist here (see `fork.rs`).
-        self.shared.birth.check()?;
+        self.shared.core.birth.check()?;
         if inside(self.shared.id) {
             return Err(Error::Reentrant);
         }
@@ -663,18 +645,20 @@ impl VirtualMachine {
             return Ok(());
         }
         // AcqRel: pairs with callers' Acquire `enter`; see `CallerToken`.
-        self.shared.state.fetch_or(SHUT, Ordering::AcqRel);
+        self.shared.core.state.fetch_or(SHUT, Ordering::AcqRel);
         // Acquire: pairs with `CallerToken::drop`; their pushes are then in the queue.
-        while self.shared.state.load(Ordering::Acquire) >> 1 != 0 {
+        while self.shared.core.state.load(Ordering::Acquire) >> 1 != 0 {
             std::thread::yield_now();
         }
-        if self.shared.single_thread() {
+        if self.shared.core.single_thread() {
             // Until idle: instructions completed by device events included.
-            self.shared.drive_until(|idle| idle == Some(true), None)?;
+            self.shared
+                .core
+                .drive_until(|idle| idle == Some(true), None)?;
         } else {
             // Release: the scheduler exits once idle after seeing it.
-            self.shared.stop.store(true, Ordering::Release);
-            self.shared.parking.unpark();
+            self.shared.core.stop.store(true, Ordering::Release);
+            self.shared.core.parking.unpark();
             if let Some(h) = threads.scheduler.take() {
                 let _ = h.join();
             }
@@ -704,7 +688,7 @@ impl VirtualMachine {
 
 impl Drop for VirtualMachine {
     fn drop(&mut self) {
-        if self.shared.birth.is_forked() {
+        if self.shared.core.birth.is_forked() {
             // A fork child: leak the inherited state (joining threads that do not exist
             // here would hang; their handles must not be detached either).
             std::mem::forget(self.shared.clone());
@@ -718,9 +702,9 @@ impl Drop for VirtualMachine {
         if inside(self.shared.id) {
             // Dropped on one of its own threads: cannot join ourselves. Stop accepting
             // work and let the threads wind down.
-            self.shared.state.fetch_or(SHUT, Ordering::AcqRel);
-            self.shared.stop.store(true, Ordering::Release);
-            self.shared.parking.unpark();
+            self.shared.core.state.fetch_or(SHUT, Ordering::AcqRel);
+            self.shared.core.stop.store(true, Ordering::Release);
+            self.shared.core.parking.unpark();
             return;
         }
         let _ = self.shutdown();

@@ -17,11 +17,11 @@ use crate::doors::builder::InstructionsBuilder;
 use crate::doors::lazy::{
     CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
 };
-use crate::engine::shared::NEXT_BLOB_ID;
-use crate::engine::tensor::Tensor;
+use crate::engine::core::NEXT_BLOB_ID;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Deferred, Instruction, Kind};
 use crate::model::stream::StreamShared;
+use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Failure, Result};
 use crate::util::ids::{Device, StreamId, StreamType};
 use crate::util::lock;
@@ -375,7 +375,7 @@ impl InstructionsBuilder<'_> {
         let lazy = vm.lazy();
         // Bodies may block on a full buffer only on their own VM threads: in single-thread
         // mode they run in the caller's engine step, which the graph may be waiting for.
-        let block = !vm.single_thread();
+        let block = !vm.core.single_thread();
 
         // 1. Soft sync every tensor onto the critical-section stream.
         let all: Vec<&Tensor> = inputs
@@ -516,7 +516,7 @@ impl InstructionsBuilder<'_> {
     }
 }
 
-impl crate::engine::shared::VmShared {
+impl crate::runtime::shared::VmShared {
     /// The VM's lazy-job state, created on first use.
     pub(crate) fn lazy(&self) -> &VmLazy {
         self.lazy

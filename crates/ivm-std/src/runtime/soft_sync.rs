@@ -23,10 +23,10 @@ use std::sync::Arc;
 
 use ivm_core::sync::{AtomicU32, Ordering};
 
-use crate::engine::shared::VmShared;
 use crate::model::blob::Blob;
 use crate::model::instruction::{EventSlot, Instruction, Kind, Operands};
 use crate::model::stream::{Placement, StreamShared};
+use crate::runtime::shared::VmShared;
 use ivm_core::list::NIL;
 
 /// What soft sync emits between two streams.
@@ -80,7 +80,7 @@ fn sync_instruction(
     kind: Kind,
     blobs: &Operands,
 ) -> Arc<Instruction> {
-    let instr = vm.cell.pool.instruction(name, stream, kind);
+    let instr = vm.core.cell.pool.instruction(name, stream, kind);
     {
         // SAFETY: not shared yet; we own the body (ownership step 1).
         let body = unsafe { instr.body_mut() };
@@ -130,7 +130,7 @@ pub(crate) fn before_use<'a>(
         let Some(ls) = vm.stream_by_index(l) else {
             continue;
         };
-        match plan(&ls, s, vm.config.stream_wait) {
+        match plan(&ls, s, vm.core.config.stream_wait) {
             Plan::Nothing => {}
             Plan::StreamWait => push(sync_instruction(
                 vm,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use ivm_core::sync::AtomicU32;
 
-use crate::engine::shared::VmShared;
 use crate::model::blob::Blob;
 use crate::model::stream::StreamShared;
+use crate::runtime::shared::VmShared;
 use crate::util::ids::Device;
 use ivm_core::list::NIL;
 

@@ -1,12 +1,104 @@
-//! [`KernelFn`]: a kernel closure stored inline in its instruction when it is small (at
-//! most [`INLINE_BYTES`] bytes, alignment at most 8), boxed otherwise. With pooled
+//! A kernel: what it sees when it runs ([`KernelCtx`]: its operands' bytes and device
+//! pointers, the device stream it was launched on) and how its closure is kept
+//! ([`KernelFn`]: stored inline in its instruction when it is small, at most
+//! [`INLINE_BYTES`] bytes with alignment at most 8, boxed otherwise). With pooled
 //! instructions (`pool.rs`) a `call` with a plain `fn` or a small closure allocates
 //! nothing.
 
 use core::marker::PhantomData;
 use core::mem::{ManuallyDrop, MaybeUninit, align_of, size_of};
 
-use crate::model::instruction::KernelCtx;
+use std::sync::Arc;
+
+use crate::device::DeviceStream;
+use crate::model::blob::Blob;
+
+/// What a kernel sees: its input and output tensors' bytes (host-accessible memory: the
+/// cpu, the sim), their device pointers, and the device stream it was launched on.
+pub struct KernelCtx<'a> {
+    pub(crate) inputs: &'a [Arc<Blob>],
+    pub(crate) outputs: &'a [Arc<Blob>],
+    pub(crate) stream: Option<&'a dyn DeviceStream>,
+}
+
+impl<'a> KernelCtx<'a> {
+    /// Number of inputs.
+    pub fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Number of outputs.
+    pub fn num_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// The bytes of input `i`. Panics (caught: the instruction fails) if out of range.
+    pub fn input(&self, i: usize) -> &'a [u8] {
+        // SAFETY: this body reads input `i` (engine-ordered invariant: no writer runs
+        // concurrently); the builder rejects a blob that is both input and output.
+        unsafe { self.inputs[i].bytes() }
+    }
+
+    /// The bytes of output `i`. Panics (caught: the instruction fails) if out of range.
+    pub fn output(&mut self, i: usize) -> &mut [u8] {
+        // SAFETY: this body writes output `i` exclusively (engine-ordered invariant);
+        // outputs are distinct blobs and `&mut self` allows one at a time.
+        unsafe { self.outputs[i].bytes_mut() }
+    }
+
+    /// The device address of input `i` (for kernels that launch real device work).
+    pub fn input_device_ptr(&self, i: usize) -> u64 {
+        self.inputs[i].mem.device_ptr()
+    }
+
+    /// The device address of output `i`.
+    pub fn output_device_ptr(&self, i: usize) -> u64 {
+        self.outputs[i].mem.device_ptr()
+    }
+
+    /// The memory of input `i` (for kernels that enqueue copies on
+    /// [`device_stream`](Self::device_stream)).
+    pub fn input_memory(&self, i: usize) -> &'a Arc<dyn crate::device::DeviceMemory> {
+        &self.inputs[i].mem
+    }
+
+    /// The memory of output `i`.
+    pub fn output_memory(&self, i: usize) -> &'a Arc<dyn crate::device::DeviceMemory> {
+        &self.outputs[i].mem
+    }
+
+    /// The device stream the kernel runs on. On a [`KernelMode::Launcher`] device (cuda)
+    /// the kernel enqueues its device work here; it is `None` for kernels that run inside
+    /// the device queue ([`KernelMode::Queued`], the sim).
+    ///
+    /// [`KernelMode::Launcher`]: crate::KernelMode::Launcher
+    /// [`KernelMode::Queued`]: crate::KernelMode::Queued
+    pub fn device_stream(&self) -> Option<&'a dyn DeviceStream> {
+        self.stream
+    }
+
+    /// Input `i` as `u64`s (tensor memory is 8-byte aligned; a trailing partial word is
+    /// left out).
+    pub fn input_u64(&self, i: usize) -> &'a [u64] {
+        words(self.input(i))
+    }
+
+    /// Output `i` as `u64`s (a trailing partial word is left out).
+    pub fn output_u64(&mut self, i: usize) -> &mut [u64] {
+        words_mut(self.output(i))
+    }
+}
+
+fn words(b: &[u8]) -> &[u64] {
+    // SAFETY: tensor memory is a `Box<[u64]>`, so `b` is 8-byte aligned; `len / 8` whole
+    // words lie inside it and every bit pattern is a valid u64.
+    unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u64>(), b.len() / 8) }
+}
+
+fn words_mut(b: &mut [u8]) -> &mut [u64] {
+    // SAFETY: as in `words`, and `b` is borrowed mutably for the returned lifetime.
+    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u64>(), b.len() / 8) }
+}
 
 /// Captured bytes a kernel closure may have and still be stored inline.
 pub const INLINE_BYTES: usize = 64;

@@ -1,11 +1,10 @@
-//! State shared by a VM's handle, threads, tensors and streams: submission (with
-//! backpressure and the shutdown gate), probes, diagnostics, the stream registry, and the
-//! reentrancy guard.
+//! The engine-facing core of a VM's shared state ([`VmCore`]): submission (with
+//! backpressure and the shutdown gate), the engine and its token, single-thread driving,
+//! probes, diagnostics, the counters, the workers to close at exit, and the reentrancy
+//! guard. Workers, the scheduler and every driver hold this and nothing above it.
 
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ivm_core::counter::BlockingCounter;
@@ -14,21 +13,13 @@ use ivm_core::notifier::Timed;
 use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
-use crate::device::DeviceAdapter;
 use crate::engine::Engine;
-use crate::engine::soft_sync::{self, Use};
-use crate::engine::tensor::Tensor;
-use crate::engine::worker::worker_loop;
-use crate::model::blob::Blob;
-use crate::model::instruction::{Instruction, Kind, PendingTag};
-use crate::model::stream::{
-    DeviceCtx, DeviceStreamPolicy, Placement, Sticky, Stream, StreamPolicy, StreamShared,
-};
+use crate::engine::drive::Claim;
+use crate::model::instruction::{Instruction, PendingTag};
 use crate::model::thread_ctx::ThreadCtx;
-use crate::runtime::config::Config;
+use crate::util::config::Config;
 use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::futex::FutexWait;
-use crate::util::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::util::lock;
 
 thread_local! {
@@ -83,19 +74,6 @@ impl DiagSlot {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum ThreadKey {
-    Shared(Device, u32),
-    Own(DeviceKind, StreamType),
-}
-
-pub(crate) struct Registry {
-    pub(crate) streams: HashMap<StreamId, Arc<StreamShared>>,
-    pub(crate) threads: HashMap<ThreadKey, Arc<ThreadCtx>>,
-    pub(crate) handles: Vec<JoinHandle<()>>,
-    pub(crate) next_index: u32,
-}
-
 /// Bit 0 of `VmShared::state`: shut down (no new work). The rest counts callers inside
 /// a submission (each adds 2).
 pub(crate) const SHUT: usize = 1;
@@ -108,8 +86,13 @@ pub(crate) static NEXT_VM_ID: std::sync::atomic::AtomicUsize =
 pub(crate) static NEXT_BLOB_ID: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(1);
 
-/// State shared by the VM handle, its threads, its tensors and its streams.
-pub(crate) struct VmShared {
+/// The engine-facing half of a VM's shared state: what every driver (a caller, a worker,
+/// the scheduler, a graph thread) needs to submit, drive and account — the pending queue,
+/// the engine and its token, the shutdown gate, the counters, the probes. The registry of
+/// streams and adapters and the doors' state sit above it, in
+/// [`VmShared`](crate::runtime::shared::VmShared), which holds this core; nothing here
+/// names them (ARCHITECTURE.md, "The module map").
+pub(crate) struct VmCore {
     pub(crate) id: usize,
     pub(crate) config: Config,
     /// A bug planted in the engine for the equivalence fuzzer's own tests (feature
@@ -136,31 +119,64 @@ pub(crate) struct VmShared {
     pub(crate) probes: Mutex<Vec<Probe>>,
     pub(crate) probes_flag: AtomicBool,
     pub(crate) live: [AtomicUsize; 3],
-    pub(crate) registry: Mutex<Registry>,
+    /// Every worker thread's context, so that the scheduler can close them at exit (the
+    /// runtime spawns them and keeps their handles); `None` once closed.
+    workers: Mutex<Option<Vec<Arc<ThreadCtx>>>>,
     /// Multi-thread mode: the engine, driven by whoever holds the token in `parking`
     /// (`drive.rs`). Empty in single-thread mode.
     pub(crate) cell: crate::engine::drive::EngineCell,
     /// Single-thread mode: the engine, driven by callers.
     pub(crate) engine: Option<Mutex<Engine>>,
-    pub(crate) barrier_stream: Arc<StreamShared>,
-    pub(crate) default_cpu: OnceLock<Arc<StreamShared>>,
-    /// Lazy-job state (launcher queue, transport dependence), created on first launch.
-    /// The lazy-job door's per-VM state (`lazy::launch::VmLazy`), created on first use.
-    /// Type-erased: the door lives in a layer above this state (ARCHITECTURE.md, "The
-    /// module map").
-    pub(crate) lazy: OnceLock<Box<dyn std::any::Any + Send + Sync>>,
-    /// The registered device adapters (the cpu adapter first), one per device kind.
-    pub(crate) adapters: Vec<Arc<dyn DeviceAdapter>>,
-    /// Some adapter supports events (soft sync can emit something).
-    pub(crate) events: bool,
-    /// Fork policy: where the VM was created (see `fork.rs`).
-    pub(crate) birth: crate::runtime::fork::Birth,
+    /// Fork policy: where the VM was created (see `util/fork.rs`).
+    pub(crate) birth: crate::util::fork::Birth,
     /// Introspection counters (see `stats.rs`).
     pub(crate) stats: crate::engine::stats::StatsCells,
 }
 
+impl VmCore {
+    /// A core for a VM with id `id`: an empty engine (in the token's cell, or behind the
+    /// single-thread mutex), no work, no workers.
+    pub(crate) fn new(
+        id: usize,
+        config: Config,
+        parking: Arc<crate::engine::drive::EngineToken>,
+        #[cfg(feature = "fuzzing")] planted: ivm_engine::PlantedBug,
+    ) -> Self {
+        let single = config.mode == crate::Mode::SingleThread;
+        Self {
+            id,
+            #[cfg(feature = "fuzzing")]
+            planted,
+            engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
+            cell: crate::engine::drive::EngineCell::new(
+                (!single).then(|| Engine::new(config.pending_window)),
+            ),
+            pending: MpscQueue::new(),
+            receive_lock: Mutex::new(()),
+            parking,
+            state: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            flying: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            bp_seq: AtomicU32::new(0),
+            bp_waiters: AtomicUsize::new(0),
+            probes: Mutex::new(Vec::new()),
+            probes_flag: AtomicBool::new(false),
+            live: [
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+            ],
+            workers: Mutex::new(Some(Vec::new())),
+            birth: crate::util::fork::Birth::now(),
+            stats: crate::engine::stats::StatsCells::new(),
+            config,
+        }
+    }
+}
+
 /// Leaves the submitting-callers count on drop.
-pub(crate) struct CallerToken<'a>(&'a VmShared);
+pub(crate) struct CallerToken<'a>(&'a VmCore);
 
 impl Drop for CallerToken<'_> {
     fn drop(&mut self) {
@@ -211,7 +227,7 @@ impl Drop for SingleEngine<'_> {
     }
 }
 
-impl VmShared {
+impl VmCore {
     pub(crate) fn single_thread(&self) -> bool {
         self.engine.is_some()
     }
@@ -247,57 +263,6 @@ impl VmShared {
             return Err(Error::ShutDown);
         }
         Ok(())
-    }
-
-    pub(crate) fn check_tensor(&self, t: &Tensor) -> Result<()> {
-        self.birth.check()?;
-        if t.inner.vm.id != self.id {
-            return Err(Error::ForeignObject("tensor"));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn check_stream(&self, s: &Stream) -> Result<()> {
-        self.birth.check()?;
-        if s.shared.vm_id != self.id {
-            return Err(Error::ForeignObject("stream"));
-        }
-        Ok(())
-    }
-
-    /// The default stream of `device` (sync accesses run there), created on first use.
-    pub(crate) fn default_stream_of(self: &Arc<Self>, device: Device) -> Result<Arc<StreamShared>> {
-        if device == Device::CPU
-            && let Some(s) = self.default_cpu.get()
-        {
-            return Ok(s.clone());
-        }
-        self.stream(StreamId::default_for(device))
-    }
-
-    /// Cross-stream order before `tensors` are used on `s` (ARCHITECTURE.md, "Cross-stream
-    /// order: soft sync"; see `soft_sync.rs`): pushes the stream-wait / record-event instructions it needs
-    /// through `push`, then makes `s` their last-used stream.
-    pub(crate) fn soft_sync<'a>(
-        &self,
-        tensors: impl IntoIterator<Item = &'a Tensor>,
-        s: &Arc<StreamShared>,
-        push: &mut dyn FnMut(Arc<Instruction>),
-    ) {
-        let uses = tensors.into_iter().map(|t| Use {
-            last: &t.inner.last_used_stream,
-            blob: &t.inner.blob,
-        });
-        soft_sync::before_use(self, uses, s, push);
-    }
-
-    /// The stream with dense index `index`, if it exists.
-    pub(crate) fn stream_by_index(&self, index: u32) -> Option<Arc<StreamShared>> {
-        lock(&self.registry)
-            .streams
-            .values()
-            .find(|s| s.index == index)
-            .cloned()
     }
 
     /// Hands `list` to the scheduler (emptying it); wakes it on the empty edge. With
@@ -344,24 +309,49 @@ impl VmShared {
     /// driver on the empty edge. Multi-thread mode: drive here if nobody holds the engine
     /// and this is not a VM thread, else mark it / wake the scheduler (`drive.rs`).
     pub(crate) fn pushed(&self, was_empty: bool) {
+        self.pushed_claiming(was_empty, Claim::NONE);
+    }
+
+    /// [`pushed`](Self::pushed), by a caller that runs `claim` itself if the engine hands
+    /// it over while this caller drives ([`Claim`]).
+    fn pushed_claiming(&self, was_empty: bool, claim: Claim) {
         if self.single_thread() {
             if was_empty {
                 self.parking.unpark();
             }
         } else {
-            self.after_push(!inside(self.id));
+            self.after_push(!inside(self.id), claim);
         }
     }
 
     pub(crate) fn receive_one(&self, instr: Arc<Instruction>, backpressure: bool) -> Result<()> {
+        self.receive_one_claiming(instr, backpressure, false)
+    }
+
+    /// [`receive_one`](Self::receive_one) for a sync callback whose caller runs it itself
+    /// if the engine, driven by this caller inside this call, hands it over (it is then
+    /// marked `status::CLAIMED` when this returns): `claim`.
+    pub(crate) fn receive_one_claiming(
+        &self,
+        instr: Arc<Instruction>,
+        backpressure: bool,
+        claim: bool,
+    ) -> Result<()> {
         let token = self.enter()?;
         if backpressure && !self.single_thread() && self.flying() > self.config.high_water_mark {
             self.wait_backpressure()?;
         }
+        // The caller keeps its own handle on `instr`, so the address stays its own while
+        // it drives with the claim.
+        let claim = if claim {
+            Claim::of(&instr)
+        } else {
+            Claim::NONE
+        };
         // Relaxed: as in `receive_list`.
         self.flying.fetch_add(1, Ordering::Relaxed);
         let was_empty = self.pending.push(instr);
-        self.pushed(was_empty);
+        self.pushed_claiming(was_empty, claim);
         drop(token);
         Ok(())
     }
@@ -598,210 +588,24 @@ impl VmShared {
         }
     }
 
-    /// Tensor drop: enqueue its release on its producer (home) stream, after a soft sync
-    /// when it was last used on another stream (so an asynchronous device frees it only
-    /// after that stream's work on it). Never blocks, no backpressure; after shutdown does
-    /// nothing (the memory goes with the last blob handle).
-    pub(crate) fn enqueue_release(
-        &self,
-        blob: &Arc<Blob>,
-        home: &Arc<StreamShared>,
-        last_used: &ivm_core::sync::AtomicU32,
-    ) {
-        let Ok(token) = self.enter() else { return };
-        let mut wake = false;
-        let mut push = |i: Arc<Instruction>| {
-            // Relaxed: as in `receive_list`.
-            self.flying.fetch_add(1, Ordering::Relaxed);
-            wake |= self.pending.push(i);
-        };
-        soft_sync::before_use(
-            self,
-            [Use {
-                last: last_used,
-                blob,
-            }],
-            home,
-            &mut push,
-        );
-        let instr = self
-            .cell
-            .pool
-            .instruction("release_tensor", home, Kind::Free);
-        // SAFETY: not shared yet; we own the body (ownership step 1).
-        unsafe { instr.body_mut() }.outputs.push(blob.clone());
-        push(instr);
-        self.pushed(wake);
-        drop(token);
-    }
-
-    /// The adapter registered for `kind`.
-    fn adapter(&self, kind: DeviceKind) -> Option<&Arc<dyn DeviceAdapter>> {
-        self.adapters.iter().find(|a| a.kind() == kind)
-    }
-
-    fn new_stream(self: &Arc<Self>, reg: &mut Registry, id: StreamId) -> Result<Arc<StreamShared>> {
-        let Some(adapter) = self.adapter(id.device.kind) else {
-            return Err(Error::UnsupportedStream(format!(
-                "{id}: no adapter for device {}",
-                id.device
-            )));
-        };
-        if id.device.index >= adapter.device_count() {
-            return Err(Error::UnsupportedStream(format!(
-                "{id}: device {} does not exist ({} device(s) of that kind)",
-                id.device,
-                adapter.device_count()
-            )));
-        }
-        if id.stream_type == StreamType::Barrier {
-            return Err(Error::UnsupportedStream(format!(
-                "{id}: barrier streams are internal; use barrier()"
-            )));
-        }
-        let device_stream = adapter.create_stream(id.device.index, id.stream_type)?;
-        let mut allocator = adapter.allocator(id.device.index)?;
-        let cache = self.config.caching_allocator.then(|| {
-            Arc::new(crate::device::alloc_cache::CachingAllocator::new(
-                allocator.clone(),
-                device_stream.clone(),
-                id.to_string(),
-            ))
-        });
-        if let Some(c) = &cache {
-            allocator = c.clone();
-        }
-        let mode = device_stream.kernel_mode();
-        let policy: Box<dyn StreamPolicy> = Box::new(DeviceStreamPolicy::new(
-            id.stream_type,
-            mode,
-            adapter.supports_events(),
-        ));
-        let thread = if self.single_thread() {
-            None
-        } else {
-            let key = match policy.placement() {
-                Placement::SharedWorker => Some(ThreadKey::Shared(id.device, id.thread_id)),
-                Placement::OwnWorker => Some(ThreadKey::Own(id.device.kind, id.stream_type)),
-                Placement::Scheduler => None,
-            };
-            match key {
-                None => None,
-                Some(key) => Some(match reg.threads.get(&key) {
-                    Some(t) => t.clone(),
-                    None => {
-                        let name = match key {
-                            ThreadKey::Shared(d, t) => format!("ivm{}-{d}-t{t}", self.id),
-                            ThreadKey::Own(k, s) => format!("ivm{}-{k:?}-{s:?}", self.id),
-                        };
-                        let ctx = Arc::new(ThreadCtx::new(name.clone()));
-                        // Registered here, so that the new thread allocates nothing for it.
-                        let _ = self.stats.thread(&name);
-                        let (c, s) = (ctx.clone(), self.clone());
-                        let h = std::thread::Builder::new()
-                            .name(name)
-                            .spawn(move || worker_loop(c, s))
-                            .map_err(|e| Error::Spawn(e.to_string()))?;
-                        reg.handles.push(h);
-                        reg.threads.insert(key, ctx.clone());
-                        ctx
-                    }
-                }),
+    /// A worker thread about to be spawned: the scheduler closes it at exit.
+    /// [`Error::ShutDown`] once it has ([`close_workers`](Self::close_workers)): the
+    /// thread must not be spawned, nobody would close it.
+    pub(crate) fn register_worker(&self, ctx: &Arc<ThreadCtx>) -> Result<()> {
+        match lock(&self.workers).as_mut() {
+            Some(w) => {
+                w.push(ctx.clone());
+                Ok(())
             }
-        };
-        let index = reg.next_index;
-        reg.next_index += 1;
-        let s = Arc::new(StreamShared {
-            vm_id: self.id,
-            index,
-            id,
-            policy,
-            thread,
-            dev: DeviceCtx {
-                stream: device_stream,
-                allocator,
-                cache,
-                mode,
-                wake: self.parking.clone(),
-                single_thread: self.single_thread(),
-                sticky: Sticky::default(),
-            },
-        });
-        reg.streams.insert(id, s.clone());
-        Ok(s)
-    }
-
-    /// Whether the adapter of `kind` copies between two of its devices.
-    pub(crate) fn supports_peer_copy(&self, kind: DeviceKind) -> bool {
-        self.adapter(kind).is_some_and(|a| a.supports_peer_copy())
-    }
-
-    /// Every stream with a caching allocator (of `device` only, if given).
-    pub(crate) fn cached_streams(&self, device: Option<Device>) -> Vec<Arc<StreamShared>> {
-        lock(&self.registry)
-            .streams
-            .values()
-            .filter(|s| s.dev.cache.is_some() && device.is_none_or(|d| s.id.device == d))
-            .cloned()
-            .collect()
-    }
-
-    /// Returns the cached blocks of every stream (of `device` only, if given) to the
-    /// device allocators, each freed in its stream's order, then waits for those streams
-    /// so that the devices have reclaimed them. Returns the bytes returned.
-    pub(crate) fn release_caches(&self, device: Option<Device>) -> Result<usize> {
-        let streams = self.cached_streams(device);
-        let mut bytes = 0;
-        let mut first = None;
-        for s in &streams {
-            if let Some(c) = &s.dev.cache {
-                match c.release_cached() {
-                    Ok(b) => bytes += b,
-                    Err(e) => {
-                        first.get_or_insert(e);
-                    }
-                }
-            }
+            None => Err(Error::ShutDown),
         }
-        for s in &streams {
-            if let Err(e) = s.dev.stream.synchronize() {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(bytes), Err)
     }
 
-    /// Every stream whose work completes after its launch (asynchronous devices).
-    pub(crate) fn async_streams(&self) -> Vec<Arc<StreamShared>> {
-        lock(&self.registry)
-            .streams
-            .values()
-            .filter(|s| s.dev.is_async())
-            .cloned()
-            .collect()
-    }
-
-    pub(crate) fn barrier_stream(&self) -> Arc<StreamShared> {
-        self.barrier_stream.clone()
-    }
-
-    /// Scheduler exit: closes every worker's notifier (they drain and exit).
+    /// Scheduler exit: closes every worker's notifier (they drain and exit), and every
+    /// later [`register_worker`](Self::register_worker) fails.
     pub(crate) fn close_workers(&self) {
-        let reg = lock(&self.registry);
-        for c in reg.threads.values() {
+        for c in lock(&self.workers).take().into_iter().flatten() {
             c.close();
         }
-    }
-
-    pub(crate) fn stream(self: &Arc<Self>, id: StreamId) -> Result<Arc<StreamShared>> {
-        self.birth.check()?;
-        let mut reg = lock(&self.registry);
-        if let Some(s) = reg.streams.get(&id) {
-            return Ok(s.clone());
-        }
-        if self.is_shut() {
-            return Err(Error::ShutDown);
-        }
-        self.new_stream(&mut reg, id)
     }
 }
