@@ -63,7 +63,7 @@ fn small_instruction(
 }
 
 /// Takes an instruction for one small access: a ring entry this thread holds exclusively
-/// (reset in place, no allocation), a new ring entry while the ring is below its capacity
+/// (reset in place, no allocation), a ring filled to its capacity on its first use
 /// (warm-up), or — when every entry is in flight — the first one the engine releases (so
 /// a steady state never allocates). Also returns how many of this ring's earlier accesses
 /// finished but are not released yet.
@@ -121,9 +121,16 @@ fn take_small(
                 return (entry.clone(), own_done);
             }
             if slot.instrs.len() < cap {
-                // Warm-up: the ring grows to its capacity once.
+                // Warm-up, once per slot: the ring is filled to its capacity at once, so
+                // that no later access allocates, however the engine's releases are timed
+                // (growing one entry at a time, a ring that the releases kept small
+                // during a warm-up would grow, and allocate, under a later burst).
                 let fresh = Arc::new(small_instruction(stream, kind, offset, len));
                 let _ = slot.instrs.push(fresh.clone());
+                while slot.instrs.len() < cap {
+                    let spare = Arc::new(small_instruction(stream, kind, 0, 0));
+                    let _ = slot.instrs.push(spare);
+                }
                 return (fresh, own_done);
             }
             // Every entry is still held by the engine (finished, not yet released, or
