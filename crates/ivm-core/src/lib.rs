@@ -68,6 +68,7 @@
 #![no_std]
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(any(test, loom))]
 extern crate std;
@@ -92,5 +93,6 @@ pub use parking::{Park, Parking};
 #[cfg(loom)]
 pub use wait::LoomWait;
 #[cfg(feature = "cortex-m")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cortex-m")))]
 pub use wait::WfeWait;
 pub use wait::{Clock, DefaultWait, Instant, NoClock, SpinWait, Wait, WaitResult};

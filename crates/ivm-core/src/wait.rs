@@ -220,6 +220,7 @@ impl<C: Clock> Wait for SpinWait<C> {
 /// );
 /// ```
 #[cfg(feature = "cortex-m")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cortex-m")))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WfeWait<C: Clock = NoClock>(PhantomData<C>);
 

@@ -15,8 +15,10 @@
 //!   adapter without a driver is an error, not a panic).
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod cuda;
 pub mod sim;
 

@@ -269,6 +269,7 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
 
     /// Plants `bug` (feature `planted-bugs`; tests of equivalence checkers only).
     #[cfg(feature = "planted-bugs")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "planted-bugs")))]
     pub fn plant(&mut self, bug: PlantedBug) {
         self.planted = bug;
     }

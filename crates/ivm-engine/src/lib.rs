@@ -28,6 +28,16 @@
 //! type parameter ([`pool`]): [`Fixed`] pools sized by const generics need no allocator,
 //! and capacity exhausted is an error value ([`Full`], [`Stalled`]).
 //!
+//! # Features
+//!
+//! * `alloc`: [`Growable`] storage over `Vec`, for runtimes with an allocator (ivm-std
+//!   uses it). Off by default: the crate needs no allocator.
+//! * `check`: the [`check`] module — random programs run on the engine and checked
+//!   against a sequential interpreter (the fuzz target's and the tests' oracle). Implies
+//!   `alloc`.
+//! * `planted-bugs`: `PlantedBug` and [`Engine::plant`], ordering bugs planted on
+//!   purpose so that tests can show a checker catches them. Never in production.
+//!
 //! # Examples
 //!
 //! A chain `a := 1; b := a + 1` over one stream, run to completion with
@@ -85,6 +95,7 @@
 #![no_std]
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(any(feature = "alloc", test))]
 extern crate alloc;
@@ -92,6 +103,7 @@ extern crate alloc;
 extern crate std;
 
 #[cfg(any(feature = "check", test))]
+#[cfg_attr(docsrs, doc(cfg(feature = "check")))]
 pub mod check;
 mod dependence;
 mod engine;
@@ -99,9 +111,11 @@ pub mod pool;
 
 pub use dependence::{AccessMode, Dependence};
 #[cfg(feature = "planted-bugs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "planted-bugs")))]
 pub use engine::PlantedBug;
 pub use engine::{DispatchCtx, Engine, Lively, NodeState, OutEdge, Progress};
 #[cfg(feature = "alloc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "alloc")))]
 pub use pool::Growable;
 pub use pool::{Fixed, Slots, Storage};
 

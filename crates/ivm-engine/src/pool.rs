@@ -93,6 +93,7 @@ impl<I, const N: usize, const A: usize, const E: usize, const S: usize> Storage<
 /// Growable pools over `Vec` (feature `alloc`): no capacity limit; a pool that grew keeps
 /// its slots, so a steady state allocates nothing.
 #[cfg(feature = "alloc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "alloc")))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Growable;
 

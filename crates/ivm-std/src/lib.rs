@@ -26,14 +26,22 @@
 //! assert_eq!(u64::from_ne_bytes(out), 42);
 //! # Ok::<(), ivm_std::Error>(())
 //! ```
+//!
+//! # Features
+//!
+//! * `fuzzing`: the [`fuzzing`] module — the equivalence fuzzer (random programs over
+//!   several streams, a sequential interpreter, a runner that compares them) that the
+//!   fuzz targets and the `vm_equivalence` tests use. Off by default.
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod contract;
 pub mod device;
 mod doors;
 mod engine;
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
 pub mod graph;
 mod model;

@@ -9,12 +9,12 @@
 //! scheduler for barriers) stores the result there and wakes the stored [`Waker`], so an
 //! executor never blocks a thread on the VM:
 //!
-//! * [`VirtualMachine::sync_read_small_mem_async`] (and `_at_async`): reads 1, 2, 4, 8 or 16
+//! * [`VirtualMachine::sync_read_small_mem_async`](crate::VirtualMachine::sync_read_small_mem_async) (and `_at_async`): reads 1, 2, 4, 8 or 16
 //!   bytes into the caller's buffer when awaited;
-//! * [`VirtualMachine::sync_write_small_mem_async`];
-//! * [`VirtualMachine::sync_access_blob_by_callback_async`]: any read callback, its result;
-//! * [`VirtualMachine::sync_async`]: everything received before it has been released;
-//! * [`VirtualMachine::run_async`]: a `run` whose batch (and everything received before
+//! * [`VirtualMachine::sync_write_small_mem_async`](crate::VirtualMachine::sync_write_small_mem_async);
+//! * [`VirtualMachine::sync_access_blob_by_callback_async`](crate::VirtualMachine::sync_access_blob_by_callback_async): any read callback, its result;
+//! * [`VirtualMachine::sync_async`](crate::VirtualMachine::sync_async): everything received before it has been released;
+//! * [`VirtualMachine::run_async`](crate::VirtualMachine::run_async): a `run` whose batch (and everything received before
 //!   it) has been released.
 //!
 //! Dropping a future abandons the wait, never the work: the instruction still runs and its
@@ -342,7 +342,7 @@ impl<T> Future for Completion<T> {
     }
 }
 
-/// The future of [`VirtualMachine::sync_read_small_mem_async`]: copies the bytes into the
+/// The future of [`VirtualMachine::sync_read_small_mem_async`](crate::VirtualMachine::sync_read_small_mem_async): copies the bytes into the
 /// caller's buffer when it resolves.
 #[must_use = "the read runs anyway; dropping the future only forgets its result"]
 #[derive(Debug)]

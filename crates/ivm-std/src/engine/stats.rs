@@ -1,5 +1,5 @@
-//! Introspection: a cheap stats snapshot ([`VirtualMachine::stats`]) and an on-demand dump
-//! of the lively instruction DAG ([`VirtualMachine::dump_dag`]) as text or Graphviz DOT.
+//! Introspection: a cheap stats snapshot ([`VirtualMachine::stats`](crate::VirtualMachine::stats)) and an on-demand dump
+//! of the lively instruction DAG ([`VirtualMachine::dump_dag`](crate::VirtualMachine::dump_dag)) as text or Graphviz DOT.
 //!
 //! * **Stats** are read from counters that the VM's threads keep anyway or publish with
 //!   Relaxed stores after each engine step that made progress; taking a snapshot never
@@ -8,7 +8,7 @@
 //! * **The DAG dump** is taken by the engine's owner itself (a probe run by the scheduler
 //!   thread, or by the caller in single-thread mode): it is exact, but it waits for the
 //!   scheduler (at most `min(timeout_period, 2 s)`; a scheduler blocked in a barrier makes
-//!   it fail with [`Error::Timeout`]).
+//!   it fail with [`Error::Timeout`](crate::Error::Timeout)).
 //!
 //! ```
 //! use ivm_std::{Config, VirtualMachine};
@@ -64,7 +64,7 @@ impl ThreadCounters {
     }
 }
 
-/// The counters a VM keeps for [`VirtualMachine::stats`] (in `VmShared`).
+/// The counters a VM keeps for [`VirtualMachine::stats`](crate::VirtualMachine::stats) (in `VmShared`).
 pub(crate) struct StatsCells {
     pub(crate) lively: AtomicUsize,
     pub(crate) engine_pending: AtomicUsize,
@@ -227,7 +227,7 @@ pub struct DagEdge {
     pub strict: bool,
 }
 
-/// The lively instruction DAG (oldest first), from [`VirtualMachine::dump_dag`].
+/// The lively instruction DAG (oldest first), from [`VirtualMachine::dump_dag`](crate::VirtualMachine::dump_dag).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Dag {
     /// Received instructions the engine has not handled yet (not in the DAG).

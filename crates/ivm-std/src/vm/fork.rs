@@ -4,7 +4,7 @@ use super::VirtualMachine;
 
 impl VirtualMachine {
     /// Whether this process is a `fork()` child of the process that created the VM (then
-    /// every entry point returns [`Error::Forked`]; see [`crate::contract`]).
+    /// every entry point returns [`Error::Forked`](crate::Error::Forked); see [`crate::contract`]).
     pub fn is_forked(&self) -> bool {
         self.shared_state().core.birth.is_forked()
     }
