@@ -1,7 +1,7 @@
 //! Cold sync reads: a read issued after the VM sat idle for 10 ms (every VM thread parked),
 //! against the cost of waking a thread that sleeps on a futex, in one criterion group.
 //!
-//! * `vm_worker`: `sync_read_small_mem` of 8 bytes with `inline_sync_access` off: the read
+//! * `vm_worker`: `read_small` of 8 bytes with `inline_sync_access` off: the read
 //!   runs on the default stream's worker, which the caller wakes (at most one wake on the
 //!   critical path: the caller spins, yielding, until the worker finished);
 //! * `vm_inline`: the default config: nothing is in flight, the caller runs the read itself
@@ -30,8 +30,7 @@ fn vm(inline: bool) -> (VirtualMachine, Tensor) {
         .with_inline_sync_access(inline);
     let vm = VirtualMachine::new(config).expect("VM starts");
     let t = vm.new_tensor(8).expect("tensor");
-    vm.sync_write_small_mem(&t, &7u64.to_ne_bytes())
-        .expect("write");
+    vm.write_small(&t, 0, &7u64.to_ne_bytes()).expect("write");
     (vm, t)
 }
 
@@ -47,7 +46,7 @@ fn bench_cold(c: &mut Criterion) {
                 for _ in 0..iters {
                     std::thread::sleep(IDLE);
                     let s = Instant::now();
-                    vm.sync_read_small_mem(&t, &mut out).expect("read");
+                    vm.read_small(&t, 0, &mut out).expect("read");
                     total += s.elapsed();
                     black_box(out);
                 }

@@ -1,7 +1,7 @@
 //! Sync small-memory read round trip on an otherwise idle VM, against crossbeam-channel
 //! request/response baselines, all in one criterion group (one run, comparable figures).
 //!
-//! * `vm_inline`: `sync_read_small_mem` of 8 bytes, multi-thread mode, default config:
+//! * `vm_inline`: `read_small` of 8 bytes, multi-thread mode, default config:
 //!   nothing is in flight, so the caller runs the read itself (`inline_sync_access`);
 //! * `vm_skip`: the same with `inline_sync_access` off, so the read runs on the default
 //!   stream's worker; notify-skip on (`skip_blocking_threshold` = 2, the default: the
@@ -64,7 +64,7 @@ impl Scenario for VmRead {
     fn round_trip(&mut self) -> [u8; 8] {
         let mut out = [0u8; 8];
         self.vm
-            .sync_read_small_mem(&self.tensor, &mut out)
+            .read_small(&self.tensor, 0, &mut out)
             .expect("sync read");
         out
     }

@@ -10,7 +10,7 @@
 //!
 //! | figure | what |
 //! |---|---|
-//! | `warm_read_vs_spin_floor` | p50 of 20 000 back-to-back 8-byte `sync_read_small_mem` whose instruction runs on the worker (`inline_sync_access` off; worker within its poll window), over the p50 of a two-thread spin ping-pong round trip, interleaved in 4 chunks |
+//! | `warm_read_vs_spin_floor` | p50 of 20 000 back-to-back 8-byte `read_small` whose instruction runs on the worker (`inline_sync_access` off; worker within its poll window), over the p50 of a two-thread spin ping-pong round trip, interleaved in 4 chunks |
 //! | `warm_read_p99_us` | p99 of those reads |
 //! | `warm_read_vs_channel_polling` | (extra) the same p50 over a crossbeam request/response round trip with a polling worker, same chunks |
 //! | `cold_read_vs_futex_wake` | p50 of a read after the VM sat idle 10 ms (every VM thread parked; default config: nothing is in flight, so the caller runs the read itself, no wake), over the p50 of a futex wake (from just before the wake call to the woken thread running) after 10 ms asleep; 200 interleaved samples each. `cold_read_worker_vs_futex_wake` reports the same with `inline_sync_access` off (the worker path: the caller wakes the worker, one wake) |
@@ -92,7 +92,7 @@ fn config() -> Config {
 
 fn read8(vm: &VirtualMachine, t: &Tensor) -> u64 {
     let mut out = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut out).expect("sync read");
+    vm.read_small(t, 0, &mut out).expect("sync read");
     u64::from_ne_bytes(out)
 }
 
@@ -559,15 +559,13 @@ fn allocations(rep: &mut Report) {
         start_threads(&vm);
         let mut buf = [0u8; 8];
         for i in 0..500u64 {
-            vm.sync_write_small_mem(&t, &i.to_ne_bytes())
-                .expect("write");
-            vm.sync_read_small_mem(&t, &mut buf).expect("read");
+            vm.write_small(&t, 0, &i.to_ne_bytes()).expect("write");
+            vm.read_small(&t, 0, &mut buf).expect("read");
         }
         let n = allocs_during(|| {
             for i in 0..2_000u64 {
-                vm.sync_write_small_mem(&t, &i.to_ne_bytes())
-                    .expect("write");
-                vm.sync_read_small_mem(&t, &mut buf).expect("read");
+                vm.write_small(&t, 0, &i.to_ne_bytes()).expect("write");
+                vm.read_small(&t, 0, &mut buf).expect("read");
             }
         });
         per_read_total += n;
@@ -604,7 +602,7 @@ fn allocations(rep: &mut Report) {
         })
         .expect("run");
         let mut buf = [0u8; 8];
-        vm.sync_read_small_mem(&t[2], &mut buf).expect("read");
+        vm.read_small(&t[2], 0, &mut buf).expect("read");
         vm.sync().expect("sync");
         if count { n + 2 } else { 0 }
     };

@@ -7,7 +7,7 @@
 //! * **equivalence**: random programs (`ivm_std::fuzzing`) on a multi-thread and a
 //!   single-thread VM, each compared with the sequential interpreter;
 //! * **stream + read**: one thread streams increments of a counter over two streams (every
-//!   instruction a cross-stream use) while another reads it with `sync_read_small_mem` and
+//!   instruction a cross-stream use) while another reads it with `read_small` and
 //!   checks it never goes backwards nor past what was submitted;
 //! * **lazy**: launches of a `y = x + 1` graph through critical sections, each output read
 //!   back and checked;
@@ -65,7 +65,7 @@ impl Errors {
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b)?;
+    vm.read_small(t, 0, &mut b)?;
     Ok(u64::from_ne_bytes(b))
 }
 

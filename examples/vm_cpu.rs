@@ -47,7 +47,7 @@ fn main() {
     for k in 0..100u64 {
         vm.run(|b| b.call(&s, &[], &[&t], move |c| c.output_u64(0)[0] = k))
             .expect("run");
-        vm.sync_read_small_mem(&t, &mut out).expect("read");
+        vm.read_small(&t, 0, &mut out).expect("read");
     }
     let me = thread_cpu()
         .get(&tid)
@@ -63,7 +63,7 @@ fn main() {
     };
 
     // (a) idle.
-    vm.sync_read_small_mem(&t, &mut out).expect("read");
+    vm.read_small(&t, 0, &mut out).expect("read");
     let (b0, t0) = (thread_cpu(), Instant::now());
     std::thread::sleep(period);
     let (b1, wall) = (thread_cpu(), t0.elapsed());
@@ -87,7 +87,7 @@ fn main() {
         })
     })
     .expect("run");
-    vm.sync_read_small_mem(&t, &mut out).expect("read");
+    vm.read_small(&t, 0, &mut out).expect("read");
     let (b1, wall) = (thread_cpu(), t0.elapsed());
     assert_eq!(u64::from_ne_bytes(out), 7);
     let (vm_ns, caller_ns, detail) = cpu_between(&b0, &b1, &prefix, tid);

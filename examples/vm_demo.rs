@@ -3,7 +3,7 @@
 //!
 //! 1. **Loop**: a tiny integer "particle" update over three 8-lane tensors — on stream 0
 //!    `vel += f(pos, step)`, on stream 1 `pos += vel`, on stream 0 `energy = Σ pos` — then
-//!    `sync_read_small_mem(energy)` (8 bytes), checked against the same update done
+//!    `read_small(energy)` (8 bytes), checked against the same update done
 //!    sequentially in the caller. Prints the iteration latency (`run` of 3 kernels + the
 //!    read, which waits for them) and the read's own latency, as percentiles. The first
 //!    200 iterations are traced (`ivm_std::trace`) and written as Chrome trace JSON
@@ -134,7 +134,7 @@ fn print_thread_stats(label: &str, before: &ThreadStats, after: &ThreadStats, wa
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> u64 {
     let mut out = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut out).expect("sync read");
+    vm.read_small(t, 0, &mut out).expect("sync read");
     u64::from_ne_bytes(out)
 }
 

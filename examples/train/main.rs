@@ -5,7 +5,7 @@
 //! 1. **plain**: the kernels called directly in one thread, no VM — the baseline;
 //! 2. **eager**: every op (gather, matmul, bias add, ReLU, softmax cross-entropy, their
 //!    gradients, Adam) is an ivm instruction naming what it reads and writes; the loss is
-//!    read after every step with `sync_read_small_mem` (the `.item()` of a training loop);
+//!    read after every step with `read_small` (the `.item()` of a training loop);
 //! 3. **lazy**: forward, backward and update are one compiled graph (`ivm_std::graph`)
 //!    launched every step through critical sections (inputs: the batch; outputs: the
 //!    loss; parameters: weights and optimiser state), the loss read every step.
@@ -728,7 +728,7 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
     let with_reads: Vec<&Run> = runs.iter().filter(|r| !r.read_lat.is_empty()).collect();
     if !with_reads.is_empty() {
         println!();
-        println!("sync_read_small_mem of the loss, per step (waits for the kernel that wrote it):");
+        println!("read_small of the loss, per step (waits for the kernel that wrote it):");
         println!("| mode     | reads | p50 (µs) | p90 (µs) | p99 (µs) | max (µs) |");
         println!("|----------|------:|---------:|---------:|---------:|---------:|");
         for r in with_reads {

@@ -152,15 +152,15 @@ impl HostTensor {
 
     /// Its contents (waits for every earlier writer).
     pub fn to_vec(&self, vm: &VirtualMachine) -> Result<Vec<f32>> {
-        let v = vm.sync_access_blob_by_callback(&self.tensor, |b| f32s(b).to_vec())?;
+        let v = vm.access(&self.tensor, |b| f32s(b).to_vec())?;
         debug_assert_eq!(v.len(), self.len);
         Ok(v)
     }
 
-    /// Its first element, read with `sync_read_small_mem` (the `.item()` of a loop).
+    /// Its first element, read with `read_small` (the `.item()` of a loop).
     pub fn item(&self, vm: &VirtualMachine) -> Result<f32> {
         let mut b = [0u8; 4];
-        vm.sync_read_small_mem(&self.tensor, &mut b)?;
+        vm.read_small(&self.tensor, 0, &mut b)?;
         Ok(f32::from_ne_bytes(b))
     }
 }
@@ -345,7 +345,7 @@ impl<'vm> Device<'vm> {
     }
 
     /// The host data loader: gathers `batch`'s rows of the host dataset straight into the
-    /// `x` and `y` tensors with `sync_access_blob_by_callback_mut` (each waits until the
+    /// `x` and `y` tensors with `access_mut` (each waits until the
     /// tensor is free, i.e. the previous run copied it in). When the stream is idle the
     /// VM hands such a callback to the calling thread: no worker runs, nothing wakes.
     fn load_on_host(&self, batch: &Batch) -> Result<()> {
@@ -353,12 +353,11 @@ impl<'vm> Device<'vm> {
         let (start, end) = (batch.start, batch.start + p.batch);
         for (src, dst, width) in [(&self.rows.x, p.x, self.rows.width), (&self.rows.y, p.y, 1)] {
             let (src, order) = (src.clone(), batch.order.clone());
-            self.vm
-                .sync_access_blob_by_callback_mut(&self.tensors[dst].tensor, move |b| {
-                    trace::span("gather", Cat::Kernel, || {
-                        kernels::gather(&src, &order[start..end], f32s_mut(b), width)
-                    })
-                })?;
+            self.vm.access_mut(&self.tensors[dst].tensor, move |b| {
+                trace::span("gather", Cat::Kernel, || {
+                    kernels::gather(&src, &order[start..end], f32s_mut(b), width)
+                })
+            })?;
         }
         Ok(())
     }
@@ -477,7 +476,7 @@ impl<'vm> Device<'vm> {
 }
 
 /// Eager: every op an instruction on one stream, the loss read each step with
-/// `sync_read_small_mem`.
+/// `read_small`.
 pub struct Eager<'vm> {
     dev: Device<'vm>,
 }
@@ -608,7 +607,7 @@ pub fn compile(prog: &Program) -> Result<Graph> {
 
 /// Lazy: the host data loader fills the batch tensors (see `Device::load_on_host`), then
 /// one launch of the compiled step graph (inputs: the batch; outputs: the loss;
-/// parameters: the state), then the loss is read with `sync_read_small_mem`. The graph
+/// parameters: the state), then the loss is read with `read_small`. The graph
 /// runs on its own thread; the step's loss is out after the forward pass, so the host
 /// loads and launches the next step while the graph still runs this one's backward pass
 /// and update.

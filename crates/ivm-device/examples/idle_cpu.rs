@@ -94,8 +94,8 @@ fn main() -> ivm_std::Result<()> {
         b.call(&s1, &[], &[&x], |k| k.output_u64(0)[0] = 1)?;
         b.copy(&d2h, &x, &h)
     })?;
-    vm.sync_read_small_mem(&h, &mut out)?;
-    vm.sync_read_small_mem(&x, &mut out)?;
+    vm.read_small(&h, 0, &mut out)?;
+    vm.read_small(&x, 0, &mut out)?;
 
     for (round, label) in [
         (0u64, "1 s kernel, d2h copy, sync read of the host tensor"),
@@ -115,7 +115,7 @@ fn main() -> ivm_std::Result<()> {
             Ok(())
         })?;
         let t = if round == 0 { &h } else { &x };
-        vm.sync_read_small_mem(t, &mut out)?;
+        vm.read_small(t, 0, &mut out)?;
         assert_eq!(u64::from_ne_bytes(out), 100 + round);
         report(label, &before, caller, t0.elapsed());
     }

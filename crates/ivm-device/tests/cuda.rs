@@ -31,7 +31,7 @@ fn vm(stream_wait: bool) -> VirtualMachine {
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> u64 {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b).unwrap();
+    vm.read_small(t, 0, &mut b).unwrap();
     u64::from_ne_bytes(b)
 }
 
@@ -67,7 +67,7 @@ fn copies_and_small_accesses_round_trip() {
     .unwrap();
     assert_eq!(read_u64(&vm, &back), 42);
     assert_eq!(read_u64(&vm, &dev), 42);
-    vm.sync_write_small_mem(&dev, &7u64.to_ne_bytes()).unwrap();
+    vm.write_small(&dev, 0, &7u64.to_ne_bytes()).unwrap();
     assert_eq!(read_u64(&vm, &dev), 7);
     let init = vm.new_tensor_from(&c, &9u64.to_ne_bytes()).unwrap();
     assert_eq!(read_u64(&vm, &init), 9);

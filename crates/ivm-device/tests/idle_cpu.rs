@@ -55,8 +55,8 @@ fn vm_threads_sleep_while_a_one_second_sim_kernel_runs() {
     let (x, h) = (vm.new_tensor_on(&s1, 8).unwrap(), vm.new_tensor(8).unwrap());
     let mut out = [0u8; 8];
     vm.run(|b| b.copy(&d2h, &x, &h)).unwrap();
-    vm.sync_read_small_mem(&h, &mut out).unwrap();
-    vm.sync_read_small_mem(&x, &mut out).unwrap();
+    vm.read_small(&h, 0, &mut out).unwrap();
+    vm.read_small(&x, 0, &mut out).unwrap();
     for round in 0..2u64 {
         let (vm0, me0) = (cpu_of(&prefix), self_cpu());
         vm.run(|b| {
@@ -71,7 +71,7 @@ fn vm_threads_sleep_while_a_one_second_sim_kernel_runs() {
         })
         .unwrap();
         let t = if round == 0 { &h } else { &x };
-        vm.sync_read_small_mem(t, &mut out).unwrap();
+        vm.read_small(t, 0, &mut out).unwrap();
         assert_eq!(u64::from_ne_bytes(out), 9 + round);
         let (vm_ms, me_ms) = (
             (cpu_of(&prefix) - vm0) as f64 / 1e6,

@@ -44,7 +44,7 @@ fn vm_with(cfg: Config, sim: &Arc<SimAdapter>) -> VirtualMachine {
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> ivm_std::Result<u64> {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b)?;
+    vm.read_small(t, 0, &mut b)?;
     Ok(u64::from_ne_bytes(b))
 }
 
@@ -186,7 +186,7 @@ fn pipelines_over_two_sim_devices_and_the_cpu_compute_the_sequential_result() {
                 let y = x.wrapping_mul(31).wrapping_add(i);
                 x = y ^ 0x5555;
                 let mut buf = [0u8; 16];
-                vm.sync_read_small_mem(&host_out, &mut buf).unwrap();
+                vm.read_small(&host_out, 0, &mut buf).unwrap();
                 assert_eq!(
                     u64::from_ne_bytes(buf[..8].try_into().unwrap()),
                     x,
@@ -203,11 +203,9 @@ fn pipelines_over_two_sim_devices_and_the_cpu_compute_the_sequential_result() {
         }
         // Sync writes, then reads, of a device tensor.
         let t = &outs[1].1;
-        vm.sync_write_small_mem(t, &99u64.to_ne_bytes()).unwrap();
+        vm.write_small(t, 0, &99u64.to_ne_bytes()).unwrap();
         assert_eq!(read_u64(&vm, t).unwrap(), 99);
-        let got = vm
-            .sync_access_blob_by_callback(t, |bytes| bytes[0])
-            .unwrap();
+        let got = vm.access(t, |bytes| bytes[0]).unwrap();
         assert_eq!(got, 99);
         drop(outs);
         vm.sync().unwrap();
@@ -318,7 +316,7 @@ fn bad_input_is_an_error_not_a_panic() {
         Err(Error::UnsupportedStream(_))
     ));
     assert!(matches!(
-        plain.sync_read_small_mem(&a8, &mut [0u8; 8]),
+        plain.read_small(&a8, 0, &mut [0u8; 8]),
         Err(Error::ForeignObject(_))
     ));
     assert!(matches!(
@@ -350,7 +348,7 @@ fn bad_input_is_an_error_not_a_panic() {
     ));
     // Small accesses of unsupported sizes on a device tensor.
     assert!(matches!(
-        vm.sync_read_small_mem(&a16, &mut [0u8; 3]),
+        vm.read_small(&a16, 0, &mut [0u8; 3]),
         Err(Error::UnsupportedSize(3))
     ));
     drop((a8, a16, b8, h8));

@@ -10,7 +10,7 @@
 //! * **rate, rotating outputs**: outputs rotate over 8 sets, so runs overlap more.
 //! * **latency**: one launch at a time on an idle VM; time from the call that submits the
 //!   launch to (a) the graph's first output kernel finishing its copy (trace hook), and
-//!   (b) a `sync_read_small_mem` of that output returning the value (what eager code sees).
+//!   (b) a `read_small` of that output returning the value (what eager code sees).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -105,7 +105,7 @@ fn main() {
         vm.run(|b| b.launch_lazy_job(&ins, &outs_r, &[], graph.lazy()))
             .expect("launch");
         let mut buf = [0u8; 8];
-        vm.sync_read_small_mem(&outs[0], &mut buf).expect("read");
+        vm.read_small(&outs[0], 0, &mut buf).expect("read");
         let t2 = now_ns();
         let t1 = first_out.load(Ordering::Acquire);
         graph_side.push((t1.saturating_sub(t0)) as f64 / 1e3);

@@ -5,7 +5,7 @@
 //! * the lazy graph `train_step` computes predictions and the loss, outputs the loss as
 //!   soon as it is known, and updates its parameters `w`, `b` in place;
 //! * an eager kernel keeps a running average of the loss;
-//! * the host reads the loss with `sync_read_small_mem` every step.
+//! * the host reads the loss with `read_small` every step.
 //!
 //! ```text
 //! cargo run --release -p ivm-std --example lazy_training
@@ -101,17 +101,17 @@ fn main() -> ivm_std::Result<()> {
             })
         })?;
         let mut buf = [0u8; 4];
-        vm.sync_read_small_mem(&lt, &mut buf)?;
+        vm.read_small(&lt, 0, &mut buf)?;
         if step % 10 == 0 || step == 59 {
             println!("step {step:2}: loss {:.5}", f32::from_ne_bytes(buf));
         }
     }
     let mut buf = [0u8; 4];
-    vm.sync_read_small_mem(&wt, &mut buf)?;
+    vm.read_small(&wt, 0, &mut buf)?;
     let wv = f32::from_ne_bytes(buf);
-    vm.sync_read_small_mem(&bt, &mut buf)?;
+    vm.read_small(&bt, 0, &mut buf)?;
     let bv = f32::from_ne_bytes(buf);
-    vm.sync_read_small_mem(&avg, &mut buf)?;
+    vm.read_small(&avg, 0, &mut buf)?;
     println!(
         "fitted w = {wv:.3}, b = {bv:.3} (true 3, 1); running loss {:.5}",
         f32::from_ne_bytes(buf)

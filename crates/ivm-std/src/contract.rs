@@ -35,8 +35,9 @@
 //!   each other: the per-VM timeout reports it);
 //! * refused with [`Error::Reentrant`](crate::Error::Reentrant), because each of them waits
 //!   for (or submits to) the engine that the calling thread itself has to run: `run`,
-//!   `run_async`, `sync`, `sync_timeout`, `sync_async`, every `sync_*_small_mem*` form,
-//!   `sync_access_blob_by_callback*`, `blocking_run_probe`, `dump_dag`, `shutdown`,
+//!   `run_async`, `sync`, `read_small`, `write_small` (and their `_timeout` and `_async`
+//!   forms), `access`, `access_mut`, `access_async`, `blocking_run_probe`, `dump_dag`,
+//!   `shutdown`,
 //!   [`Completion::wait`](crate::Completion::wait) / `wait_timeout`.
 //!
 //! `Reentrant` is keyed by VM: the VM marks its own threads (and the caller's thread while
@@ -84,15 +85,15 @@
 //!     for _ in 0..2 {
 //!         sc.spawn(|| {
 //!             let mut out = [0u8; 8];
-//!             vm.sync_read_small_mem(&x, &mut out).unwrap();
+//!             vm.read_small(&x, 0, &mut out).unwrap();
 //!         });
 //!     }
 //! });
 //! // A kernel calling back into its own VM gets `Reentrant` instead of a deadlock.
 //! let (vm2, x2) = (vm.clone(), x.clone());
-//! let seen = vm.sync_access_blob_by_callback(&x, move |_| {
+//! let seen = vm.access(&x, move |_| {
 //!     let mut out = [0u8; 8];
-//!     matches!(vm2.sync_read_small_mem(&x2, &mut out), Err(Error::Reentrant))
+//!     matches!(vm2.read_small(&x2, 0, &mut out), Err(Error::Reentrant))
 //! })?;
 //! assert!(seen);
 //! # drop(s);

@@ -9,9 +9,9 @@
 //!   dependent kernels changes the result), after an optional small [`Delay`] (spin, yield
 //!   or sleep, taken *before* it reads its inputs, so a missing edge lets another thread
 //!   overtake it), and optionally panicking (a failed instruction poisons its outputs);
-//! * [`Op::SyncRead`] / [`Op::SyncWrite`]: `sync_read_small_mem` / `sync_write_small_mem`
+//! * [`Op::SyncRead`] / [`Op::SyncWrite`]: `read_small` / `write_small`
 //!   interleaved with the kernels; [`Op::SyncUpdate`]: a read-modify-write through
-//!   `sync_access_blob_by_callback_mut` (which the VM may run on the calling thread);
+//!   `access_mut` (which the VM may run on the calling thread);
 //! * [`Op::Recreate`]: drops the tensor's handle (its release is enqueued while kernels
 //!   may still use it) and puts a fresh zeroed tensor, homed on some stream, in its slot;
 //! * [`Op::Barrier`], [`Op::Sync`] and [`Op::Submit`] (ends the current `run` batch).
@@ -528,19 +528,19 @@ pub fn launch_mix(x: u64, y: u64) -> u64 {
 pub enum Op {
     /// A kernel (queued into the current `run` batch).
     Kernel(KernelOp),
-    /// `sync_read_small_mem` of the tensor's 8 bytes.
+    /// `read_small` of the tensor's 8 bytes.
     SyncRead {
         /// Slot.
         tensor: u8,
     },
-    /// `sync_write_small_mem` of `value`.
+    /// `write_small` of `value`.
     SyncWrite {
         /// Slot.
         tensor: u8,
         /// The value written.
         value: u64,
     },
-    /// `sync_access_blob_by_callback_mut` adding `add` (wrapping) to the tensor's first
+    /// `access_mut` adding `add` (wrapping) to the tensor's first
     /// 8 bytes; observes the value before.
     SyncUpdate {
         /// Slot.
@@ -1281,21 +1281,21 @@ impl<K: Kernels> Runner<K> {
                 Op::SyncRead { tensor } => {
                     let mut b = [0u8; 8];
                     let r = vm
-                        .sync_read_small_mem(&tensors[slot(tensor)], &mut b)
+                        .read_small(&tensors[slot(tensor)], 0, &mut b)
                         .map(|()| Observed::Value(u64::from_ne_bytes(b)));
                     trace.syncs.push((i, Observed::from_result(r)));
                     i += 1;
                 }
                 Op::SyncWrite { tensor, value } => {
                     let r = vm
-                        .sync_write_small_mem(&tensors[slot(tensor)], &value.to_ne_bytes())
+                        .write_small(&tensors[slot(tensor)], 0, &value.to_ne_bytes())
                         .map(|()| Observed::Written);
                     trace.syncs.push((i, Observed::from_result(r)));
                     i += 1;
                 }
                 Op::SyncUpdate { tensor, add } => {
                     let r = vm
-                        .sync_access_blob_by_callback_mut(&tensors[slot(tensor)], move |b| {
+                        .access_mut(&tensors[slot(tensor)], move |b| {
                             let mut w = [0u8; 8];
                             w.copy_from_slice(&b[..8]);
                             let old = u64::from_ne_bytes(w);
@@ -1345,7 +1345,7 @@ impl<K: Kernels> Runner<K> {
         for t in &tensors {
             let mut b = [0u8; 8];
             let r = vm
-                .sync_read_small_mem(t, &mut b)
+                .read_small(t, 0, &mut b)
                 .map(|()| Observed::Value(u64::from_ne_bytes(b)));
             trace.finals.push(Observed::from_result(r));
         }

@@ -5,8 +5,8 @@
 //! graph between instructions (per tensor: a write waits for every access since the last
 //! write, a read waits for the last write), runs independent instructions concurrently on
 //! worker threads, releases them in order per stream, and offers synchronous doors into
-//! that asynchronous world: [`VirtualMachine::sync_read_small_mem`] /
-//! [`VirtualMachine::sync_write_small_mem`], sync blob callbacks and [`VirtualMachine::sync`].
+//! that asynchronous world: [`VirtualMachine::read_small`] /
+//! [`VirtualMachine::write_small`], sync blob callbacks and [`VirtualMachine::sync`].
 //!
 //! ```
 //! use ivm_std::{Config, VirtualMachine};
@@ -22,7 +22,7 @@
 //!     })
 //! })?;
 //! let mut out = [0u8; 8];
-//! vm.sync_read_small_mem(&b, &mut out)?;
+//! vm.read_small(&b, 0, &mut out)?;
 //! assert_eq!(u64::from_ne_bytes(out), 42);
 //! # Ok::<(), ivm_std::Error>(())
 //! ```

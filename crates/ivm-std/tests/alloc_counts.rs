@@ -58,8 +58,8 @@ fn allocs_during(f: impl FnOnce()) -> usize {
 fn sync_accesses(vm: &VirtualMachine, t: &Tensor, n: u64) {
     let mut buf = [0u8; 8];
     for i in 0..n {
-        vm.sync_write_small_mem(t, &i.to_ne_bytes()).unwrap();
-        vm.sync_read_small_mem(t, &mut buf).unwrap();
+        vm.write_small(t, 0, &i.to_ne_bytes()).unwrap();
+        vm.read_small(t, 0, &mut buf).unwrap();
         assert_eq!(u64::from_ne_bytes(buf), i);
     }
 }
@@ -104,7 +104,7 @@ fn pooled_round(vm: &VirtualMachine, t: &[Tensor], spare: &mut Vec<Tensor>) -> u
     })
     .unwrap();
     let mut buf = [0u8; 8];
-    vm.sync_read_small_mem(&t[2], &mut buf).unwrap();
+    vm.read_small(&t[2], 0, &mut buf).unwrap();
     vm.sync().unwrap();
     n + 2
 }

@@ -29,7 +29,7 @@ fn pair(b: &[u8; 16]) -> (u64, u64) {
 
 fn read_pair(vm: &VirtualMachine, t: &Tensor) -> (u64, u64) {
     let mut b = [0u8; 16];
-    vm.sync_read_small_mem(t, &mut b).unwrap();
+    vm.read_small(t, 0, &mut b).unwrap();
     pair(&b)
 }
 
@@ -94,7 +94,7 @@ fn inline_accesses_stay_ordered_against_concurrent_writes() {
                     let mut b = [0u8; 16];
                     b[..8].copy_from_slice(&i.to_ne_bytes());
                     b[8..].copy_from_slice(&i.to_ne_bytes());
-                    vm.sync_write_small_mem(&u, &b).unwrap();
+                    vm.write_small(&u, 0, &b).unwrap();
                     assert_eq!(read_pair(&vm, &u), (i, i), "read did not see own write");
                 }
             });

@@ -8,7 +8,7 @@ use ivm_std::{Config, DebugCounters, Device, Error, StreamId, Tensor, VirtualMac
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b)?;
+    vm.read_small(t, 0, &mut b)?;
     Ok(u64::from_ne_bytes(b))
 }
 
@@ -409,7 +409,7 @@ fn host_loader_launch_read_loop_on_a_one_thread_graph() {
         let (xt, wt, yt) = (tensor(&vm, 0), tensor(&vm, 1), tensor(&vm, 0));
         let mut wv = 1u64;
         for i in 1..=300u64 {
-            vm.sync_access_blob_by_callback_mut(&xt, move |b| {
+            vm.access_mut(&xt, move |b| {
                 b[..8].copy_from_slice(&i.to_ne_bytes());
             })
             .unwrap();

@@ -176,7 +176,7 @@ fn run_program(cfg: Config, seed: u64, launches: usize) {
         if rng.below(25) == 0 {
             let t = rng.below(NT + 2);
             let mut b = [0u8; 8];
-            vm.sync_read_small_mem(&ts[t], &mut b).unwrap();
+            vm.read_small(&ts[t], 0, &mut b).unwrap();
             assert_eq!(
                 u64::from_ne_bytes(b),
                 model[t],
@@ -186,7 +186,7 @@ fn run_program(cfg: Config, seed: u64, launches: usize) {
     }
     for (k, t) in ts.iter().enumerate() {
         let mut b = [0u8; 8];
-        vm.sync_read_small_mem(t, &mut b).unwrap();
+        vm.read_small(t, 0, &mut b).unwrap();
         assert_eq!(u64::from_ne_bytes(b), model[k], "seed {seed}: tensor {k}");
     }
     drop(ts);

@@ -50,7 +50,7 @@ fn tensor(vm: &VirtualMachine, v: u64) -> Tensor {
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> u64 {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b).unwrap();
+    vm.read_small(t, 0, &mut b).unwrap();
     u64::from_ne_bytes(b)
 }
 

@@ -19,7 +19,7 @@ fn modes() -> [Config; 2] {
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b)?;
+    vm.read_small(t, 0, &mut b)?;
     Ok(u64::from_ne_bytes(b))
 }
 
@@ -91,14 +91,13 @@ fn eager_rounds_on_two_streams_with_sync_doors() {
                 // reads (the model follows).
                 assert_eq!(read_u64(&vm, b).unwrap(), m[1], "round {i}");
                 m[2] = m[2].wrapping_add(i);
-                vm.sync_write_small_mem(c, &m[2].to_ne_bytes()).unwrap();
+                vm.write_small(c, 0, &m[2].to_ne_bytes()).unwrap();
                 // Every access size, at an offset, through the same ring.
                 for len in [1usize, 2, 4, 8, 16] {
                     let data: Vec<u8> = (0..len as u8).map(|x| x ^ i as u8).collect();
-                    vm.sync_write_small_mem_at(&wide, 16 - len, &data).unwrap();
+                    vm.write_small(&wide, 16 - len, &data).unwrap();
                     let mut out = vec![0u8; len];
-                    vm.sync_read_small_mem_at(&wide, 16 - len, &mut out)
-                        .unwrap();
+                    vm.read_small(&wide, 16 - len, &mut out).unwrap();
                     assert_eq!(out, data);
                 }
             }
@@ -110,15 +109,14 @@ fn eager_rounds_on_two_streams_with_sync_doors() {
         }
         // Callbacks: a read and a write of the whole blob on the caller's thread.
         let sum = vm
-            .sync_access_blob_by_callback(&wide, |bytes| {
+            .access(&wide, |bytes| {
                 bytes.iter().map(|&x| u64::from(x)).sum::<u64>()
             })
             .unwrap();
         assert!(sum > 0);
-        vm.sync_access_blob_by_callback_mut(&wide, |bytes| bytes.fill(3))
-            .unwrap();
+        vm.access_mut(&wide, |bytes| bytes.fill(3)).unwrap();
         let mut out = [0u8; 16];
-        vm.sync_read_small_mem_at(&wide, 16, &mut out).unwrap();
+        vm.read_small(&wide, 16, &mut out).unwrap();
         assert_eq!(out, [3; 16]);
         drop(ts);
         drop(wide);
@@ -155,7 +153,7 @@ fn kernel_panic_is_observed_and_the_vm_keeps_working() {
             }
         }
         assert_eq!(read_u64(&vm, &c).unwrap(), 5);
-        let r = vm.sync_access_blob_by_callback(&c, |_| -> u8 { panic!("callback exploded") });
+        let r = vm.access(&c, |_| -> u8 { panic!("callback exploded") });
         assert!(matches!(r, Err(Error::KernelPanicked { .. })), "{r:?}");
         // New work after the failures (a poisoned tensor stays poisoned: a fresh output).
         let d = vm.new_tensor(8).unwrap();

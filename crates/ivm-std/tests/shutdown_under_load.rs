@@ -86,7 +86,7 @@ fn plus_1000() -> Graph {
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b)?;
+    vm.read_small(t, 0, &mut b)?;
     Ok(u64::from_ne_bytes(b))
 }
 

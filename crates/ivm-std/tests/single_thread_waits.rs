@@ -30,7 +30,7 @@ fn tensor(vm: &VirtualMachine, v: u64) -> Tensor {
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b)?;
+    vm.read_small(t, 0, &mut b)?;
     Ok(u64::from_ne_bytes(b))
 }
 
@@ -96,7 +96,7 @@ fn a_read_deadline_ends_the_wait_for_a_slow_graph() {
         vm.run(|b| b.launch_lazy_job(&[&x], &[&y], &[], graph.lazy()))
             .unwrap();
         let mut out = [0u8; 8];
-        let r = vm.sync_read_small_mem_timeout(&y, &mut out, Duration::from_millis(100));
+        let r = vm.read_small_timeout(&y, 0, &mut out, Duration::from_millis(100));
         let iterations = graph.iterations_done();
         assert!(matches!(r, Err(Error::Timeout(_))), "{mode}: {r:?}");
         assert_eq!(
@@ -105,7 +105,7 @@ fn a_read_deadline_ends_the_wait_for_a_slow_graph() {
         );
         // A later wait (and one with a deadline long enough) gets the value.
         assert_eq!(read_u64(&vm, &y).unwrap(), 2, "{mode}");
-        vm.sync_read_small_mem_timeout(&y, &mut out, Duration::from_secs(20))
+        vm.read_small_timeout(&y, 0, &mut out, Duration::from_secs(20))
             .unwrap();
         assert_eq!(u64::from_ne_bytes(out), 2, "{mode}");
         drop(graph);

@@ -69,17 +69,15 @@ async fn tokio_current_thread_awaits_reads_writes_and_batches() {
     // The runtime's only thread sleeps until the VM wakes it.
     let opener = open_later(block(&vm, &x));
     let mut out = [0u8; 8];
-    vm.sync_read_small_mem_async(&x, &mut out).await.unwrap();
+    vm.read_small_async(&x, 0, &mut out).await.unwrap();
     assert_eq!(u64::from_ne_bytes(out), 9);
     opener.join().unwrap();
 
-    vm.sync_write_small_mem_async(&x, 8, &5u64.to_ne_bytes())
+    vm.write_small_async(&x, 8, &5u64.to_ne_bytes())
         .await
         .unwrap();
     let mut hi = [0u8; 8];
-    vm.sync_read_small_mem_at_async(&x, 8, &mut hi)
-        .await
-        .unwrap();
+    vm.read_small_async(&x, 8, &mut hi).await.unwrap();
     assert_eq!(u64::from_ne_bytes(hi), 5);
 
     let (n, done) = vm
@@ -95,7 +93,7 @@ async fn tokio_current_thread_awaits_reads_writes_and_batches() {
     // is released right after its callback).
     assert!(vm.flying_instruction_count() <= 1);
     let sum = vm
-        .sync_access_blob_by_callback_async(&x, |b| b.iter().map(|&v| u64::from(v)).sum::<u64>())
+        .access_async(&x, |b| b.iter().map(|&v| u64::from(v)).sum::<u64>())
         .await
         .unwrap();
     assert_eq!(sum, 42 + 5);
@@ -104,8 +102,8 @@ async fn tokio_current_thread_awaits_reads_writes_and_batches() {
     // Several reads in flight at once, awaited together.
     let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
     let (ra, rb) = tokio::join!(
-        vm.sync_read_small_mem_async(&x, &mut a),
-        vm.sync_read_small_mem_at_async(&x, 8, &mut b)
+        vm.read_small_async(&x, 0, &mut a),
+        vm.read_small_async(&x, 8, &mut b)
     );
     ra.unwrap();
     rb.unwrap();
@@ -119,12 +117,12 @@ fn minimal_executor_is_woken_by_the_vm() {
     for _ in 0..20 {
         let opener = open_later(block(&vm, &x));
         let mut out = [0u8; 8];
-        block_on(vm.sync_read_small_mem_async(&x, &mut out)).unwrap();
+        block_on(vm.read_small_async(&x, 0, &mut out)).unwrap();
         assert_eq!(u64::from_ne_bytes(out), 9);
         opener.join().unwrap();
     }
     // The blocking handle works too.
-    let c = vm.sync_access_blob_by_callback_async(&x, |b| b[0]);
+    let c = vm.access_async(&x, |b| b[0]);
     assert_eq!(c.wait().unwrap(), 9);
 }
 
@@ -138,9 +136,9 @@ fn single_thread_mode_futures_drive_the_engine() {
         .unwrap();
     block_on(done).unwrap();
     let mut out = [0u8; 8];
-    block_on(vm.sync_read_small_mem_async(&x, &mut out)).unwrap();
+    block_on(vm.read_small_async(&x, 0, &mut out)).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 11);
-    let c = vm.sync_write_small_mem_async(&x, 0, &[1; 8]);
+    let c = vm.write_small_async(&x, 0, &[1; 8]);
     c.wait_timeout(Duration::from_secs(10)).unwrap();
 }
 
@@ -151,17 +149,17 @@ fn errors_resolve_the_future_never_panic_or_hang() {
     let x = vm.new_tensor(8).unwrap();
     let mut three = [0u8; 3];
     assert!(matches!(
-        block_on(vm.sync_read_small_mem_async(&x, &mut three)),
+        block_on(vm.read_small_async(&x, 0, &mut three)),
         Err(Error::UnsupportedSize(3))
     ));
     let mut out = [0u8; 8];
     assert!(matches!(
-        block_on(vm.sync_read_small_mem_at_async(&x, 1, &mut out)),
+        block_on(vm.read_small_async(&x, 1, &mut out)),
         Err(Error::OutOfBounds { .. })
     ));
     // A panicking callback.
     assert!(matches!(
-        block_on(vm.sync_access_blob_by_callback_async(&x, |_| -> u8 { panic!("boom") })),
+        block_on(vm.access_async(&x, |_| -> u8 { panic!("boom") })),
         Err(Error::KernelPanicked { .. })
     ));
     // A poisoned tensor: the read is dropped without running, the future says why.
@@ -169,15 +167,15 @@ fn errors_resolve_the_future_never_panic_or_hang() {
     vm.run(|b| b.call(&s, &[], &[&p], |_| panic!("producer failed")))
         .unwrap();
     assert!(matches!(
-        block_on(vm.sync_read_small_mem_async(&p, &mut out)),
+        block_on(vm.read_small_async(&p, 0, &mut out)),
         Err(Error::Poisoned { .. })
     ));
     // From inside a kernel of the same VM: Reentrant, through the future.
     let (vm2, x2) = (vm.clone(), x.clone());
     let inner = vm
-        .sync_access_blob_by_callback(&x, move |_| {
+        .access(&x, move |_| {
             let mut o = [0u8; 8];
-            let mut f = pin!(vm2.sync_read_small_mem_async(&x2, &mut o));
+            let mut f = pin!(vm2.read_small_async(&x2, 0, &mut o));
             let mut cx = Context::from_waker(Waker::noop());
             matches!(f.as_mut().poll(&mut cx), Poll::Ready(Err(Error::Reentrant)))
         })
@@ -185,10 +183,10 @@ fn errors_resolve_the_future_never_panic_or_hang() {
     assert!(inner);
     // Dropping a future abandons the wait, not the work.
     let gate = block(&vm, &x);
-    drop(vm.sync_read_small_mem_async(&x, &mut out));
-    drop(vm.sync_write_small_mem_async(&x, 0, &3u64.to_ne_bytes()));
+    drop(vm.read_small_async(&x, 0, &mut out));
+    drop(vm.write_small_async(&x, 0, &3u64.to_ne_bytes()));
     gate.store(true, Ordering::Release);
-    vm.sync_read_small_mem(&x, &mut out).unwrap();
+    vm.read_small(&x, 0, &mut out).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 3);
     // Polling again after Ready is an error, not a panic.
     let mut c = vm.sync_async();
@@ -211,18 +209,18 @@ fn awaiting_after_shutdown_is_an_error() {
     let vm = VirtualMachine::new(Config::default()).unwrap();
     let x = vm.new_tensor(8).unwrap();
     let mut out = [0u8; 8];
-    let pending = vm.sync_read_small_mem_async(&x, &mut out);
+    let pending = vm.read_small_async(&x, 0, &mut out);
     let batch = vm.sync_async();
     vm.shutdown().unwrap();
     assert!(matches!(block_on(pending), Err(Error::ShutDown)));
     assert!(matches!(block_on(batch), Err(Error::ShutDown)));
     let mut out2 = [0u8; 8];
     assert!(matches!(
-        block_on(vm.sync_read_small_mem_async(&x, &mut out2)),
+        block_on(vm.read_small_async(&x, 0, &mut out2)),
         Err(Error::ShutDown)
     ));
     assert!(matches!(
-        vm.sync_access_blob_by_callback_async(&x, |b| b[0]).wait(),
+        vm.access_async(&x, |b| b[0]).wait(),
         Err(Error::ShutDown)
     ));
     assert!(matches!(vm.run_async(|_| Ok(())), Err(Error::ShutDown)));

@@ -14,12 +14,12 @@ fn child(vm: &VirtualMachine, x: ivm_std::Tensor) -> i32 {
     let checks = [
         forked(vm.run(|_| Ok(()))),
         forked(vm.sync()),
-        forked(vm.sync_read_small_mem(&x, &mut out)),
-        forked(vm.sync_write_small_mem(&x, &out)),
-        forked(vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(1))),
+        forked(vm.read_small(&x, 0, &mut out)),
+        forked(vm.write_small(&x, 0, &out)),
+        forked(vm.read_small_timeout(&x, 0, &mut out, Duration::from_secs(1))),
         forked(vm.sync_timeout(Duration::from_secs(1))),
-        forked(vm.sync_access_blob_by_callback(&x, |_| ())),
-        forked(vm.sync_access_blob_by_callback_async(&x, |_| ()).wait()),
+        forked(vm.access(&x, |_| ())),
+        forked(vm.access_async(&x, |_| ()).wait()),
         forked(vm.sync_async().wait()),
         forked(
             vm.stream(StreamId::compute(ivm_std::Device::CPU, 3))
@@ -42,8 +42,8 @@ fn child(vm: &VirtualMachine, x: ivm_std::Tensor) -> i32 {
         Err(_) => return 11,
     };
     let y = fresh.new_tensor(8).unwrap();
-    fresh.sync_write_small_mem(&y, &4u64.to_ne_bytes()).unwrap();
-    fresh.sync_read_small_mem(&y, &mut out).unwrap();
+    fresh.write_small(&y, 0, &4u64.to_ne_bytes()).unwrap();
+    fresh.read_small(&y, 0, &mut out).unwrap();
     if u64::from_ne_bytes(out) != 4 {
         return 12;
     }
@@ -54,7 +54,7 @@ fn child(vm: &VirtualMachine, x: ivm_std::Tensor) -> i32 {
 fn forked_child_gets_forked_errors_and_parent_keeps_working() {
     let vm = VirtualMachine::new(Config::default()).unwrap();
     let x = vm.new_tensor(8).unwrap();
-    vm.sync_write_small_mem(&x, &1u64.to_ne_bytes()).unwrap();
+    vm.write_small(&x, 0, &1u64.to_ne_bytes()).unwrap();
     assert!(!vm.is_forked());
     // SAFETY: the child only runs `child` (which uses no lock the parent's other threads
     // may hold, beyond the allocator, which glibc makes fork-safe) and then `_exit`s.
@@ -83,7 +83,7 @@ fn forked_child_gets_forked_errors_and_parent_keeps_working() {
     assert_eq!(libc::WEXITSTATUS(status), 0, "child check failed");
     // The parent's VM is untouched.
     let mut out = [0u8; 8];
-    vm.sync_read_small_mem(&x, &mut out).unwrap();
+    vm.read_small(&x, 0, &mut out).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 1);
     assert_eq!(vm.creator_pid(), std::process::id());
     vm.shutdown().unwrap();

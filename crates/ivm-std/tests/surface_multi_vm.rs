@@ -36,7 +36,7 @@ fn independent_vms_do_not_share_instructions() {
     // A tensor of one VM is refused by the other.
     let mut out = [0u8; 8];
     assert!(matches!(
-        a.sync_read_small_mem(&xb, &mut out),
+        a.read_small(&xb, 0, &mut out),
         Err(Error::ForeignObject("tensor"))
     ));
     assert!(matches!(
@@ -58,13 +58,13 @@ fn independent_vms_do_not_share_instructions() {
     for i in 0..200u64 {
         a.run(|bld| bld.call(&sa, &[], &[&xa], move |k| k.output_u64(0)[0] = i))
             .unwrap();
-        a.sync_read_small_mem(&xa, &mut out).unwrap();
+        a.read_small(&xa, 0, &mut out).unwrap();
         assert_eq!(u64::from_ne_bytes(out), i);
     }
     assert!(b.flying_instruction_count() >= 1, "B is still blocked");
     assert!(a.flying_instruction_count() <= 2);
     gate.store(true, std::sync::atomic::Ordering::Release);
-    b.sync_read_small_mem(&xb, &mut out).unwrap();
+    b.read_small(&xb, 0, &mut out).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 7);
 }
 
@@ -90,9 +90,9 @@ fn many_vms_used_from_many_threads() {
                 for round in 0..50u64 {
                     for (vm, x) in vms.iter().zip(&xs) {
                         let v = t * 1000 + round;
-                        vm.sync_write_small_mem(x, &v.to_ne_bytes()).unwrap();
+                        vm.write_small(x, 0, &v.to_ne_bytes()).unwrap();
                         let mut out = [0u8; 8];
-                        vm.sync_read_small_mem(x, &mut out).unwrap();
+                        vm.read_small(x, 0, &mut out).unwrap();
                         assert_eq!(u64::from_ne_bytes(out), v);
                     }
                 }
@@ -128,9 +128,9 @@ fn dropping_a_vm_joins_its_threads_and_leaves_others_running() {
     );
     drop(x);
     let y = keep.new_tensor(8).unwrap();
-    keep.sync_write_small_mem(&y, &5u64.to_ne_bytes()).unwrap();
+    keep.write_small(&y, 0, &5u64.to_ne_bytes()).unwrap();
     let mut out = [0u8; 8];
-    keep.sync_read_small_mem(&y, &mut out).unwrap();
+    keep.read_small(&y, 0, &mut out).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 5);
     assert!(wait_for(|| vm_threads(keep_id) >= 2));
     keep.shutdown().unwrap();

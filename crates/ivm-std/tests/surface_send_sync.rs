@@ -51,9 +51,9 @@ fn vm_moves_and_is_shared_across_threads() {
         .map(|i| {
             let (vm, x) = (vm.clone(), x.clone());
             std::thread::spawn(move || {
-                vm.sync_write_small_mem_at(&x, 0, &[i as u8]).unwrap();
+                vm.write_small(&x, 0, &[i as u8]).unwrap();
                 let mut out = [0u8; 1];
-                vm.sync_read_small_mem(&x, &mut out).unwrap();
+                vm.read_small(&x, 0, &mut out).unwrap();
             })
         })
         .collect();

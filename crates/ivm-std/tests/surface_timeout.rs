@@ -30,7 +30,7 @@ fn read_times_out_with_the_diagnostic_then_recovers() {
     let gate = block(&vm, &x);
     let mut out = [0u8; 8];
     let t0 = Instant::now();
-    let r = vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_millis(50));
+    let r = vm.read_small_timeout(&x, 0, &mut out, Duration::from_millis(50));
     let waited = t0.elapsed();
     let Err(Error::Timeout(d)) = r else {
         panic!("expected a timeout, got {r:?}")
@@ -43,7 +43,7 @@ fn read_times_out_with_the_diagnostic_then_recovers() {
     );
     // Writes and `sync` time out the same way.
     assert!(matches!(
-        vm.sync_write_small_mem_timeout(&x, &[1u8; 8], Duration::from_millis(20)),
+        vm.write_small_timeout(&x, 0, &[1u8; 8], Duration::from_millis(20)),
         Err(Error::Timeout(_))
     ));
     assert!(matches!(
@@ -52,14 +52,14 @@ fn read_times_out_with_the_diagnostic_then_recovers() {
     ));
     gate.store(true, Ordering::Release);
     // The abandoned write still runs after the gate (in order): 9, then 1s.
-    vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(30))
+    vm.read_small_timeout(&x, 0, &mut out, Duration::from_secs(30))
         .unwrap();
     assert_eq!(out, [1u8; 8]);
     vm.sync_timeout(Duration::from_secs(30)).unwrap();
-    vm.sync_write_small_mem_at_timeout(&x, 4, &[2u8; 4], Duration::from_secs(30))
+    vm.write_small_timeout(&x, 4, &[2u8; 4], Duration::from_secs(30))
         .unwrap();
     let mut half = [0u8; 4];
-    vm.sync_read_small_mem_at_timeout(&x, 4, &mut half, Duration::from_secs(30))
+    vm.read_small_timeout(&x, 4, &mut half, Duration::from_secs(30))
         .unwrap();
     assert_eq!(half, [2u8; 4]);
 }
@@ -71,11 +71,11 @@ fn zero_timeout_and_bad_input_are_errors() {
         let x = vm.new_tensor(8).unwrap();
         let mut out = [0u8; 8];
         assert!(matches!(
-            vm.sync_read_small_mem_timeout(&x, &mut out, Duration::ZERO),
+            vm.read_small_timeout(&x, 0, &mut out, Duration::ZERO),
             Err(Error::InvalidArgument(_))
         ));
         assert!(matches!(
-            vm.sync_write_small_mem_timeout(&x, &[0; 8], Duration::ZERO),
+            vm.write_small_timeout(&x, 0, &[0; 8], Duration::ZERO),
             Err(Error::InvalidArgument(_))
         ));
         assert!(matches!(
@@ -84,21 +84,21 @@ fn zero_timeout_and_bad_input_are_errors() {
         ));
         let mut three = [0u8; 3];
         assert!(matches!(
-            vm.sync_read_small_mem_timeout(&x, &mut three, Duration::from_secs(1)),
+            vm.read_small_timeout(&x, 0, &mut three, Duration::from_secs(1)),
             Err(Error::UnsupportedSize(3))
         ));
         assert!(matches!(
-            vm.sync_read_small_mem_at_timeout(&x, 4, &mut out, Duration::from_secs(1)),
+            vm.read_small_timeout(&x, 4, &mut out, Duration::from_secs(1)),
             Err(Error::OutOfBounds { .. })
         ));
-        vm.sync_write_small_mem_timeout(&x, &7u64.to_ne_bytes(), Duration::MAX)
+        vm.write_small_timeout(&x, 0, &7u64.to_ne_bytes(), Duration::MAX)
             .unwrap();
-        vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(30))
+        vm.read_small_timeout(&x, 0, &mut out, Duration::from_secs(30))
             .unwrap();
         assert_eq!(u64::from_ne_bytes(out), 7);
         vm.shutdown().unwrap();
         assert!(matches!(
-            vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(1)),
+            vm.read_small_timeout(&x, 0, &mut out, Duration::from_secs(1)),
             Err(Error::ShutDown)
         ));
     }
@@ -110,9 +110,9 @@ fn timeout_from_a_kernel_is_reentrant() {
     let x = vm.new_tensor(8).unwrap();
     let (vm2, x2) = (vm.clone(), x.clone());
     let r = vm
-        .sync_access_blob_by_callback(&x, move |_| {
+        .access(&x, move |_| {
             let mut out = [0u8; 8];
-            vm2.sync_read_small_mem_timeout(&x2, &mut out, Duration::from_secs(1))
+            vm2.read_small_timeout(&x2, 0, &mut out, Duration::from_secs(1))
         })
         .unwrap();
     assert!(matches!(r, Err(Error::Reentrant)));

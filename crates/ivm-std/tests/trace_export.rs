@@ -29,9 +29,9 @@ fn every_instruction_has_ordered_events_in_the_chrome_trace() {
         })
         .unwrap();
         let mut out = [0u8; 8];
-        vm.sync_read_small_mem(&t[2], &mut out).unwrap();
+        vm.read_small(&t[2], 0, &mut out).unwrap();
         if i % 10 == 0 {
-            vm.sync_write_small_mem(&t[3], &out).unwrap();
+            vm.write_small(&t[3], 0, &out).unwrap();
         }
     }
     vm.sync().unwrap();

@@ -11,7 +11,7 @@ fn modes() -> [Config; 2] {
 
 fn read_u64(vm: &VirtualMachine, t: &ivm_std::Tensor) -> u64 {
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(t, &mut b).unwrap();
+    vm.read_small(t, 0, &mut b).unwrap();
     u64::from_ne_bytes(b)
 }
 
@@ -63,25 +63,25 @@ fn sync_write_then_read_round_trips_every_size() {
         let t = vm.new_tensor(32).unwrap();
         for len in [1usize, 2, 4, 8, 16] {
             let data: Vec<u8> = (0..len as u8).map(|x| x + 7).collect();
-            vm.sync_write_small_mem_at(&t, 8, &data).unwrap();
+            vm.write_small(&t, 8, &data).unwrap();
             let mut out = vec![0u8; len];
-            vm.sync_read_small_mem_at(&t, 8, &mut out).unwrap();
+            vm.read_small(&t, 8, &mut out).unwrap();
             assert_eq!(out, data);
         }
         assert!(matches!(
-            vm.sync_read_small_mem(&t, &mut [0u8; 3]),
+            vm.read_small(&t, 0, &mut [0u8; 3]),
             Err(Error::UnsupportedSize(3))
         ));
         assert!(matches!(
-            vm.sync_write_small_mem(&t, &[0u8; 32]),
+            vm.write_small(&t, 0, &[0u8; 32]),
             Err(Error::UnsupportedSize(32))
         ));
         assert!(matches!(
-            vm.sync_read_small_mem_at(&t, 30, &mut [0u8; 4]),
+            vm.read_small(&t, 30, &mut [0u8; 4]),
             Err(Error::OutOfBounds { .. })
         ));
         assert!(matches!(
-            vm.sync_read_small_mem_at(&t, usize::MAX, &mut [0u8; 4]),
+            vm.read_small(&t, usize::MAX, &mut [0u8; 4]),
             Err(Error::OutOfBounds { .. })
         ));
         drop(t);
@@ -106,7 +106,7 @@ fn kernel_panic_poisons_outputs_and_vm_keeps_serving() {
         })
         .unwrap();
         for t in [&a, &b] {
-            match vm.sync_read_small_mem(t, &mut [0u8; 8]) {
+            match vm.read_small(t, 0, &mut [0u8; 8]) {
                 Err(Error::Poisoned {
                     instruction,
                     message,
@@ -118,9 +118,9 @@ fn kernel_panic_poisons_outputs_and_vm_keeps_serving() {
             }
         }
         assert_eq!(read_u64(&vm, &c), 5, "the VM keeps serving other work");
-        let r = vm.sync_access_blob_by_callback(&c, |_| -> u8 { panic!("callback exploded") });
+        let r = vm.access(&c, |_| -> u8 { panic!("callback exploded") });
         assert!(matches!(r, Err(Error::KernelPanicked { .. })), "{r:?}");
-        assert_eq!(vm.sync_access_blob_by_callback(&c, |b| b[0]).unwrap(), 5);
+        assert_eq!(vm.access(&c, |b| b[0]).unwrap(), 5);
         drop((a, b, c));
         assert_drained(&vm);
     }
@@ -139,7 +139,7 @@ fn reentrant_calls_are_errors() {
                 let mut v = seen2.lock().unwrap();
                 v.push(format!("{:?}", vm2.run(|_| Ok(()))));
                 v.push(format!("{:?}", vm2.sync()));
-                v.push(format!("{:?}", vm2.sync_read_small_mem(&t2, &mut [0u8; 8])));
+                v.push(format!("{:?}", vm2.read_small(&t2, 0, &mut [0u8; 8])));
                 v.push(format!("{:?}", vm2.shutdown()));
             })
         })
@@ -167,7 +167,7 @@ fn use_after_shutdown_is_an_error() {
         assert!(matches!(vm.run(|_| Ok(())), Err(Error::ShutDown)));
         assert!(matches!(vm.sync(), Err(Error::ShutDown)));
         assert!(matches!(
-            vm.sync_read_small_mem(&t, &mut [0u8; 8]),
+            vm.read_small(&t, 0, &mut [0u8; 8]),
             Err(Error::ShutDown)
         ));
         assert!(matches!(vm.new_tensor(8), Err(Error::ShutDown)));
@@ -216,9 +216,8 @@ fn probes_callbacks_and_tensor_drop() {
         let t = vm.new_tensor(16).unwrap();
         vm.run(|bl| bl.access_blob_by_callback_mut(&t, |b| b[3] = 9))
             .unwrap();
-        assert_eq!(vm.sync_access_blob_by_callback(&t, |b| b[3]).unwrap(), 9);
-        vm.sync_access_blob_by_callback_mut(&t, |b| b[3] = 10)
-            .unwrap();
+        assert_eq!(vm.access(&t, |b| b[3]).unwrap(), 9);
+        vm.access_mut(&t, |b| b[3] = 10).unwrap();
         let seen = Arc::new(Mutex::new(0u8));
         let s2 = seen.clone();
         vm.run(|bl| {
@@ -253,7 +252,7 @@ fn bad_operands_are_errors() {
         Err(Error::ForeignObject(_))
     ));
     assert!(matches!(
-        vm.sync_read_small_mem(&foreign, &mut [0u8; 8]),
+        vm.read_small(&foreign, 0, &mut [0u8; 8]),
         Err(Error::ForeignObject(_))
     ));
     let os = other.default_stream();
@@ -293,11 +292,11 @@ fn timeout_reports_a_diagnostic() {
         })
     })
     .unwrap();
-    match vm.sync_read_small_mem(&t, &mut [0u8; 8]) {
+    match vm.read_small(&t, 0, &mut [0u8; 8]) {
         Err(Error::Timeout(d)) => {
             let text = d.to_string();
             assert!(text.contains("sleepy#"), "{text}");
-            assert!(text.contains("sync_read_small_mem#"), "{text}");
+            assert!(text.contains("read_small#"), "{text}");
             let sleepy = d
                 .lively
                 .iter()
@@ -310,7 +309,7 @@ fn timeout_reports_a_diagnostic() {
             let read = d
                 .lively
                 .iter()
-                .find(|i| i.name.starts_with("sync_read"))
+                .find(|i| i.name.starts_with("read_small#"))
                 .unwrap();
             // Same stream: an edge from `sleepy` exists only if the engine handled the
             // read before it dispatched `sleepy`; otherwise the read was dispatched behind
@@ -358,7 +357,7 @@ fn config_from_env_reads_ivm_variables() {
     assert_eq!(c.skip_blocking_threshold, 0);
     let vm = VirtualMachine::new(c).unwrap();
     let t = vm.new_tensor(8).unwrap();
-    vm.sync_write_small_mem(&t, &7u64.to_ne_bytes()).unwrap();
+    vm.write_small(&t, 0, &7u64.to_ne_bytes()).unwrap();
     assert_eq!(read_u64(&vm, &t), 7);
 }
 
@@ -373,7 +372,7 @@ fn sync_callback_on_an_idle_stream_runs_on_the_caller() {
         .unwrap();
     let me = std::thread::current().id();
     let (ran_on, seen) = vm
-        .sync_access_blob_by_callback_mut(&t, |b| {
+        .access_mut(&t, |b| {
             let v = u64::from_ne_bytes(b[..8].try_into().unwrap());
             b[..8].copy_from_slice(&(v + 1).to_ne_bytes());
             (std::thread::current().id(), v)
@@ -385,9 +384,7 @@ fn sync_callback_on_an_idle_stream_runs_on_the_caller() {
     // Inside it, the VM refuses reentrant calls as it does on a worker.
     let vm2 = Arc::new(vm);
     let inner = vm2.clone();
-    let r = vm2
-        .sync_access_blob_by_callback(&t, move |_| inner.sync().err())
-        .unwrap();
+    let r = vm2.access(&t, move |_| inner.sync().err()).unwrap();
     assert!(matches!(r, Some(Error::Reentrant)), "{r:?}");
     assert_drained(&vm2);
 }
@@ -411,7 +408,7 @@ fn sync_callback_behind_a_running_kernel() {
             })
             .unwrap();
             let v = vm
-                .sync_access_blob_by_callback_mut(&t, |b| {
+                .access_mut(&t, |b| {
                     let v = u64::from_ne_bytes(b[..8].try_into().unwrap());
                     b[..8].copy_from_slice(&(v * 10).to_ne_bytes());
                     v
@@ -454,7 +451,7 @@ fn sync_callback_readied_by_its_helping_caller() {
         })
         .unwrap();
         let v = vm
-            .sync_access_blob_by_callback(&t, |b| u64::from_ne_bytes(b[..8].try_into().unwrap()))
+            .access(&t, |b| u64::from_ne_bytes(b[..8].try_into().unwrap()))
             .unwrap();
         assert_eq!(v, i);
     }
@@ -494,7 +491,7 @@ fn stream_order_holds_around_a_callback_run_by_its_caller() {
     };
     let flag = in_callback.clone();
     let seen = vm
-        .sync_access_blob_by_callback_mut(&t, move |b| {
+        .access_mut(&t, move |b| {
             flag.store(true, Ordering::SeqCst);
             entered_tx.send(()).unwrap();
             // Long enough for the other thread to submit and for a worker to run both.

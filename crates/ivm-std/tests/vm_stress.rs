@@ -23,7 +23,7 @@ fn stream_and_read(cfg: Config, instructions: u64, readers: usize) {
                 let mut last = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let mut b = [0u8; 8];
-                    vm.sync_read_small_mem(&counter, &mut b).unwrap();
+                    vm.read_small(&counter, 0, &mut b).unwrap();
                     let v = u64::from_ne_bytes(b);
                     assert!(v >= last, "counter went backwards: {v} after {last}");
                     last = v;
@@ -53,7 +53,7 @@ fn stream_and_read(cfg: Config, instructions: u64, readers: usize) {
         });
     });
     let mut b = [0u8; 8];
-    vm.sync_read_small_mem(&mirror, &mut b).unwrap();
+    vm.read_small(&mirror, 0, &mut b).unwrap();
     let expected = instructions.div_ceil(128) * 64;
     assert_eq!(u64::from_ne_bytes(b), expected);
     assert!(reads.load(Ordering::Relaxed) > 0);
@@ -127,7 +127,7 @@ fn shutdown_under_load_runs_or_refuses_everything() {
                             Err(Error::ShutDown) => break,
                             Err(e) => panic!("{e}"),
                         }
-                        match vm.sync_read_small_mem(&t, &mut [0u8; 8]) {
+                        match vm.read_small(&t, 0, &mut [0u8; 8]) {
                             Ok(()) | Err(Error::ShutDown) => {}
                             Err(e) => panic!("{e}"),
                         }

@@ -32,7 +32,7 @@
 //! let x = vm.new_tensor_on(&s, 8)?;
 //! vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 42))?;
 //! let mut out = [0u8; 8];
-//! vm.sync_read_small_mem(&x, &mut out)?;
+//! vm.read_small(&x, 0, &mut out)?;
 //! assert_eq!(u64::from_ne_bytes(out), 42);
 //! # Ok::<(), ivm_std::Error>(())
 //! ```

@@ -218,7 +218,7 @@ impl<'vm> InstructionsBuilder<'vm> {
     /// let b = vm.new_tensor(4)?;
     /// vm.run(|bld| bld.copy(&s, &a, &b))?;
     /// let mut out = [0u8; 4];
-    /// vm.sync_read_small_mem(&b, &mut out)?;
+    /// vm.read_small(&b, 0, &mut out)?;
     /// assert_eq!(out, [1, 2, 3, 4]);
     /// let c = vm.new_tensor(8)?;
     /// let r = vm.run(|bld| bld.copy(&s, &a, &c));

@@ -9,12 +9,12 @@
 //! scheduler for barriers) stores the result there and wakes the stored [`Waker`], so an
 //! executor never blocks a thread on the VM:
 //!
-//! * [`VirtualMachine::sync_read_small_mem_async`](crate::VirtualMachine::sync_read_small_mem_async) (and `_at_async`): reads 1, 2, 4, 8 or 16
+//! * [`read_small_async`](crate::VirtualMachine::read_small_async): reads 1, 2, 4, 8 or 16
 //!   bytes into the caller's buffer when awaited;
-//! * [`VirtualMachine::sync_write_small_mem_async`](crate::VirtualMachine::sync_write_small_mem_async);
-//! * [`VirtualMachine::sync_access_blob_by_callback_async`](crate::VirtualMachine::sync_access_blob_by_callback_async): any read callback, its result;
-//! * [`VirtualMachine::sync_async`](crate::VirtualMachine::sync_async): everything received before it has been released;
-//! * [`VirtualMachine::run_async`](crate::VirtualMachine::run_async): a `run` whose batch (and everything received before
+//! * [`write_small_async`](crate::VirtualMachine::write_small_async);
+//! * [`access_async`](crate::VirtualMachine::access_async): any read callback, its result;
+//! * [`sync_async`](crate::VirtualMachine::sync_async): everything received before it has been released;
+//! * [`run_async`](crate::VirtualMachine::run_async): a `run` whose batch (and everything received before
 //!   it) has been released.
 //!
 //! Dropping a future abandons the wait, never the work: the instruction still runs and its
@@ -43,7 +43,7 @@
 //! vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 42))?;
 //! let mut out = [0u8; 8];
 //! // Any executor works; `wait` blocks the calling thread instead.
-//! let read = vm.sync_read_small_mem_async(&x, &mut out);
+//! let read = vm.read_small_async(&x, 0, &mut out);
 //! let mut read = std::pin::pin!(read);
 //! let waker = std::task::Waker::noop();
 //! let mut cx = std::task::Context::from_waker(waker);
@@ -56,7 +56,7 @@
 //!
 //! # Per-call timeouts
 //!
-//! `sync_read_small_mem_timeout`, `sync_write_small_mem_timeout`, `sync_timeout` and
+//! `read_small_timeout`, `write_small_timeout`, `sync_timeout` and
 //! [`Completion::wait_timeout`] take a hard deadline for this one call instead of the
 //! VM-wide progress period: when it passes, they fail with the same diagnostic
 //! [`Error::Timeout`] as the VM-wide timeout (listing the lively instructions). The
@@ -72,9 +72,9 @@
 //! let vm = VirtualMachine::new(Config::default())?;
 //! let x = vm.new_tensor(4)?;
 //! let mut out = [0u8; 4];
-//! vm.sync_read_small_mem_timeout(&x, &mut out, Duration::from_secs(5))?;
+//! vm.read_small_timeout(&x, 0, &mut out, Duration::from_secs(5))?;
 //! assert!(matches!(
-//!     vm.sync_read_small_mem_timeout(&x, &mut out, Duration::ZERO),
+//!     vm.read_small_timeout(&x, 0, &mut out, Duration::ZERO),
 //!     Err(Error::InvalidArgument(_))
 //! ));
 //! # Ok::<(), ivm_std::Error>(())
@@ -342,7 +342,7 @@ impl<T> Future for Completion<T> {
     }
 }
 
-/// The future of [`VirtualMachine::sync_read_small_mem_async`](crate::VirtualMachine::sync_read_small_mem_async): copies the bytes into the
+/// The future of [`read_small_async`](crate::VirtualMachine::read_small_async): copies the bytes into the
 /// caller's buffer when it resolves.
 #[must_use = "the read runs anyway; dropping the future only forgets its result"]
 #[derive(Debug)]

@@ -52,8 +52,8 @@ fn small_instruction(
     len: usize,
 ) -> Instruction {
     let (name, k) = match kind {
-        SmallKind::Read => ("sync_read_small_mem", Kind::SmallRead { offset, len }),
-        SmallKind::Write => ("sync_write_small_mem", Kind::SmallWrite { offset, len }),
+        SmallKind::Read => ("read_small", Kind::SmallRead { offset, len }),
+        SmallKind::Write => ("write_small", Kind::SmallWrite { offset, len }),
         SmallKind::Sync => ("sync", Kind::Noop),
     };
     let mut i = Instruction::new(name, stream.clone(), k);
@@ -232,7 +232,7 @@ fn direct_access(
     Ok(())
 }
 
-/// `sync_read_small_mem` / `sync_write_small_mem`.
+/// `read_small` / `write_small`.
 pub(crate) fn small_access(
     shared: &Arc<VmShared>,
     t: &Tensor,
@@ -387,7 +387,7 @@ fn wait_small(
     }
 }
 
-/// `sync_access_blob_by_callback`: runs `f` on the tensor's bytes on its device's default
+/// `access`: runs `f` on the tensor's bytes on its device's default
 /// stream and waits for it.
 pub(crate) fn sync_callback<R: Send + 'static>(
     shared: &Arc<VmShared>,
@@ -402,14 +402,14 @@ pub(crate) fn sync_callback<R: Send + 'static>(
     let s2 = slot.clone();
     let (name, k, write) = match kind {
         CallbackKind::Read(f) => (
-            "sync_access_blob_by_callback",
+            "access",
             Kind::Read(Box::new(move |b: &[u8]| {
                 *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
             })),
             false,
         ),
         CallbackKind::Write(f) => (
-            "sync_access_blob_by_callback_mut",
+            "access_mut",
             Kind::Write(Box::new(move |b: &mut [u8]| {
                 *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
             })),

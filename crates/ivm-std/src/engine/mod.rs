@@ -385,7 +385,7 @@ impl Executor<Job> for Exec<'_> {
 
 impl Exec<'_> {
     /// Whether `instr` (just dispatched) is a sync callback
-    /// (`sync_access_blob_by_callback[_mut]`) that its waiting caller may run itself: that
+    /// (`access[_mut]`) that its waiting caller may run itself: that
     /// caller is the thread driving the engine now, inside the submission of this very
     /// instruction (its [`Claim`](crate::engine::drive::Claim): it runs it as soon as the submission
     /// returns, before it waits), on a worker's stream, and the access is one

@@ -67,7 +67,7 @@
 //! let b = vm.new_tensor(8)?;
 //! vm.run(|bld| bld.launch_lazy_job(&[&a], &[&b], &[], graph.lazy()))?;
 //! let mut out = [0u8; 8];
-//! vm.sync_read_small_mem(&b, &mut out)?;
+//! vm.read_small(&b, 0, &mut out)?;
 //! assert_eq!(u64::from_ne_bytes(out), 42);
 //! # Ok::<(), ivm_std::Error>(())
 //! ```

@@ -81,7 +81,7 @@ pub struct Config {
     /// one, make the other wait for it). When `false`, soft sync only records events that
     /// the scheduler observes on the host (OneFlow's `ONEFLOW_VM_ENABLE_STREAM_WAIT=0`).
     pub stream_wait: bool,
-    /// A small sync access (`sync_read_small_mem` / `sync_write_small_mem`) whose
+    /// A small sync access (`read_small` / `write_small`) whose
     /// instruction is ready when the engine handles it — every producer of the tensor
     /// released, nothing else dispatched on the stream, a synchronous device, host-visible
     /// memory — runs in the thread that drives the engine (usually the caller itself)

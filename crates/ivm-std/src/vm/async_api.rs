@@ -16,18 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 impl VirtualMachine {
-    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes at the start of `t` without blocking:
+    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes of `t` at `offset` without blocking:
     /// the returned future copies them into `out` when it resolves. See
     /// [`crate::doors::completion`].
     ///
     /// Validation errors (size, bounds, a tensor of another VM, shutdown, reentrancy,
     /// fork) are returned by the future.
-    pub fn sync_read_small_mem_async<'a>(&self, t: &Tensor, out: &'a mut [u8]) -> ReadSmallMem<'a> {
-        self.sync_read_small_mem_at_async(t, 0, out)
-    }
-
-    /// [`sync_read_small_mem_async`](Self::sync_read_small_mem_async) at `offset`.
-    pub fn sync_read_small_mem_at_async<'a>(
+    pub fn read_small_async<'a>(
         &self,
         t: &Tensor,
         offset: usize,
@@ -54,11 +49,7 @@ impl VirtualMachine {
             small[..len].copy_from_slice(&b[offset..offset + len]);
             done.complete(Ok(small));
         };
-        let instr = Instruction::new(
-            "sync_read_small_mem_async",
-            stream.clone(),
-            Kind::Read(Box::new(f)),
-        );
+        let instr = Instruction::new("read_small_async", stream.clone(), Kind::Read(Box::new(f)));
         submit_on(shared, t, &stream, instr, false)?;
         Ok(c)
     }
@@ -66,12 +57,7 @@ impl VirtualMachine {
     /// Writes `data` (1, 2, 4, 8 or 16 bytes, copied now) at `offset` of `t` without
     /// blocking; the completion resolves once the write is done. See
     /// [`crate::doors::completion`].
-    pub fn sync_write_small_mem_async(
-        &self,
-        t: &Tensor,
-        offset: usize,
-        data: &[u8],
-    ) -> Completion<()> {
+    pub fn write_small_async(&self, t: &Tensor, offset: usize, data: &[u8]) -> Completion<()> {
         let shared = self.shared_state();
         let r = (|| {
             let len = data.len();
@@ -87,7 +73,7 @@ impl VirtualMachine {
                 done.complete(Ok(()));
             };
             let instr = Instruction::new(
-                "sync_write_small_mem_async",
+                "write_small_async",
                 stream.clone(),
                 Kind::Write(Box::new(f)),
             );
@@ -100,7 +86,7 @@ impl VirtualMachine {
     /// Runs `f` on `t`'s bytes (after every earlier writer) on its device's default stream
     /// without blocking; the completion resolves to `f`'s result. A panic in `f` resolves
     /// to [`Error::KernelPanicked`]. See [`crate::doors::completion`].
-    pub fn sync_access_blob_by_callback_async<R: Send + 'static>(
+    pub fn access_async<R: Send + 'static>(
         &self,
         t: &Tensor,
         f: impl FnOnce(&[u8]) -> R + Send + 'static,
@@ -113,15 +99,11 @@ impl VirtualMachine {
             let cb = move |b: &[u8]| {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)));
                 done.complete(r.map_err(|p| Error::KernelPanicked {
-                    instruction: "sync_access_blob_by_callback_async".into(),
+                    instruction: "access_async".into(),
                     message: crate::engine::execute::panic_message(&*p),
                 }));
             };
-            let instr = Instruction::new(
-                "sync_access_blob_by_callback_async",
-                stream.clone(),
-                Kind::Read(Box::new(cb)),
-            );
+            let instr = Instruction::new("access_async", stream.clone(), Kind::Read(Box::new(cb)));
             submit_on(shared, t, &stream, instr, false)?;
             Ok(c)
         })();
@@ -166,27 +148,14 @@ impl VirtualMachine {
         Ok((r, c))
     }
 
-    /// [`sync_read_small_mem`](Self::sync_read_small_mem) that fails with the diagnostic
+    /// [`read_small`](Self::read_small) that fails with the diagnostic
     /// [`Error::Timeout`] once `timeout` has passed (a hard deadline for this call, instead
     /// of the VM-wide progress period). See [`crate::doors::completion`].
     ///
     /// # Errors
-    /// As [`sync_read_small_mem`](Self::sync_read_small_mem); a zero `timeout` is an
+    /// As [`read_small`](Self::read_small); a zero `timeout` is an
     /// [`Error::InvalidArgument`].
-    pub fn sync_read_small_mem_timeout(
-        &self,
-        t: &Tensor,
-        out: &mut [u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.small_timeout(t, 0, Some(out), None, timeout)
-    }
-
-    /// [`sync_read_small_mem_at`](Self::sync_read_small_mem_at) with a per-call timeout.
-    ///
-    /// # Errors
-    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
-    pub fn sync_read_small_mem_at_timeout(
+    pub fn read_small_timeout(
         &self,
         t: &Tensor,
         offset: usize,
@@ -196,24 +165,11 @@ impl VirtualMachine {
         self.small_timeout(t, offset, Some(out), None, timeout)
     }
 
-    /// [`sync_write_small_mem`](Self::sync_write_small_mem) with a per-call timeout.
+    /// [`write_small`](Self::write_small) with a per-call timeout.
     ///
     /// # Errors
-    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
-    pub fn sync_write_small_mem_timeout(
-        &self,
-        t: &Tensor,
-        data: &[u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.small_timeout(t, 0, None, Some(data), timeout)
-    }
-
-    /// [`sync_write_small_mem_at`](Self::sync_write_small_mem_at) with a per-call timeout.
-    ///
-    /// # Errors
-    /// As [`sync_read_small_mem_timeout`](Self::sync_read_small_mem_timeout).
-    pub fn sync_write_small_mem_at_timeout(
+    /// As [`read_small_timeout`](Self::read_small_timeout).
+    pub fn write_small_timeout(
         &self,
         t: &Tensor,
         offset: usize,
@@ -270,8 +226,8 @@ impl VirtualMachine {
         check_bounds(t, offset, len)?;
         let stream = shared.default_stream_of(t.device())?;
         let (name, kind) = match write {
-            None => ("sync_read_small_mem", Kind::SmallRead { offset, len }),
-            Some(_) => ("sync_write_small_mem", Kind::SmallWrite { offset, len }),
+            None => ("read_small", Kind::SmallRead { offset, len }),
+            Some(_) => ("write_small", Kind::SmallWrite { offset, len }),
         };
         let mut instr = Instruction::new(name, stream.clone(), kind);
         instr.waiter = Some(Waiter::new());

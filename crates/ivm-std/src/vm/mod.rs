@@ -33,7 +33,7 @@ use crate::util::lock;
 /// The instruction virtual machine.
 ///
 /// `run` builds instructions with an [`InstructionsBuilder`] and hands them to the
-/// engine; `sync_read_small_mem` / `sync_write_small_mem` read or write a few bytes of a
+/// engine; `read_small` / `write_small` read or write a few bytes of a
 /// tensor synchronously; `sync` waits for everything submitted before it; `shutdown` (or
 /// drop) drains the VM and joins every thread.
 ///
@@ -50,7 +50,7 @@ use crate::util::lock;
 ///     b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] += 1)
 /// })?;
 /// let mut out = [0u8; 8];
-/// vm.sync_read_small_mem(&x, &mut out)?;
+/// vm.read_small(&x, 0, &mut out)?;
 /// assert_eq!(u64::from_ne_bytes(out), 42);
 /// vm.shutdown()?;
 /// # Ok::<(), ivm_std::Error>(())
@@ -507,29 +507,46 @@ impl VirtualMachine {
         first.map_or(Ok(()), Err)
     }
 
-    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes at the start of `t`.
-    pub fn sync_read_small_mem(&self, t: &Tensor, out: &mut [u8]) -> Result<()> {
-        sync_access::small_access(&self.shared, t, 0, Some(out), None)
-    }
-
-    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes of `t` at `offset`.
-    pub fn sync_read_small_mem_at(&self, t: &Tensor, offset: usize, out: &mut [u8]) -> Result<()> {
+    /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes of `t` at `offset`, after every
+    /// instruction received before that writes `t`, and blocks until they are in `out`:
+    /// the lowest-latency way to look at a tensor (see the README's latency figures).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for another length or a range outside `t`;
+    /// [`Error::Poisoned`] when a failed instruction wrote `t`; [`Error::Timeout`] with a
+    /// diagnostic after a timeout period without progress; [`Error::Reentrant`] from one
+    /// of this VM's own kernels or callbacks; [`Error::ShutDown`],
+    /// [`Error::ForeignObject`], [`Error::Forked`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ivm_std::{Config, VirtualMachine};
+    ///
+    /// let vm = VirtualMachine::new(Config::default())?;
+    /// let t = vm.new_tensor(16)?;
+    /// vm.write_small(&t, 8, &7u64.to_ne_bytes())?;
+    /// let mut out = [0u8; 8];
+    /// vm.read_small(&t, 8, &mut out)?;
+    /// assert_eq!(u64::from_ne_bytes(out), 7);
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    pub fn read_small(&self, t: &Tensor, offset: usize, out: &mut [u8]) -> Result<()> {
         sync_access::small_access(&self.shared, t, offset, Some(out), None)
     }
 
-    /// Writes `data` (1, 2, 4, 8 or 16 bytes) at the start of `t`.
-    pub fn sync_write_small_mem(&self, t: &Tensor, data: &[u8]) -> Result<()> {
-        sync_access::small_access(&self.shared, t, 0, None, Some(data))
-    }
-
-    /// Writes `data` (1, 2, 4, 8 or 16 bytes) into `t` at `offset`.
-    pub fn sync_write_small_mem_at(&self, t: &Tensor, offset: usize, data: &[u8]) -> Result<()> {
+    /// Writes `data` (1, 2, 4, 8 or 16 bytes) into `t` at `offset`, after every
+    /// instruction received before that accesses `t`, and blocks until it is written.
+    ///
+    /// # Errors
+    /// As [`read_small`](Self::read_small).
+    pub fn write_small(&self, t: &Tensor, offset: usize, data: &[u8]) -> Result<()> {
         sync_access::small_access(&self.shared, t, offset, None, Some(data))
     }
 
     /// Runs `f` on `t`'s bytes (after every earlier writer) on its device's default stream
     /// and returns its result.
-    pub fn sync_access_blob_by_callback<R: Send + 'static>(
+    pub fn access<R: Send + 'static>(
         &self,
         t: &Tensor,
         f: impl FnOnce(&[u8]) -> R + Send + 'static,
@@ -539,7 +556,7 @@ impl VirtualMachine {
 
     /// Runs `f` on `t`'s bytes, mutably (after every earlier access), and returns its
     /// result.
-    pub fn sync_access_blob_by_callback_mut<R: Send + 'static>(
+    pub fn access_mut<R: Send + 'static>(
         &self,
         t: &Tensor,
         f: impl FnOnce(&mut [u8]) -> R + Send + 'static,
