@@ -76,6 +76,7 @@ pub use runtime::tensor::Tensor;
 pub use util::config::{Config, Mode, SPIN_WINDOW_MIN_CORES};
 pub use util::error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use util::futex;
+pub use util::hooks::{Captures, DropSink, ForeignHooks, WaitHook};
 pub use util::ids::{Device, DeviceKind, StreamId, StreamType};
 pub use util::tuning::RING_MAX;
 pub use vm::VirtualMachine;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ivm_core::sync::Ordering;
 
 use crate::model::instruction::{Instruction, KernelCtx, Kind};
+use crate::model::instruction::{ReadFn, WriteFn};
 use crate::model::stream::{Stream, StreamShared};
 use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
@@ -179,13 +180,11 @@ impl<'vm> InstructionsBuilder<'vm> {
         kernel: impl FnOnce(&mut KernelCtx<'_>) + Send + 'static,
     ) -> Result<()> {
         self.check(stream, inputs, outputs)?;
-        self.push(
-            name,
-            &stream.shared,
-            inputs,
-            outputs,
-            Kind::Kernel(crate::model::kernel::KernelFn::new(kernel)),
-        );
+        let mut kernel = crate::model::kernel::KernelFn::new(kernel);
+        if let Some(sink) = self.vm.core.drop_sink() {
+            kernel.route_drops(sink.clone());
+        }
+        self.push(name, &stream.shared, inputs, outputs, Kind::Kernel(kernel));
         Ok(())
     }
 
@@ -304,7 +303,7 @@ impl<'vm> InstructionsBuilder<'vm> {
             &s,
             &[tensor],
             &[],
-            Kind::Read(Box::new(f)),
+            Kind::Read(ReadFn::routed(Box::new(f), self.vm.core.drop_sink())),
         );
         Ok(())
     }
@@ -323,7 +322,7 @@ impl<'vm> InstructionsBuilder<'vm> {
             &s,
             &[],
             &[tensor],
-            Kind::Write(Box::new(f)),
+            Kind::Write(WriteFn::routed(Box::new(f), self.vm.core.drop_sink())),
         );
         Ok(())
     }

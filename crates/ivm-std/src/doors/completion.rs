@@ -278,6 +278,7 @@ impl<T> Completion<T> {
             self.vm.core.drive_until(|_| slot.is_done(), deadline)?;
             return self.take();
         }
+        let _hook = (!slot.is_done()).then(|| self.vm.core.wait_scope());
         // Relaxed: a progress counter compared with itself.
         let mut last = self.vm.core.finished.load(Ordering::Relaxed);
         let mut end = FutexWait::now().saturating_add(period);
@@ -483,6 +484,7 @@ pub(crate) fn wait_deadline(
     if skip && shared.core.flying() < shared.core.config.skip_blocking_threshold {
         waiter.btb.skip_blocking();
     }
+    let _hook = (!waiter.btb.is_done()).then(|| shared.core.wait_scope());
     match waiter.btb.wait_until_done(timeout, || true) {
         Ok(()) => Ok(()),
         Err(WaitError::Stopped) => Err(Error::Timeout(shared.core.diagnostic())),

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
-use crate::model::instruction::{Instruction, Kind, Waiter};
+use crate::model::instruction::{Instruction, Kind, ReadFn, Waiter, WriteFn};
 use crate::model::stream::StreamShared;
 use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
@@ -99,6 +99,7 @@ fn take_small(
         };
         let slot = &mut ring[pos];
         let mut waiting_since: Option<std::time::Instant> = None;
+        let mut _hook = None;
         loop {
             // Our own earlier accesses that finished but are not released yet (they still
             // count in `flying`; see `wait_small`).
@@ -138,6 +139,7 @@ fn take_small(
             // release it when nobody drives it. After a whole timeout period (a stuck
             // VM: the access itself will report it) fall back to a fresh instruction.
             let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+            _hook.get_or_insert_with(|| shared.core.wait_scope());
             if since.elapsed() >= shared.core.config.timeout_period {
                 let fresh = Arc::new(small_instruction(stream, kind, offset, len));
                 return (fresh, own_done);
@@ -352,6 +354,7 @@ fn wait_small(
         // Acquire inside: the executor's writes are visible.
         return Ok(());
     }
+    let _hook = shared.core.wait_scope();
     let done = || waiter.btb.is_done();
     if skip
         && shared.core.flying().saturating_sub(own_done)
@@ -403,16 +406,22 @@ pub(crate) fn sync_callback<R: Send + 'static>(
     let (name, k, write) = match kind {
         CallbackKind::Read(f) => (
             "access",
-            Kind::Read(Box::new(move |b: &[u8]| {
-                *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
-            })),
+            Kind::Read(ReadFn::routed(
+                Box::new(move |b: &[u8]| {
+                    *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
+                }),
+                shared.core.drop_sink(),
+            )),
             false,
         ),
         CallbackKind::Write(f) => (
             "access_mut",
-            Kind::Write(Box::new(move |b: &mut [u8]| {
-                *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
-            })),
+            Kind::Write(WriteFn::routed(
+                Box::new(move |b: &mut [u8]| {
+                    *s2.lock().unwrap_or_else(|e| e.into_inner()) = Some(f(b))
+                }),
+                shared.core.drop_sink(),
+            )),
             true,
         ),
     };

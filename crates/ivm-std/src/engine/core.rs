@@ -4,7 +4,7 @@
 //! guard. Workers, the scheduler and every driver hold this and nothing above it.
 
 use std::cell::Cell;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use ivm_core::counter::BlockingCounter;
@@ -20,12 +20,35 @@ use crate::model::thread_ctx::ThreadCtx;
 use crate::util::config::Config;
 use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::futex::FutexWait;
+use crate::util::hooks::{ForeignHooks, WaitHook};
 use crate::util::lock;
 
 thread_local! {
     /// The id of the VM whose thread, kernel, callback or engine step this thread is in
     /// (0: none). Keyed by VM id: blocking calls into *that* VM would deadlock.
     static CURRENT_VM: Cell<usize> = const { Cell::new(0) };
+}
+
+thread_local! {
+    /// The id of the VM whose [`WaitHook`] this thread is inside (0: none): a wait
+    /// nested in a wait of the same VM does not call the hook again.
+    static IN_WAIT_HOOK: Cell<usize> = const { Cell::new(0) };
+}
+
+/// While alive, the calling thread waits for (or, in single-thread mode, runs) its VM's
+/// work: the VM's [`WaitHook`] was told before, and is told after on drop (see
+/// [`VmCore::wait_scope`]).
+pub(crate) struct WaitScope {
+    hook: Option<(Arc<dyn WaitHook>, usize)>,
+}
+
+impl Drop for WaitScope {
+    fn drop(&mut self) {
+        if let Some((hook, prev)) = self.hook.take() {
+            hook.after_wait();
+            IN_WAIT_HOOK.with(|c| c.set(prev));
+        }
+    }
 }
 
 /// Marks the current thread as running on behalf of a VM until dropped.
@@ -131,6 +154,8 @@ pub(crate) struct VmCore {
     pub(crate) birth: crate::util::fork::Birth,
     /// Introspection counters (see `stats.rs`).
     pub(crate) stats: crate::engine::stats::StatsCells,
+    /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
+    pub(crate) foreign: OnceLock<ForeignHooks>,
 }
 
 impl VmCore {
@@ -170,6 +195,7 @@ impl VmCore {
             workers: Mutex::new(Some(Vec::new())),
             birth: crate::util::fork::Birth::now(),
             stats: crate::engine::stats::StatsCells::new(),
+            foreign: OnceLock::new(),
             config,
         }
     }
@@ -358,6 +384,7 @@ impl VmCore {
 
     /// Blocks until fewer than the low-water mark are in flight.
     fn wait_backpressure(&self) -> Result<()> {
+        let _hook = self.wait_scope();
         let low = self.config.low_water_mark;
         // Relaxed + the SeqCst fence: store-buffer pattern with `after_release` (which
         // decrements `flying`, fences, then reads `bp_waiters`): one of us sees the other.
@@ -491,6 +518,8 @@ impl VmCore {
         if self.engine.is_none() {
             return Ok(());
         }
+        // The caller runs (and waits for) the VM's work from here on.
+        let _hook = self.wait_scope();
         let _reentry = ReentryGuard::enter(self.id);
         let waits = &self.parking.waits;
         let period = self.config.timeout_period;
@@ -577,6 +606,7 @@ impl VmCore {
             value: Mutex::new(None),
         });
         self.submit_probe(Probe::Diagnose(slot.clone()));
+        let _hook = self.wait_scope();
         let wait = self.config.timeout_period.min(Duration::from_secs(2));
         let deadline = FutexWait::now().saturating_add(wait);
         match slot.done.timed_wait_until_zero(deadline) {
@@ -586,6 +616,29 @@ impl VmCore {
                 ..Diagnostic::default()
             },
         }
+    }
+
+    /// Tells the VM's [`WaitHook`], if any, that the calling thread starts to wait; the
+    /// returned scope tells it the wait is over when dropped. A no-op inside a scope of
+    /// the same VM on this thread.
+    pub(crate) fn wait_scope(&self) -> WaitScope {
+        let Some(hook) = self.foreign.get().and_then(|h| h.wait.clone()) else {
+            return WaitScope { hook: None };
+        };
+        let prev = IN_WAIT_HOOK.with(|c| c.replace(self.id));
+        if prev == self.id {
+            return WaitScope { hook: None };
+        }
+        hook.before_wait();
+        WaitScope {
+            hook: Some((hook, prev)),
+        }
+    }
+
+    /// Where unrun closures' captures go instead of being dropped on a VM thread, if the
+    /// embedder installed a [`DropSink`](crate::DropSink).
+    pub(crate) fn drop_sink(&self) -> Option<&Arc<dyn crate::DropSink>> {
+        self.foreign.get().and_then(|h| h.drops.as_ref())
     }
 
     /// A worker thread about to be spawned: the scheduler closes it at exit.

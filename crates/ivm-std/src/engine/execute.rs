@@ -432,9 +432,9 @@ fn queue(
             }),
             // SAFETY: stream order plus the engine order give this callback the input
             // (no concurrent writer); the builder always gives it its operand.
-            Queued::Read(cb) => cb(unsafe { ins[0].bytes() }),
+            Queued::Read(cb) => cb.take()(unsafe { ins[0].bytes() }),
             // SAFETY: as above, exclusive access to the output.
-            Queued::Write(cb) => cb(unsafe { outs[0].bytes_mut() }),
+            Queued::Write(cb) => cb.take()(unsafe { outs[0].bytes_mut() }),
         }));
         for b in &all {
             b.mem.end_access();
@@ -582,11 +582,11 @@ fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
         Kind::Read(f) => {
             // SAFETY: the body reads input 0 under the engine-ordered invariant; the
             // builder always gives a callback its operand.
-            f(unsafe { inputs[0].bytes() })
+            f.take()(unsafe { inputs[0].bytes() })
         }
         Kind::Write(f) => {
             // SAFETY: the body writes output 0 under the engine-ordered invariant.
-            f(unsafe { outputs[0].bytes_mut() })
+            f.take()(unsafe { outputs[0].bytes_mut() })
         }
         Kind::SmallRead { offset, len } => {
             // SAFETY: reading input 0 (engine-ordered); bounds checked by the builder.

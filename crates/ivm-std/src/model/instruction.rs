@@ -77,9 +77,50 @@ impl Operands {
 pub(crate) use crate::model::kernel::{KernelCtx, KernelFn};
 
 /// A callback reading a blob's bytes.
-pub(crate) type ReadFn = Box<dyn FnOnce(&[u8]) + Send>;
+pub(crate) type ReadFn = Callback<dyn FnOnce(&[u8]) + Send>;
 /// A callback writing a blob's bytes.
-pub(crate) type WriteFn = Box<dyn FnOnce(&mut [u8]) + Send>;
+pub(crate) type WriteFn = Callback<dyn FnOnce(&mut [u8]) + Send>;
+
+/// A boxed callback that runs at most once. Dropped without running, it goes to the VM's
+/// [`DropSink`](crate::DropSink) if one was given ([`routed`](Self::routed)) instead of
+/// being dropped on whichever VM thread drops it.
+pub(crate) struct Callback<F: ?Sized + Send + 'static> {
+    f: Option<Box<F>>,
+    sink: Option<Arc<dyn crate::DropSink>>,
+}
+
+impl<F: ?Sized + Send + 'static> Callback<F> {
+    /// A callback of the VM's own (captures nothing an embedder cares where it drops).
+    pub(crate) fn new(f: Box<F>) -> Self {
+        Self {
+            f: Some(f),
+            sink: None,
+        }
+    }
+
+    /// A user's callback: dropped unrun, it goes to `sink` (when there is one).
+    pub(crate) fn routed(f: Box<F>, sink: Option<&Arc<dyn crate::DropSink>>) -> Self {
+        Self {
+            f: Some(f),
+            sink: sink.cloned(),
+        }
+    }
+
+    /// The closure, to run it.
+    pub(crate) fn take(mut self) -> Box<F> {
+        self.f
+            .take()
+            .expect("ivm: a callback's closure is taken once, by `take`, which consumes it")
+    }
+}
+
+impl<F: ?Sized + Send + 'static> Drop for Callback<F> {
+    fn drop(&mut self) {
+        if let (Some(f), Some(sink)) = (self.f.take(), self.sink.take()) {
+            sink.send(crate::Captures::new(Box::new(f)));
+        }
+    }
+}
 
 /// What an instruction does when it runs.
 pub(crate) enum Kind {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::device::DeviceStream;
 use crate::model::blob::Blob;
+use crate::util::hooks::{Captures, DropSink};
 
 /// What a kernel sees: its input and output tensors' bytes (host-accessible memory: the
 /// cpu, the sim), their device pointers, and the device stream it was launched on.
@@ -111,6 +112,8 @@ enum Repr {
         buf: MaybeUninit<Words>,
         call: unsafe fn(*mut Words, &mut KernelCtx<'_>),
         drop: unsafe fn(*mut Words),
+        /// Moves the closure into a box (for a [`DropSink`]).
+        boxed: unsafe fn(*mut Words) -> Box<dyn Send>,
     },
     /// Too big or over-aligned.
     Boxed(Box<dyn FnOnce(&mut KernelCtx<'_>) + Send>),
@@ -119,6 +122,10 @@ enum Repr {
 /// A kernel: runs once, on its stream's thread, over its inputs and outputs.
 pub(crate) struct KernelFn {
     repr: Repr,
+    /// Where the closure goes if it is dropped without running ([`route_drops`]).
+    ///
+    /// [`route_drops`]: Self::route_drops
+    sink: Option<Arc<dyn DropSink>>,
     /// `Send` (every stored closure is), never `Sync`: one owner at a time.
     _not_sync: PhantomData<core::cell::Cell<()>>,
 }
@@ -136,6 +143,15 @@ unsafe fn call_inline<F: FnOnce(&mut KernelCtx<'_>)>(buf: *mut Words, ctx: &mut 
     // `Words` is 8-aligned and `align_of::<F>() <= 8`); we move it out exactly once.
     let f = unsafe { buf.cast::<F>().read() };
     f(ctx);
+}
+
+/// Moves the `F` stored in `buf` into a box.
+///
+/// # Safety
+/// As for [`call_inline`].
+unsafe fn box_inline<F: Send + 'static>(buf: *mut Words) -> Box<dyn Send> {
+    // SAFETY: as in `call_inline`: an initialised `F`, moved out exactly once.
+    Box::new(unsafe { buf.cast::<F>().read() })
 }
 
 /// Drops the `F` stored in `buf`.
@@ -161,14 +177,22 @@ impl KernelFn {
                 buf,
                 call: call_inline::<F>,
                 drop: drop_inline::<F>,
+                boxed: box_inline::<F>,
             }
         } else {
             Repr::Boxed(Box::new(f))
         };
         Self {
             repr,
+            sink: None,
             _not_sync: PhantomData,
         }
+    }
+
+    /// If this kernel is dropped without running, its closure (and so what it captured)
+    /// goes to `sink` instead of being dropped here.
+    pub(crate) fn route_drops(&mut self, sink: Arc<dyn DropSink>) {
+        self.sink = Some(sink);
     }
 
     /// Whether the closure is stored inline (no allocation).
@@ -180,9 +204,10 @@ impl KernelFn {
     /// Runs the kernel (once: consumes it).
     pub(crate) fn call(self, ctx: &mut KernelCtx<'_>) {
         let me = ManuallyDrop::new(self);
-        // SAFETY: `me` is never used nor dropped after this read: the closure moves out
-        // (closures are plain movable values), and is consumed below exactly once.
-        let repr = unsafe { core::ptr::read(&me.repr) };
+        // SAFETY: `me` is never used nor dropped after these reads: the closure and the
+        // sink move out (plain movable values), each consumed below exactly once (the
+        // sink is dropped unused: a kernel that runs drops its own captures).
+        let (repr, _sink) = unsafe { (core::ptr::read(&me.repr), core::ptr::read(&me.sink)) };
         match repr {
             Repr::Inline { mut buf, call, .. } => {
                 // SAFETY: `buf` holds the `F` written by `new`, moved here intact.
@@ -195,10 +220,27 @@ impl KernelFn {
 
 impl Drop for KernelFn {
     fn drop(&mut self) {
-        if let Repr::Inline { buf, drop, .. } = &mut self.repr {
-            // SAFETY: not called (`call` never drops `self`), so `buf` still holds the
-            // `F`; dropped exactly once here.
-            unsafe { drop(buf.as_mut_ptr()) }
+        let sink = self.sink.take();
+        match (&mut self.repr, sink) {
+            (Repr::Inline { buf, boxed, .. }, Some(sink)) => {
+                // SAFETY: not called (`call` never drops `self`), so `buf` still holds the
+                // `F`; moved out exactly once here, never dropped in place.
+                let b = unsafe { boxed(buf.as_mut_ptr()) };
+                sink.send(Captures::new(b));
+            }
+            (Repr::Inline { buf, drop, .. }, None) => {
+                // SAFETY: as above; dropped exactly once here.
+                unsafe { drop(buf.as_mut_ptr()) }
+            }
+            (Repr::Boxed(_), Some(sink)) => {
+                // A zero-sized stand-in: no allocation.
+                let empty = Repr::Boxed(Box::new(|_: &mut KernelCtx<'_>| {}));
+                if let Repr::Boxed(f) = core::mem::replace(&mut self.repr, empty) {
+                    sink.send(Captures::new(Box::new(f)));
+                }
+            }
+            // Dropped with `self`.
+            (Repr::Boxed(_), None) => {}
         }
     }
 }
@@ -255,5 +297,46 @@ mod tests {
             let _ = (&b, big);
         }));
         assert_eq!(Arc::strong_count(&hits), 1);
+    }
+
+    /// Collects what it is sent.
+    struct Keep(std::sync::Mutex<Vec<crate::Captures>>);
+
+    impl DropSink for Keep {
+        fn send(&self, captures: crate::Captures) {
+            self.0.lock().unwrap().push(captures);
+        }
+    }
+
+    #[test]
+    fn routed_closures_go_to_the_sink_unless_called() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let sink = Arc::new(Keep(std::sync::Mutex::new(Vec::new())));
+        let big = [0u8; 100];
+        let (a, b, c) = (hits.clone(), hits.clone(), hits.clone());
+        let mut inline = KernelFn::new(move |_c: &mut KernelCtx<'_>| drop(a));
+        let mut boxed = KernelFn::new(move |_c: &mut KernelCtx<'_>| {
+            let _ = (&b, big);
+        });
+        let mut called = KernelFn::new(move |_c: &mut KernelCtx<'_>| drop(c));
+        assert!(inline.is_inline() && !boxed.is_inline());
+        for k in [&mut inline, &mut boxed, &mut called] {
+            k.route_drops(sink.clone());
+        }
+        drop((inline, boxed));
+        ctx_call(called);
+        assert_eq!(sink.0.lock().unwrap().len(), 2, "the two uncalled ones");
+        assert_eq!(
+            Arc::strong_count(&hits),
+            3,
+            "their captures are alive in the sink"
+        );
+        sink.0.lock().unwrap().clear();
+        assert_eq!(Arc::strong_count(&hits), 1, "dropped with the captures");
+        assert_eq!(
+            Arc::strong_count(&sink),
+            1,
+            "a called kernel let go of the sink"
+        );
     }
 }

@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod fork;
 pub mod futex;
+pub(crate) mod hooks;
 pub(crate) mod ids;
 pub(crate) mod tuning;
 

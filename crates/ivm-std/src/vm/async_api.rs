@@ -9,7 +9,7 @@ use crate::doors::completion::{
 };
 use crate::doors::sync_access::check_size;
 use crate::model::instruction::Waiter;
-use crate::model::instruction::{Instruction, Kind};
+use crate::model::instruction::{Instruction, Kind, ReadFn, WriteFn};
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use std::sync::Arc;
@@ -49,7 +49,11 @@ impl VirtualMachine {
             small[..len].copy_from_slice(&b[offset..offset + len]);
             done.complete(Ok(small));
         };
-        let instr = Instruction::new("read_small_async", stream.clone(), Kind::Read(Box::new(f)));
+        let instr = Instruction::new(
+            "read_small_async",
+            stream.clone(),
+            Kind::Read(ReadFn::new(Box::new(f))),
+        );
         submit_on(shared, t, &stream, instr, false)?;
         Ok(c)
     }
@@ -75,7 +79,7 @@ impl VirtualMachine {
             let instr = Instruction::new(
                 "write_small_async",
                 stream.clone(),
-                Kind::Write(Box::new(f)),
+                Kind::Write(WriteFn::new(Box::new(f))),
             );
             submit_on(shared, t, &stream, instr, true)?;
             Ok(c)
@@ -103,7 +107,11 @@ impl VirtualMachine {
                     message: crate::engine::execute::panic_message(&*p),
                 }));
             };
-            let instr = Instruction::new("access_async", stream.clone(), Kind::Read(Box::new(cb)));
+            let instr = Instruction::new(
+                "access_async",
+                stream.clone(),
+                Kind::Read(ReadFn::routed(Box::new(cb), shared.core.drop_sink())),
+            );
             submit_on(shared, t, &stream, instr, false)?;
             Ok(c)
         })();

@@ -91,6 +91,7 @@ impl VirtualMachine {
             .config
             .timeout_period
             .min(Duration::from_secs(2));
+        let _hook = shared.core.wait_scope();
         let deadline = FutexWait::now().saturating_add(wait);
         match slot.done.timed_wait_until_zero(deadline) {
             Ok(Timed::Notified) => lock(&slot.value).take().ok_or(Error::ShutDown),

@@ -27,6 +27,7 @@ use crate::runtime::tensor::{Tensor, TensorInner};
 use crate::util::config::{Config, Mode};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
+use crate::util::hooks::ForeignHooks;
 use crate::util::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::util::lock;
 
@@ -199,6 +200,25 @@ impl VirtualMachine {
         &self.shared.core.config
     }
 
+    /// Installs an embedding runtime's hooks ([`ForeignHooks`]: a [`WaitHook`] called
+    /// around every blocking wait of a call into this VM, a [`DropSink`] for the captures
+    /// of closures the VM drops without running them). Once per VM, best right after
+    /// creating it: waits that already started, and closures submitted before, do not
+    /// use them.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if hooks were installed before.
+    ///
+    /// [`WaitHook`]: crate::WaitHook
+    /// [`DropSink`]: crate::DropSink
+    pub fn set_foreign_hooks(&self, hooks: ForeignHooks) -> Result<()> {
+        self.shared
+            .core
+            .foreign
+            .set(hooks)
+            .map_err(|_| Error::Config("foreign hooks are installed once per VM".into()))
+    }
+
     /// The stream `id`, created on first use (with its worker thread, in multi-thread
     /// mode). Only cpu streams exist until device adapters are registered.
     pub fn stream(&self, id: StreamId) -> Result<Stream> {
@@ -342,13 +362,13 @@ impl VirtualMachine {
         }
         let (kind, source) = if host.is_some() {
             let bytes: Box<[u8]> = data.into();
-            let fill: crate::model::instruction::WriteFn = Box::new(move |b: &mut [u8]| {
+            let fill = crate::model::instruction::WriteFn::new(Box::new(move |b: &mut [u8]| {
                 if bytes.is_empty() {
                     b.fill(0);
                 } else {
                     b.copy_from_slice(&bytes);
                 }
-            });
+            }));
             (Kind::Write(fill), None)
         } else {
             // Device-only memory: a copy from host memory, in stream order.
@@ -496,7 +516,9 @@ impl VirtualMachine {
         // Instructions on asynchronous devices are released when launched: wait for their
         // device work too. A host-observed completion: reports sticky failures.
         let mut first = None;
-        for s in self.shared.async_streams() {
+        let streams = self.shared.async_streams();
+        let _hook = (!streams.is_empty()).then(|| self.shared.core.wait_scope());
+        for s in streams {
             let r = s.dev.stream.synchronize();
             let f = s.dev.sticky.take().map(|f| f.poison_error());
             let e = s.dev.stream.take_error().map(Error::Device);
@@ -587,6 +609,7 @@ impl VirtualMachine {
                 }
             }
         }
+        let _hook = self.shared.core.wait_scope();
         let done = Arc::new(BlockingCounter::<FutexWait>::new(1));
         let (d2, p2) = (done.clone(), panicked.clone());
         self.shared.core.submit_probe(Probe::User(Box::new(move || {
@@ -661,6 +684,7 @@ impl VirtualMachine {
         if threads.joined {
             return Ok(());
         }
+        let _hook = self.shared.core.wait_scope();
         // AcqRel: pairs with callers' Acquire `enter`; see `CallerToken`.
         self.shared.core.state.fetch_or(SHUT, Ordering::AcqRel);
         // Acquire: pairs with `CallerToken::drop`; their pushes are then in the queue.
