@@ -15,6 +15,6 @@ pub use ivm_std;
 /// The graph runtime that lazy jobs run on.
 pub use ivm_std::graph;
 pub use ivm_std::{
-    Config, Error, InstructionsBuilder, KernelCtx, LazyGraph, Mode, Result, Stream, StreamId,
-    StreamType, Tensor, VirtualMachine,
+    Config, Done, Error, ForeignHooks, InstructionPolicy, InstructionsBuilder, KernelCtx,
+    LazyGraph, Mode, Result, Stream, StreamId, StreamType, Tensor, VirtualMachine,
 };

@@ -70,6 +70,8 @@ pub struct Node<I> {
     accesses: IndexList<OnNode>,
     lively: IndexLinks,
     queue: IndexLinks,
+    /// Its same-stream out-edges are strict ([`Instruction::strict_edges`]).
+    strict_out: bool,
 }
 
 impl<I> Default for Node<I> {
@@ -84,6 +86,7 @@ impl<I> Default for Node<I> {
             accesses: IndexList::new(),
             lively: IndexLinks::new(),
             queue: IndexLinks::new(),
+            strict_out: false,
         }
     }
 }
@@ -478,7 +481,10 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
             .as_ref()
             .expect("ivm-engine: node without instruction");
         let sequential = instr.stream_sequential();
-        if instr.is_barrier() {
+        let strict_edges = instr.strict_edges();
+        let barrier = instr.is_barrier();
+        self.nodes[n].strict_out = strict_edges;
+        if barrier {
             self.nodes[n].state = NodeState::Barrier;
             self.barriers.push_back(&mut self.nodes, n);
             return;
@@ -488,7 +494,7 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
         if sequential {
             self.access(DepRef::Stream(stream), n, true);
         }
-        self.strict = self.streams.as_slice()[stream as usize].strict;
+        self.strict = self.streams.as_slice()[stream as usize].strict || strict_edges;
         // The instruction leaves its slot while its operands are visited, so that the
         // visitor may change the pools; it moves back unchanged (the dependences it names
         // do not live inside it: the `Instruction` contract).
@@ -537,14 +543,18 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
     /// a read gets an edge from the leading write, if any, and joins the list.
     fn access(&mut self, dep: DepRef, n: u32, write: bool) {
         let mut list = self.dep_list(dep);
-        // Strictness applies to data dependences, never to the schedule dependence.
-        let strict = self.strict && matches!(dep, DepRef::External(_));
+        // Strictness applies to data dependences, never to the schedule dependence: from
+        // this node's stream policy or `strict_edges` (`self.strict`), or the source's.
+        let external = matches!(dep, DepRef::External(_));
+        let here = self.strict;
+        let strict_from = |this: &Self, src: u32| external && (here || this.nodes[src].strict_out);
         if write {
             let mut a = list.front();
             while let Some(i) = a {
                 let (src, was_write) = (self.accesses[i].node, self.accesses[i].write);
                 a = list.next(&self.accesses, i);
                 if was_write || !self.planted_drop_read_write_edge() {
+                    let strict = strict_from(self, src);
                     self.add_edge(src, n, strict);
                 }
             }
@@ -553,6 +563,7 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
             && self.accesses[f].write
         {
             let src = self.accesses[f].node;
+            let strict = strict_from(self, src);
             self.add_edge(src, n, strict);
         }
         let a = self

@@ -199,6 +199,16 @@ pub unsafe trait Instruction {
         false
     }
 
+    /// Never prescheduled, in either direction: a same-stream edge from or to this
+    /// instruction is satisfied by its source's release, not by the source's dispatch, as
+    /// on a stream whose policy has [`StreamPolicy::strict_same_stream_edges`]. For an
+    /// instruction on an otherwise in-order stream that completes later than its stream
+    /// moves on (an I/O request, a foreign runtime's event), whose same-stream readers
+    /// must not start before it is done. Default `false`: the stream policy decides.
+    fn strict_edges(&self) -> bool {
+        false
+    }
+
     /// Calls `f` once per operand, writes and reads in any order. Called once, when the
     /// engine handles the instruction (and once before, to count them).
     fn for_each_access(&self, f: &mut dyn FnMut(&Dependence, AccessMode));

@@ -56,8 +56,9 @@ pub use device::{
 };
 pub use doors::builder::InstructionsBuilder;
 pub use doors::completion::{Completion, ReadSmallMem};
+pub use doors::custom::{Done, InstructionPolicy};
 pub use doors::lazy::LazyGraph;
-pub use doors::{completion, lazy};
+pub use doors::{completion, custom, lazy};
 pub use engine::DebugCounters;
 /// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
 #[cfg(loom)]

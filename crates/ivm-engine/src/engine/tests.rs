@@ -31,6 +31,7 @@ struct T<'a> {
     writes: &'static [usize],
     barrier: bool,
     sequential: bool,
+    strict_edges: bool,
     done: &'a Cell<bool>,
 }
 
@@ -48,6 +49,9 @@ unsafe impl Instruction for T<'_> {
     }
     fn stream_sequential(&self) -> bool {
         self.sequential
+    }
+    fn strict_edges(&self) -> bool {
+        self.strict_edges
     }
     fn for_each_access(&self, f: &mut dyn FnMut(&Dependence, AccessMode)) {
         for &d in self.writes {
@@ -79,6 +83,7 @@ fn t<'a>(
         writes,
         barrier: false,
         sequential: false,
+        strict_edges: false,
         done,
     }
 }
@@ -200,6 +205,44 @@ fn strict_stream_edges_wait_for_release() {
     e.step(&mut x).unwrap();
     e.step(&mut x).unwrap();
     assert_eq!(x.dispatched, ["begin", "end"]);
+}
+
+#[test]
+fn strict_edges_of_one_instruction_wait_for_release_on_an_in_order_stream() {
+    let d: [Dependence; 2] = Default::default();
+    let cells: [Cell<bool>; 5] = Default::default();
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec::default();
+    // Prescheduled as usual: a reader behind a plain writer of its stream.
+    e.submit(t("plain", 0, &d, &[], &[1], &cells[0])).unwrap();
+    e.submit(t("plain_reader", 0, &d, &[1], &[], &cells[1]))
+        .unwrap();
+    // Edges from an instruction that completes later wait for its release ...
+    let mut io = t("io", 0, &d, &[], &[0], &cells[2]);
+    io.strict_edges = true;
+    e.submit(io).unwrap();
+    e.submit(t("io_reader", 0, &d, &[0], &[], &cells[3]))
+        .unwrap();
+    // ... and so do edges to one (`late` reads what `plain` wrote).
+    let mut late = t("late", 0, &d, &[1], &[], &cells[4]);
+    late.strict_edges = true;
+    e.submit(late).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(
+        x.dispatched,
+        ["plain", "io", "plain_reader"],
+        "io_reader waits for io's release, late for plain's (its edge is strict too)"
+    );
+    for c in &cells[..3] {
+        c.set(true);
+    }
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.released, ["plain", "io", "plain_reader"]);
+    // Both unblocked by this step's releases (no edge between them: either order).
+    let mut rest = x.dispatched[3..].to_vec();
+    rest.sort_unstable();
+    assert_eq!(rest, ["io_reader", "late"]);
 }
 
 #[test]

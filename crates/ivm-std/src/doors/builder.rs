@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 
-use crate::model::instruction::{Instruction, KernelCtx, Kind};
+use crate::doors::custom::InstructionPolicy;
+use crate::model::instruction::{Callback, Deferred, Instruction, KernelCtx, Kind};
 use crate::model::instruction::{ReadFn, WriteFn};
 use crate::model::stream::{Stream, StreamShared};
 use crate::runtime::shared::VmShared;
@@ -168,6 +169,72 @@ impl<'vm> InstructionsBuilder<'vm> {
         kernel: impl FnOnce(&mut KernelCtx<'_>) + Send + 'static,
     ) -> Result<()> {
         self.call_named("call", stream, inputs, outputs, kernel)
+    }
+
+    /// A custom instruction ([`InstructionPolicy`]): runs `policy` on `stream`'s thread
+    /// after every earlier writer of `inputs` and every earlier access of `outputs`; it is
+    /// complete when its [`Done`](crate::Done) handle fires, now or later, from any thread.
+    /// See [`crate::custom`].
+    ///
+    /// # Errors
+    /// As [`call`](Self::call); [`Error::UnsupportedStream`] on an asynchronous device
+    /// stream.
+    pub fn custom(
+        &mut self,
+        stream: &Stream,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        policy: impl InstructionPolicy,
+    ) -> Result<()> {
+        self.custom_named("custom", stream, inputs, outputs, policy)
+    }
+
+    /// [`custom`](Self::custom) with a name (shown in errors and diagnostics).
+    ///
+    /// # Errors
+    /// As [`custom`](Self::custom).
+    pub fn custom_named(
+        &mut self,
+        name: &'static str,
+        stream: &Stream,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        policy: impl InstructionPolicy,
+    ) -> Result<()> {
+        self.check(stream, inputs, outputs)?;
+        if stream.shared.dev.is_async() {
+            return Err(Error::UnsupportedStream(format!(
+                "{}: custom instructions run on synchronous streams",
+                stream.shared.id
+            )));
+        }
+        let during_launch = policy.completes_during_launch();
+        let policy =
+            Callback::<dyn InstructionPolicy>::routed(Box::new(policy), self.vm.core.drop_sink());
+        let vm = Arc::downgrade(&self.vm.core);
+        // The policy's own `Instruction`, outside the pool: its deferred body owns clones
+        // of the operands, lent to `launch` while the instruction runs.
+        self.push(name, &stream.shared, inputs, outputs, Kind::Noop);
+        let instr = self.list.last_mut().expect("ivm: just pushed");
+        let mut own = Instruction::new(name, stream.shared.clone(), Kind::Noop);
+        own.strict_edges = !during_launch;
+        {
+            // SAFETY: neither is shared yet; the builder owns both bodies (ownership
+            // step 1).
+            let (from, to) = unsafe { (instr.body_mut(), own.body_mut()) };
+            let ops = (from.inputs.clone(), from.outputs.clone());
+            to.inputs = std::mem::take(&mut from.inputs);
+            to.outputs = std::mem::take(&mut from.outputs);
+            to.deferred = Some(Deferred {
+                run: Box::new(move |c, _may_block| {
+                    crate::doors::custom::run(policy, ops, c, vm, during_launch)
+                }),
+                // User code that may block: always on its stream's thread.
+                ready_now: Some(Box::new(|| false)),
+            });
+        }
+        *instr = Arc::new(own);
+        Ok(())
     }
 
     /// [`call`](Self::call) with a name (shown in errors and diagnostics).

@@ -5,5 +5,6 @@
 
 pub(crate) mod builder;
 pub mod completion;
+pub mod custom;
 pub mod lazy;
 pub(crate) mod sync_access;

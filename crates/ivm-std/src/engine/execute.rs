@@ -80,7 +80,7 @@ fn poison_all(outputs: &[Arc<Blob>], f: &Failure) {
     }
 }
 
-fn first_poison<'a>(blobs: impl IntoIterator<Item = &'a Arc<Blob>>) -> Option<Failure> {
+pub(crate) fn first_poison<'a>(blobs: impl IntoIterator<Item = &'a Arc<Blob>>) -> Option<Failure> {
     blobs.into_iter().find_map(|b| b.poison()).map(|p| Failure {
         panicked: false,
         ..p

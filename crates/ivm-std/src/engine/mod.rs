@@ -56,6 +56,10 @@ unsafe impl ivm_engine::Instruction for Job {
         self.0.stream_sequential
     }
 
+    fn strict_edges(&self) -> bool {
+        self.0.strict_edges
+    }
+
     fn for_each_access(&self, f: &mut dyn FnMut(&ivm_engine::Dependence, AccessMode)) {
         // SAFETY: the engine asks only between receive and dispatch, when it owns the body
         // (ownership step 2).

@@ -209,6 +209,10 @@ pub(crate) struct Instruction {
     pub(crate) stream: Arc<StreamShared>,
     /// Writes the stream's schedule dependence.
     pub(crate) stream_sequential: bool,
+    /// Never prescheduled: same-stream edges from or to it wait for their source's
+    /// release (`ivm_engine::Instruction::strict_edges`; custom instructions that
+    /// complete after their launch).
+    pub(crate) strict_edges: bool,
     /// A barrier (consumes no dependences; runs on the scheduler when oldest).
     pub(crate) barrier: bool,
     /// `status::*` bits.
@@ -248,6 +252,7 @@ impl Instruction {
             name,
             barrier: false,
             stream_sequential: false,
+            strict_edges: false,
             stream,
             status: AtomicU32::new(0),
             waiter: None,

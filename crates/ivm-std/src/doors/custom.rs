@@ -1,0 +1,261 @@
+//! Custom instructions: an embedder's own kind of instruction, ordered by the engine like
+//! any other (it names the tensors it reads and writes), run on its stream's thread, and
+//! completed either during its launch or later — from any thread — through a [`Done`]
+//! handle (an I/O request, a foreign runtime's event, an RPC).
+//!
+//! Submit one with
+//! [`InstructionsBuilder::custom`](crate::InstructionsBuilder::custom). What the handle
+//! guarantees:
+//!
+//! * it completes the instruction once: [`Done::complete`] and [`Done::fail`] consume it;
+//! * dropped without being fired, it fails the instruction with an error naming it
+//!   (its outputs are poisoned, their readers get the error) — never a hang;
+//! * fired after its VM is gone (dropped, or shut down without waiting for it), it does no
+//!   harm and returns [`Error::ShutDown`];
+//! * fired during [`InstructionPolicy::launch`], it takes effect when `launch` returns:
+//!   the operands lent to `launch` stay the instruction's own until then.
+//!
+//! Until the instruction completes, later instructions that read or write its operands
+//! wait for it, on its own stream too: it is never prescheduled past
+//! ([`InstructionPolicy::completes_during_launch`] lifts that for a policy that always
+//! fires its handle before `launch` returns). Custom instructions run on synchronous
+//! streams (the cpu device and queued devices such as the sim); an asynchronous device
+//! stream refuses them with [`Error::UnsupportedStream`].
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::engine::core::VmCore;
+use crate::engine::execute::{first_poison, panic_message};
+use crate::model::blob::Blob;
+use crate::model::instruction::{Callback, Completion, KernelCtx, Operands};
+use crate::util::error::{Error, Failure, Result};
+use crate::util::lock;
+
+/// What a custom instruction does when it runs (OneFlow's `InstructionPolicy`). Closures
+/// `FnOnce(&mut KernelCtx, Done)` are policies.
+///
+/// # Examples
+///
+/// An instruction completed later by another thread (a stand-in for an I/O completion):
+///
+/// ```
+/// use ivm_std::{Config, VirtualMachine};
+///
+/// let vm = VirtualMachine::new(Config::default())?;
+/// let (s, t) = (vm.default_stream(), vm.new_tensor(8)?);
+/// vm.run(|b| {
+///     b.custom(&s, &[], &[&t], |k: &mut ivm_std::KernelCtx<'_>, done: ivm_std::Done| {
+///         k.output_u64(0)[0] = 7; // the operands are lent for this call only
+///         std::thread::spawn(move || {
+///             std::thread::sleep(std::time::Duration::from_millis(5));
+///             done.complete().unwrap();
+///         });
+///     })
+/// })?;
+/// let mut out = [0u8; 8];
+/// vm.read_small(&t, 0, &mut out)?; // waits for the completion, not just the launch
+/// assert_eq!(u64::from_ne_bytes(out), 7);
+/// # Ok::<(), ivm_std::Error>(())
+/// ```
+pub trait InstructionPolicy: Send + 'static {
+    /// Runs the instruction, once, on its stream's thread, when every instruction it
+    /// depends on has completed. `ctx` lends its operands for this call; `done` completes
+    /// it, now or later, from any thread. A panic fails the instruction.
+    fn launch(self: Box<Self>, ctx: &mut KernelCtx<'_>, done: Done);
+
+    /// Whether `launch` always fires its handle before it returns. Then the instruction
+    /// is prescheduled like a kernel (its stream's next instruction may be dispatched
+    /// while it runs), and a handle still unfired when `launch` returns fails it. Default
+    /// `false`: it may complete later, and nothing on its stream that uses its operands
+    /// starts before it has.
+    fn completes_during_launch(&self) -> bool {
+        false
+    }
+}
+
+impl<F> InstructionPolicy for F
+where
+    F: FnOnce(&mut KernelCtx<'_>, Done) + Send + 'static,
+{
+    fn launch(self: Box<Self>, ctx: &mut KernelCtx<'_>, done: Done) {
+        (*self)(ctx, done)
+    }
+}
+
+/// A custom instruction's completion, shared by its [`Done`] handle and its launch.
+struct Shared {
+    /// Taken by whoever completes the instruction.
+    completion: Option<Completion>,
+    /// `launch` has not returned yet: a firing waits here for it.
+    launching: bool,
+    fired: Option<std::result::Result<(), Failure>>,
+}
+
+/// The right to complete one custom instruction (see the [module docs](self)).
+#[must_use = "dropping the handle unfired fails the instruction"]
+pub struct Done {
+    shared: Arc<Mutex<Shared>>,
+    vm: Weak<VmCore>,
+    label: Arc<str>,
+    fired: bool,
+}
+
+impl std::fmt::Debug for Done {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Done")
+            .field("instruction", &self.label)
+            .finish()
+    }
+}
+
+impl Done {
+    /// The instruction's label (`name#id`), as diagnostics and errors name it.
+    pub fn instruction(&self) -> &str {
+        &self.label
+    }
+
+    /// Completes the instruction successfully.
+    ///
+    /// # Errors
+    /// [`Error::ShutDown`] if its VM is gone (the instruction was abandoned; nothing else
+    /// happens); [`Error::InvalidArgument`] naming the instruction if it was already
+    /// failed because its policy promised
+    /// [`completes_during_launch`](InstructionPolicy::completes_during_launch) and its
+    /// launch returned without firing this handle.
+    pub fn complete(mut self) -> Result<()> {
+        self.fire(Ok(()))
+    }
+
+    /// Fails the instruction with `message`: its outputs are poisoned and their readers
+    /// get an error naming it.
+    ///
+    /// # Errors
+    /// As [`complete`](Self::complete).
+    pub fn fail(mut self, message: impl Into<String>) -> Result<()> {
+        let f = Failure {
+            instruction: self.label.clone(),
+            message: message.into().into(),
+            panicked: false,
+        };
+        self.fire(Err(f))
+    }
+
+    fn fire(&mut self, result: std::result::Result<(), Failure>) -> Result<()> {
+        self.fired = true;
+        let gone = self.vm.strong_count() == 0;
+        let mut s = lock(&self.shared);
+        if s.completion.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: already failed (its policy promised to complete during launch, and \
+                 the launch returned without firing its handle)",
+                self.label
+            )));
+        }
+        if s.launching {
+            s.fired = Some(result);
+        } else if let Some(c) = s.completion.take() {
+            drop(s);
+            c.complete(result);
+        }
+        if gone { Err(Error::ShutDown) } else { Ok(()) }
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if !self.fired {
+            let f = Failure {
+                instruction: self.label.clone(),
+                message: "its completion handle was dropped without being fired".into(),
+                panicked: false,
+            };
+            let _ = self.fire(Err(f));
+        }
+    }
+}
+
+/// The deferred body of a custom instruction (`InstructionsBuilder::custom`): checks its
+/// operands, lends them to the policy's `launch`, and completes it as the handle says.
+pub(crate) fn run(
+    policy: Callback<dyn InstructionPolicy>,
+    ops: (Operands, Operands),
+    completion: Completion,
+    vm: Weak<VmCore>,
+    during_launch: bool,
+) {
+    let (inputs, outputs) = ops;
+    let label: Arc<str> = completion
+        .instr
+        .as_ref()
+        .map_or_else(String::new, |i| i.label())
+        .into();
+    // Like a kernel: a poisoned operand fails it without running it (the policy goes to
+    // the drop sink, if any, with `policy`).
+    if let Some(f) = first_poison(inputs.as_slice().iter().chain(outputs.as_slice())) {
+        completion.complete(Err(f));
+        return;
+    }
+    let shared = Arc::new(Mutex::new(Shared {
+        completion: Some(completion),
+        launching: true,
+        fired: None,
+    }));
+    let done = Done {
+        shared: shared.clone(),
+        vm,
+        label: label.clone(),
+        fired: false,
+    };
+    let policy = policy.take();
+    let ran = {
+        let (ins, outs): (&[Arc<Blob>], &[Arc<Blob>]) = (inputs.as_slice(), outputs.as_slice());
+        let mut ctx = KernelCtx {
+            inputs: ins,
+            outputs: outs,
+            stream: None,
+        };
+        catch_unwind(AssertUnwindSafe(|| policy.launch(&mut ctx, done)))
+    };
+    let mut s = lock(&shared);
+    s.launching = false;
+    let result = match ran {
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            Some(Err(Failure {
+                instruction: label,
+                message: format!("its launch panicked: {message}").into(),
+                panicked: true,
+            }))
+        }
+        Ok(()) => match s.fired.take() {
+            Some(r) => Some(r),
+            None if during_launch => Some(Err(Failure {
+                instruction: label,
+                message: "its policy promised to complete during launch; the launch \
+                          returned without firing its handle"
+                    .into(),
+                panicked: false,
+            })),
+            // Completed later, by whoever holds the handle.
+            None => None,
+        },
+    };
+    // A panic while the handle was still inside `launch` dropped it (a dropped-handle
+    // failure, stashed): the panic is the better answer. A handle that escaped before the
+    // panic keeps the completion: whoever holds it completes it.
+    let escaped = matches!(result, Some(Err(ref f)) if f.panicked)
+        && s.fired.is_none()
+        && s.completion.is_some()
+        && Arc::strong_count(&shared) > 1;
+    let c = if result.is_some() && !escaped {
+        s.completion.take()
+    } else {
+        None
+    };
+    drop(s);
+    if let (Some(c), Some(r)) = (c, result) {
+        c.complete(r);
+    }
+}
