@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ivm::ivm_device::sim::{Latency, SimAdapter, SimConfig};
-use ivm::ivm_std::{Config, Device, DeviceKind, Stream, StreamId, StreamType, VirtualMachine};
+use ivm::ivm_std::{Config, Device, Stream, StreamId, StreamType, VirtualMachine};
 
 use kernels::Adam;
 use modes::{Batch, Eager, Lazy, Plain, TrainRows, Trainer, Weights};
@@ -328,7 +328,7 @@ fn new_vm(device: DeviceArg) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Op
             });
             let vm = VirtualMachine::with_adapters(config, vec![sim])?;
             let dev = Device {
-                kind: DeviceKind::Sim,
+                kind: ivm_device::sim::SIM,
                 index: 0,
             };
             let s = vm.stream(StreamId::default_for(dev))?;

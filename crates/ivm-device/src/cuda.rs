@@ -44,12 +44,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The CUDA adapter's device kind, `"cuda"`.
+pub const CUDA: DeviceKind = DeviceKind::named("cuda");
+
 /// `cuda:index`.
 pub const fn cuda_device(index: u32) -> Device {
-    Device {
-        kind: DeviceKind::Cuda,
-        index,
-    }
+    Device { kind: CUDA, index }
 }
 
 /// The CUDA device adapter.
@@ -113,7 +113,7 @@ impl CudaAdapter {
 
 impl DeviceAdapter for CudaAdapter {
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Cuda
+        CUDA
     }
     fn device_count(&self) -> u32 {
         u32::try_from(self.contexts.len()).unwrap_or(u32::MAX)

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use ivm_device::{SimAdapter, SimConfig};
 use ivm_std::graph::{GraphBuilder, Phase};
-use ivm_std::{Config, DebugCounters, Device, DeviceKind, StreamId, Tensor, VirtualMachine};
+use ivm_std::{Config, DebugCounters, Device, StreamId, Tensor, VirtualMachine};
 
 const SIM: Device = Device {
-    kind: DeviceKind::Sim,
+    kind: ivm_device::sim::SIM,
     index: 0,
 };
 

@@ -302,7 +302,7 @@ fn bad_input_is_an_error_not_a_panic() {
         Err(Error::UnsupportedStream(_))
     ));
     let cuda0 = ivm_std::Device {
-        kind: DeviceKind::Cuda,
+        kind: DeviceKind::named("cuda"),
         index: 0,
     };
     assert!(matches!(

@@ -261,7 +261,7 @@ fn bad_operands_are_errors() {
         Err(Error::ForeignObject(_))
     ));
     let gpu = Device {
-        kind: ivm_std::DeviceKind::Cuda,
+        kind: ivm_std::DeviceKind::named("cuda"),
         index: 0,
     };
     assert!(matches!(

@@ -23,11 +23,11 @@
 //! ```
 //! use std::sync::Arc;
 //! use ivm_device::sim::{SimAdapter, SimConfig};
-//! use ivm_std::{Config, Device, DeviceKind, StreamId, VirtualMachine};
+//! use ivm_std::{Config, Device, StreamId, VirtualMachine};
 //!
 //! let sim = SimAdapter::new(SimConfig::default());
 //! let vm = VirtualMachine::with_adapters(Config::default(), vec![sim.clone()])?;
-//! let dev = Device { kind: DeviceKind::Sim, index: 0 };
+//! let dev = Device { kind: ivm_device::sim::SIM, index: 0 };
 //! let s = vm.stream(StreamId::compute(dev, 0))?;
 //! let x = vm.new_tensor_on(&s, 8)?;
 //! vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 42))?;
@@ -235,17 +235,18 @@ impl SimAdapter {
     }
 }
 
+/// The sim adapter's device kind, `"sim"`: a kind of its own, registered through ivm-std's
+/// public API like any third-party adapter's.
+pub const SIM: DeviceKind = DeviceKind::named("sim");
+
 /// `sim:index`.
 pub const fn sim_device(index: u32) -> Device {
-    Device {
-        kind: DeviceKind::Sim,
-        index,
-    }
+    Device { kind: SIM, index }
 }
 
 impl DeviceAdapter for SimAdapter {
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Sim
+        SIM
     }
     fn device_count(&self) -> u32 {
         self.config.devices
@@ -396,7 +397,7 @@ impl SimStream {
     fn check_side(&self, m: &dyn DeviceMemory) -> Result<()> {
         let d = m.device();
         // Another sim device's memory: a peer copy (`supports_peer_copy`).
-        if d == self.state.device || d == Device::CPU || d.kind == DeviceKind::Sim {
+        if d == self.state.device || d == Device::CPU || d.kind == SIM {
             if m.host_ptr().is_none() {
                 return Err(Error::DeviceMismatch(format!(
                     "memory of {d} is not host-accessible; the sim cannot copy it"

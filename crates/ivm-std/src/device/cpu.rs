@@ -153,7 +153,7 @@ impl CpuAdapter {
 
 impl DeviceAdapter for CpuAdapter {
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Cpu
+        DeviceKind::CPU
     }
     fn device_count(&self) -> u32 {
         1

@@ -237,6 +237,25 @@ pub trait DeviceAdapter: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// The policy of a VM stream of type `stream_type` on device `index`, whose device
+    /// stream runs kernels in `mode`: what the engine asks of it (completion at launch or
+    /// later, strict same-stream edges, placement on a worker, events for soft sync).
+    /// Default: [`DeviceStreamPolicy`](crate::DeviceStreamPolicy) for the stream type,
+    /// the mode and [`supports_events`](Self::supports_events).
+    fn stream_policy(
+        &self,
+        index: u32,
+        stream_type: StreamType,
+        mode: KernelMode,
+    ) -> Box<dyn crate::StreamPolicy> {
+        let _ = index;
+        Box::new(crate::DeviceStreamPolicy::new(
+            stream_type,
+            mode,
+            self.supports_events(),
+        ))
+    }
+
     /// Creates a stream of device `index` for a VM stream of type `stream_type`.
     fn create_stream(&self, index: u32, stream_type: StreamType) -> Result<Arc<dyn DeviceStream>>;
 

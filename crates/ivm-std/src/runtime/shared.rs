@@ -14,9 +14,7 @@ use crate::engine::core::VmCore;
 use crate::engine::worker::worker_loop;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Kind};
-use crate::model::stream::{
-    DeviceCtx, DeviceStreamPolicy, Placement, Sticky, Stream, StreamPolicy, StreamShared,
-};
+use crate::model::stream::{DeviceCtx, Placement, Sticky, Stream, StreamPolicy, StreamShared};
 use crate::model::thread_ctx::ThreadCtx;
 use crate::runtime::soft_sync::{self, Use};
 use crate::runtime::tensor::Tensor;
@@ -182,11 +180,15 @@ impl VmShared {
             allocator = c.clone();
         }
         let mode = device_stream.kernel_mode();
-        let policy: Box<dyn StreamPolicy> = Box::new(DeviceStreamPolicy::new(
-            id.stream_type,
-            mode,
-            adapter.supports_events(),
-        ));
+        let policy: Box<dyn StreamPolicy> =
+            adapter.stream_policy(id.device.index, id.stream_type, mode);
+        if policy.stream_type() != id.stream_type {
+            return Err(Error::UnsupportedStream(format!(
+                "{id}: the {} adapter's policy is for {:?} streams",
+                id.device.kind,
+                policy.stream_type()
+            )));
+        }
         let thread = if self.core.single_thread() {
             None
         } else {

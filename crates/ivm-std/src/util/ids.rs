@@ -2,16 +2,60 @@
 
 use std::fmt;
 
-/// The kind of a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-pub enum DeviceKind {
+/// The kind of a device: a name. The host CPU's kind ([`DeviceKind::CPU`]) is built in;
+/// every other kind is named by the adapter that serves it (ivm-device's sim adapter is
+/// `"sim"`, its CUDA adapter `"cuda"`), and a VM accepts one adapter per name.
+///
+/// # Examples
+///
+/// ```
+/// use ivm_std::{Device, DeviceKind};
+///
+/// const NPU: DeviceKind = DeviceKind::named("npu");
+/// let d = Device { kind: NPU, index: 1 };
+/// assert_eq!(d.to_string(), "npu:1");
+/// assert_ne!(NPU, DeviceKind::CPU);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceKind {
+    name: &'static str,
+}
+
+impl DeviceKind {
     /// The host CPU: synchronous, events done when recorded.
-    Cpu,
-    /// A simulated asynchronous accelerator (provided by an adapter).
-    Sim,
-    /// A CUDA device (provided by an adapter).
-    Cuda,
+    pub const CPU: DeviceKind = DeviceKind::named("cpu");
+
+    /// The kind named `name` (ASCII letters, digits, `-` and `_`; checked when an adapter
+    /// registers it).
+    pub const fn named(name: &'static str) -> Self {
+        Self { name }
+    }
+
+    /// Its name.
+    pub const fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// Whether the name is one a VM accepts: non-empty ASCII letters, digits, `-`, `_`.
+    pub(crate) fn is_valid(self) -> bool {
+        !self.name.is_empty()
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }
+}
+
+impl fmt::Debug for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
 }
 
 /// A device: its kind and its index among devices of that kind.
@@ -26,7 +70,7 @@ pub struct Device {
 impl Device {
     /// The host CPU.
     pub const CPU: Device = Device {
-        kind: DeviceKind::Cpu,
+        kind: DeviceKind::CPU,
         index: 0,
     };
 
@@ -38,12 +82,7 @@ impl Device {
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let k = match self.kind {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Sim => "sim",
-            DeviceKind::Cuda => "cuda",
-        };
-        write!(f, "{k}:{}", self.index)
+        write!(f, "{}:{}", self.kind, self.index)
     }
 }
 

@@ -108,8 +108,14 @@ impl VirtualMachine {
         config.validate()?;
         let mut all: Vec<Arc<dyn DeviceAdapter>> = vec![Arc::new(CpuAdapter::new())];
         for a in adapters {
-            if a.kind() == DeviceKind::Cpu {
+            if a.kind() == DeviceKind::CPU {
                 return Err(Error::Config("the cpu adapter is built in".into()));
+            }
+            if !a.kind().is_valid() {
+                return Err(Error::Config(format!(
+                    "device kind {:?}: a name is ASCII letters, digits, '-' and '_'",
+                    a.kind().name()
+                )));
             }
             if all.iter().any(|b| b.kind() == a.kind()) {
                 return Err(Error::Config(format!(
