@@ -422,7 +422,7 @@ impl<'c> Params<'c> {
         // launch instruction holds every parameter); the only mutable slice of a
         // parameter lent out with this view is `except`'s, which this refuses, and the
         // view does not outlive the kernel call (`'c` is a borrow of its `GraphCtx`).
-        unsafe { job.param(i).bytes() }
+        unsafe { job.param(i) }
     }
 }
 
@@ -515,7 +515,7 @@ impl<'a> GraphCtx<'a> {
             );
             // SAFETY: as in `param_mut`; `Params` refuses to lend this parameter, so this
             // is its only slice while the `KernelIo` lives (it borrows `self` mutably).
-            unsafe { job.param(i).bytes_mut() }
+            unsafe { job.param_mut(i) }
         });
         KernelIo {
             inputs: self.reads,
@@ -551,14 +551,14 @@ impl<'a> GraphCtx<'a> {
         // parameter — is neither done nor released, so no eager body and no other
         // parameter kernel accesses the tensor meanwhile; runs of other graphs wait for
         // this graph's queue to drain. The slice does not outlive the kernel call.
-        unsafe { job.param(i).bytes() }
+        unsafe { job.param(i) }
     }
 
     /// The bytes of parameter `i`, mutably (parameter kernels only; panics otherwise).
     pub fn param_mut(&mut self, i: usize) -> &mut [u8] {
         let job = self.job();
         // SAFETY: as in `param`; `&mut self` allows one parameter slice at a time.
-        unsafe { job.param(i).bytes_mut() }
+        unsafe { job.param_mut(i) }
     }
 
     /// Parameter `i` as `u64`s.

@@ -564,7 +564,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
 }
 
 fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
-    crate::engine::drive::mark_graph_thread();
+    crate::doors::lazy::mark_graph_thread();
     let notifier = &s.notifiers[t];
     let (mut compute, mut protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
         .into_iter()

@@ -288,9 +288,37 @@ impl JobInstance {
         self.params.len()
     }
 
-    /// Parameter `i`'s blob (graph runtime only; see `graph`'s safety argument).
-    pub(crate) fn param(&self, i: usize) -> &Arc<Blob> {
-        &self.params[i]
+    /// Bytes of parameter `i`. Panics if there is no parameter `i`.
+    pub fn param_nbytes(&self, i: usize) -> usize {
+        self.params[i].nbytes
+    }
+
+    /// The bytes of parameter `i` (the eager tensor itself, used in place). Panics if
+    /// there is no parameter `i`.
+    ///
+    /// # Safety
+    /// Parameters belong to the run while its launch instruction — which writes every
+    /// parameter — is neither finished nor released: between the pop of this instance
+    /// from the source-tick buffer and [`finish`](Self::finish), no eager instruction
+    /// accesses them. Within that window the graph runtime must not let a write of
+    /// parameter `i` (a [`param_mut`](Self::param_mut) slice) overlap another access of
+    /// it, and no slice may be used after `finish`.
+    pub unsafe fn param(&self, i: usize) -> &[u8] {
+        // SAFETY: the caller's contract: no write of this parameter while the slice lives,
+        // and the launch instruction keeps eager bodies away from it.
+        unsafe { self.params[i].bytes() }
+    }
+
+    /// The bytes of parameter `i`, mutably. Panics if there is no parameter `i`.
+    ///
+    /// # Safety
+    /// As for [`param`](Self::param), and this slice is the only one of parameter `i`
+    /// while it lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn param_mut(&self, i: usize) -> &mut [u8] {
+        // SAFETY: the caller's contract: exclusive access to this parameter while the
+        // slice lives.
+        unsafe { self.params[i].bytes_mut() }
     }
 
     /// Finishes the run (the first call wins; later calls do nothing). Returns whether

@@ -31,6 +31,19 @@ pub use buffer::{Buffer, BufferClosed, TryPop};
 pub use instance::{CriticalSectionInstance, CsKind, JobInstance};
 pub use record::{AlreadyInitialised, EndEvent, RecordResult, SharedEventRecord};
 
+/// Marks the calling thread as one of a graph runtime's threads, for the rest of its life:
+/// when it completes a critical section or a run (initialises a record, finishes a
+/// critical-section or job instance) and nobody drives the VM's engine, it drives the
+/// engine itself, right there, instead of waking the VM's scheduler thread — which would
+/// cost every completion a thread wake-up. Call it first thing on each thread of a graph
+/// runtime; never on a thread that holds a lock a VM kernel may need, since driving may
+/// run the VM's own short steps (never user kernels) on it.
+///
+/// A graph runtime that does not call it is served the same, a wake-up later.
+pub fn mark_graph_thread() {
+    crate::engine::drive::mark_graph_thread();
+}
+
 pub(crate) use instance::CsOp;
 
 use ivm_core::sync::{AtomicUsize, Ordering};

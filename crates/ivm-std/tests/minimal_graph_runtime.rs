@@ -1,0 +1,91 @@
+//! A second graph runtime, written only against the public lazy-job protocol
+//! (`ivm_std::lazy`): one thread that serves a job's buffers in order — source tick, the
+//! input critical section, the wait, the kernel (which reads and updates a parameter in
+//! place), the output critical section, the callbacks, the callback notifier. The VM
+//! launches it through critical sections exactly as it launches `ivm_std::graph`: eager
+//! reads see each run's output, the parameter's updates are ordered with eager work, and
+//! closing the graph ends the runtime's thread. Both modes.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use ivm_std::lazy::{LazyGraph, mark_graph_thread};
+use ivm_std::{Config, Tensor, VirtualMachine};
+
+/// y = x * w, then w += 1 (in place).
+fn serve(lazy: LazyGraph) -> JoinHandle<u64> {
+    std::thread::spawn(move || {
+        mark_graph_thread();
+        let b = lazy.buffers();
+        let mut runs = 0;
+        // The buffers close when the graph is closed: the loop ends there.
+        while let Ok(job) = b.source_tick.pop() {
+            let input = b.inputs[0].as_ref().expect("valid input").pop().unwrap();
+            let mut x = [0u8; 8];
+            input.copy_input(0, &mut x).unwrap();
+            // Both critical sections of the run reach the wait buffer once begun.
+            let waits = (b.wait.pop().unwrap(), b.wait.pop().unwrap());
+            // SAFETY: between this run's pop from the source tick and its `finish` below,
+            // the parameter belongs to the run, and this is its only slice.
+            let w = unsafe { job.param_mut(0) };
+            let wv = u64::from_ne_bytes(w[..8].try_into().unwrap());
+            let y = u64::from_ne_bytes(x) * wv;
+            w[..8].copy_from_slice(&(wv + 1).to_ne_bytes());
+            let output = b.outputs[0].as_ref().expect("valid output").pop().unwrap();
+            output.copy_output(0, &y.to_ne_bytes()).unwrap();
+            drop(waits);
+            for _ in 0..2 {
+                b.callback.pop().unwrap().finish();
+            }
+            let done = b.callback_notifier.pop().unwrap();
+            assert!(Arc::ptr_eq(&done, &job), "one run at a time, in order");
+            done.finish(Ok(()));
+            runs += 1;
+        }
+        runs
+    })
+}
+
+fn read(vm: &VirtualMachine, t: &Tensor) -> u64 {
+    let mut out = [0u8; 8];
+    vm.read_small(t, 0, &mut out).unwrap();
+    u64::from_ne_bytes(out)
+}
+
+#[test]
+fn a_graph_runtime_written_against_the_public_protocol_runs_lazy_launches() {
+    for config in [Config::default(), Config::single_thread()] {
+        let mode = config.mode;
+        let vm = VirtualMachine::new(config).unwrap();
+        let lazy = LazyGraph::builder("scale")
+            .input("x", 8)
+            .output("y", 8)
+            .param("w", 8)
+            .build()
+            .unwrap();
+        let runtime = serve(lazy.clone());
+        let (x, y, w) = (
+            vm.new_tensor(8).unwrap(),
+            vm.new_tensor(8).unwrap(),
+            vm.new_tensor(8).unwrap(),
+        );
+        vm.write_small(&w, 0, &2u64.to_ne_bytes()).unwrap();
+        let s = vm.default_stream();
+        for i in 0..20u64 {
+            vm.run(|b| {
+                b.call(&s, &[], &[&x], move |k| k.output_u64(0)[0] = i + 1)?;
+                b.launch_lazy_job(&[&x], &[&y], &[&w], &lazy)
+            })
+            .unwrap();
+            assert_eq!(read(&vm, &y), (i + 1) * (i + 2), "{mode:?}: run {i}");
+        }
+        // The parameter's last update is ordered before this eager read.
+        assert_eq!(read(&vm, &w), 22, "{mode:?}");
+        vm.sync().unwrap();
+        lazy.close();
+        assert_eq!(runtime.join().unwrap(), 20, "{mode:?}");
+        vm.shutdown().unwrap();
+        let c = vm.debug_counters();
+        assert_eq!((c.instructions, c.flying), (0, 0), "{mode:?}");
+    }
+}
