@@ -319,7 +319,17 @@ impl<T: Linked<Tag>, Tag> MpscQueue<T, Tag> {
     ///
     /// In debug builds, if the node is already queued through this hook (a double push,
     /// e.g. of two clones of one `Arc`).
+    #[inline]
     pub fn push(&self, handle: T::Handle) -> bool {
+        // Release, both: see `push_with`.
+        self.push_with(handle, Ordering::Release, Ordering::Release)
+    }
+
+    /// `push` with the orderings of its two publishing stores given: the hand-off store
+    /// into `tail` (`hand_off`) and the link store into the previous node's `next`
+    /// (`link`). `push` passes Release for both; the planted bug passes Relaxed.
+    #[inline]
+    fn push_with(&self, handle: T::Handle, hand_off: Ordering, link: Ordering) -> bool {
         let node = T::into_ptr(handle);
         // SAFETY: `into_ptr` returned a live node that stays put until `from_ptr`
         // (`Linked`'s contract); the hook holds only atomics, so a shared reference to it
@@ -344,9 +354,9 @@ impl<T: Linked<Tag>, Tag> MpscQueue<T, Tag> {
         match NonNull::new(prev) {
             None => {
                 // The queue was empty: hand the node to the consumer.
-                // Release: publishes the node's payload to the consumer's Acquire load of
-                // `tail` in `pop_raw`.
-                self.consumer.tail.store(node.as_ptr(), Ordering::Release);
+                // `hand_off` (Release in `push`): publishes the node's payload to the
+                // consumer's Acquire load of `tail` in `pop_raw`.
+                self.consumer.tail.store(node.as_ptr(), hand_off);
                 true
             }
             Some(prev) => {
@@ -354,9 +364,9 @@ impl<T: Linked<Tag>, Tag> MpscQueue<T, Tag> {
                 // pops it only after reading a non-null `next`, or by a compare-exchange of
                 // `head` from `prev`, which fails now that `head` is `node`.
                 let prev_links = unsafe { T::links(prev).as_ref() };
-                // Release: publishes the node's payload to the consumer's Acquire load of
-                // `prev.next` in `pop_raw`.
-                prev_links.next.store(node.as_ptr(), Ordering::Release);
+                // `link` (Release in `push`): publishes the node's payload to the
+                // consumer's Acquire load of `prev.next` in `pop_raw`.
+                prev_links.next.store(node.as_ptr(), link);
                 false
             }
         }
@@ -546,23 +556,7 @@ impl<T: Linked<Tag>, Tag> MpscQueue<T, Tag> {
     #[cfg(loom)]
     #[doc(hidden)]
     pub fn planted_push_relaxed_link(&self, handle: T::Handle) -> bool {
-        let node = T::into_ptr(handle);
-        // SAFETY: as in `push`.
-        let links = unsafe { T::links(node).as_ref() };
-        links.next.store(ptr::null_mut(), Ordering::Relaxed);
-        let prev = self.head.swap(node.as_ptr(), Ordering::AcqRel);
-        match NonNull::new(prev) {
-            None => {
-                self.consumer.tail.store(node.as_ptr(), Ordering::Relaxed); // BUG
-                true
-            }
-            Some(prev) => {
-                // SAFETY: as in `push`.
-                let prev_links = unsafe { T::links(prev).as_ref() };
-                prev_links.next.store(node.as_ptr(), Ordering::Relaxed); // BUG
-                false
-            }
-        }
+        self.push_with(handle, Ordering::Relaxed, Ordering::Relaxed) // BUG
     }
 }
 

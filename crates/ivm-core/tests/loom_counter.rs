@@ -18,8 +18,9 @@ struct Shared<C> {
     data: [UnsafeCell<u32>; 2],
 }
 
-// SAFETY: decreaser `i` writes only `data[i]`, before its decrease; the waiter reads after
-// it saw zero (Release/Acquire), which is what the models check.
+// SAFETY: decreaser `i` writes only `data[i]`, before its decrease (a closer: before its
+// close); the waiter reads after it saw zero (or the close), through the counter's
+// Release/Acquire, which is what the models check.
 unsafe impl<C: Sync> Sync for Shared<C> {}
 
 fn leak<C>(counter: C) -> &'static Shared<C> {
@@ -129,5 +130,72 @@ fn spin_counter_two_decreasers() {
         for w in workers {
             w.join().unwrap();
         }
+    });
+}
+
+// ---- data published through a look, or through the close --------------------------------
+//
+// The models above read the data after `wait_until_zero`. These read it right after a
+// look that does not wait (`is_zero`, `is_closed`), or after a wait that ended with
+// `Closed`, with nothing but the counter's word in between: a weakened ordering on that
+// path is a data race, which loom reports. (Found by `.ci/ordering_mutants.sh`: each
+// ordering these models check survived every other model.)
+
+/// `is_zero` (a look without waiting; `BlockingThenBusy::is_done` is this look), polled
+/// until it says zero: then the decreaser's data is visible. (Polled, not looked at once:
+/// with a single look, loom explored only the schedule in which the look comes first.)
+#[test]
+fn blocking_counter_is_zero_publishes() {
+    loom::model(|| {
+        let s = leak(BlockingCounter::<LoomWait>::new(1));
+        let w = thread::spawn(move || {
+            // SAFETY: see `Shared`.
+            s.data[0].with_mut(|p| unsafe { *p = 1 });
+            s.counter.decrease();
+        });
+        while !s.counter.is_zero() {
+            thread::yield_now();
+        }
+        assert_eq!(read_all(s)[0], 1);
+        w.join().unwrap();
+    });
+}
+
+/// The closer writes its data, then closes; nobody decreases.
+fn closer(s: &'static Shared<BlockingCounter<LoomWait>>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        // SAFETY: see `Shared`.
+        s.data[1].with_mut(|p| unsafe { *p = 2 });
+        s.counter.close();
+    })
+}
+
+/// A wait that ends with `Closed` (seen before sleeping, or woken by the close) reads what
+/// the closer wrote before closing.
+#[test]
+fn blocking_counter_close_publishes_to_the_waiter() {
+    loom::model(|| {
+        let s = leak(BlockingCounter::<LoomWait>::new(1));
+        let c = closer(s);
+        assert_eq!(
+            s.counter.wait_until_zero(Duration::MAX, || false),
+            Err(WaitError::Closed)
+        );
+        assert_eq!(read_all(s)[1], 2);
+        c.join().unwrap();
+    });
+}
+
+/// `is_closed` (`BlockingThenBusy::is_closed` is this look): once it says closed, the
+/// closer's data is visible.
+#[test]
+fn blocking_counter_is_closed_publishes() {
+    loom::model(|| {
+        let s = leak(BlockingCounter::<LoomWait>::new(1));
+        let c = closer(s);
+        if s.counter.is_closed() {
+            assert_eq!(read_all(s)[1], 2);
+        }
+        c.join().unwrap();
     });
 }

@@ -267,6 +267,90 @@ fn drop_releases_queued_handles() {
     });
 }
 
+// ---- publication outside the pops ------------------------------------------------------
+//
+// The models above read a node's payload only after popping it, so every ordering they
+// check lies on the push → pop path. These models read data right after `is_empty` or
+// right after taking the consumer role, with nothing but that look in between: a weakened
+// ordering there is a data race or a stale `tail`, which loom reports. (Found by
+// `.ci/ordering_mutants.sh`: each ordering these models check survived every other model.)
+
+/// A queue leaked per iteration, on the `&'static`-handled hook.
+fn leaked_queue() -> &'static MpscQueue<Node, StaticTag> {
+    Box::leak(Box::new(MpscQueue::new()))
+}
+
+/// `is_empty` promises that a caller who sees a non-empty queue also sees what the pusher
+/// wrote before pushing (here: the node's payload, read without popping the node).
+/// Polled until non-empty: with a single look loom explored only the schedule in which the
+/// look comes first.
+#[test]
+fn non_empty_look_publishes_the_push() {
+    loom::model(|| {
+        let queue = leaked_queue();
+        let node = leaked_node(0, 0);
+        let producer = thread::spawn(move || {
+            node.publish();
+            queue.push(node);
+        });
+        while queue.is_empty() {
+            thread::yield_now();
+        }
+        node.check();
+        producer.join().unwrap();
+    });
+}
+
+/// What one thread saw when it tried to take the consumer role and pop once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// The other thread held the role.
+    NoRole,
+    Item,
+    Empty,
+    Inconsistent,
+}
+
+fn take_turn(queue: &'static MpscQueue<Node, StaticTag>) -> Turn {
+    let Some(mut consumer) = queue.try_consume() else {
+        return Turn::NoRole;
+    };
+    match consumer.try_pop() {
+        Pop::Item(node) => {
+            node.check();
+            Turn::Item
+        }
+        Pop::Empty => Turn::Empty,
+        Pop::Inconsistent => Turn::Inconsistent,
+    }
+}
+
+/// The consumer role passes between threads (`try_consume`, the guard's drop) like a lock:
+/// the next consumer must see the previous one's writes to `tail`. One node was pushed
+/// before both threads started and no push is under way, so a pop never finds the queue
+/// inconsistent — unless it read a stale `tail` (the node the previous consumer already
+/// took).
+#[test]
+fn consumer_role_hands_over_the_tail() {
+    loom::model(|| {
+        let queue = leaked_queue();
+        let node = leaked_node(0, 0);
+        node.publish();
+        queue.push(node);
+        let other = thread::spawn(move || take_turn(queue));
+        let mine = take_turn(queue);
+        let theirs = other.join().unwrap();
+        for turn in [mine, theirs] {
+            assert_ne!(turn, Turn::Inconsistent, "the consumer read a stale tail");
+        }
+        assert_eq!(
+            [mine, theirs].iter().filter(|&&t| t == Turn::Item).count(),
+            1,
+            "the node was lost or popped twice: {mine:?}, {theirs:?}"
+        );
+    });
+}
+
 /// State shared by a planted model, leaked per iteration: a second panic while unwinding a
 /// loom `Arc` would abort the test binary.
 struct Leaked {
