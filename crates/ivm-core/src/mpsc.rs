@@ -325,11 +325,52 @@ impl<T: Linked<Tag>, Tag> MpscQueue<T, Tag> {
         self.push_with(handle, Ordering::Release, Ordering::Release)
     }
 
+    /// Pushes the nodes of `handles`, in order, at the back of the queue as one unit: no
+    /// other producer's node lands between them, and the consumer meets them in a row.
+    /// Wait-free: the nodes are linked to each other first, then the chain is published
+    /// with one swap and one store, as a single [`push`](Self::push). Returns what `push`
+    /// returns for the chain's first node (`false` for an empty `handles`, which pushes
+    /// nothing).
+    ///
+    /// # Panics
+    ///
+    /// In debug builds, if a node is already queued through this hook (a double push).
+    pub fn push_chain(&self, handles: impl IntoIterator<Item = T::Handle>) -> bool {
+        let mut chain: Option<(NonNull<T>, NonNull<T>)> = None;
+        for handle in handles {
+            let node = self.claim(handle);
+            if let Some((_, last)) = &mut chain {
+                // SAFETY: `last` is a node of this chain, claimed above and not yet
+                // published: only this thread touches its hook.
+                let last_links = unsafe { T::links(*last).as_ref() };
+                // Relaxed: published with the whole chain by the Release store that links
+                // its first node (`publish`); the consumer reads it only after that.
+                last_links.next.store(node.as_ptr(), Ordering::Relaxed);
+                *last = node;
+            } else {
+                chain = Some((node, node));
+            }
+        }
+        match chain {
+            // Release, both: see `publish`.
+            Some((first, last)) => self.publish(first, last, Ordering::Release, Ordering::Release),
+            None => false,
+        }
+    }
+
     /// `push` with the orderings of its two publishing stores given: the hand-off store
     /// into `tail` (`hand_off`) and the link store into the previous node's `next`
     /// (`link`). `push` passes Release for both; the planted bug passes Relaxed.
     #[inline]
     fn push_with(&self, handle: T::Handle, hand_off: Ordering, link: Ordering) -> bool {
+        let node = self.claim(handle);
+        self.publish(node, node, hand_off, link)
+    }
+
+    /// Turns `handle` into the queue's node pointer, its `next` cleared (not yet visible
+    /// to anyone).
+    #[inline]
+    fn claim(&self, handle: T::Handle) -> NonNull<T> {
         let node = T::into_ptr(handle);
         // SAFETY: `into_ptr` returned a live node that stays put until `from_ptr`
         // (`Linked`'s contract); the hook holds only atomics, so a shared reference to it
@@ -343,30 +384,45 @@ impl<T: Linked<Tag>, Tag> MpscQueue<T, Tag> {
             drop(unsafe { T::from_ptr(node) });
             panic!("mpsc: push of a node that is already queued through this hook (double push)");
         }
-        // Relaxed: published by the Release swap/link below before anyone reads it.
+        // Relaxed: published by the Release swap/link in `publish` before anyone reads it.
         links.next.store(ptr::null_mut(), Ordering::Relaxed);
-        // AcqRel. Release: publishes the node (its payload, `next = null`) to the producer
-        //   that swaps next and then stores into `node.next`.
+        node
+    }
+
+    /// Publishes the claimed chain `first ..= last` (linked through `next`, `last.next`
+    /// null): one swap of `head`, then the hand-off into `tail` or the link from the
+    /// previous last node. Returns whether the queue was empty.
+    #[inline]
+    fn publish(
+        &self,
+        first: NonNull<T>,
+        last: NonNull<T>,
+        hand_off: Ordering,
+        link: Ordering,
+    ) -> bool {
+        // AcqRel. Release: publishes the chain (payloads, the `next` links inside it,
+        //   `last.next = null`) to the producer that swaps next and then stores into
+        //   `last.next`.
         // Acquire: pairs with the previous swap's Release (or the consumer's emptying CAS),
         //   so that `prev.next = null` (or the consumer's `tail = null`) happens before our
         //   store below.
-        let prev = self.head.swap(node.as_ptr(), Ordering::AcqRel);
+        let prev = self.head.swap(last.as_ptr(), Ordering::AcqRel);
         match NonNull::new(prev) {
             None => {
-                // The queue was empty: hand the node to the consumer.
-                // `hand_off` (Release in `push`): publishes the node's payload to the
-                // consumer's Acquire load of `tail` in `pop_raw`.
-                self.consumer.tail.store(node.as_ptr(), hand_off);
+                // The queue was empty: hand the chain to the consumer.
+                // `hand_off` (Release in `push`): publishes the chain's payloads and links
+                // to the consumer's Acquire load of `tail` in `pop_raw`.
+                self.consumer.tail.store(first.as_ptr(), hand_off);
                 true
             }
             Some(prev) => {
                 // SAFETY: `prev` stays queued (alive) until its `next` is set: the consumer
                 // pops it only after reading a non-null `next`, or by a compare-exchange of
-                // `head` from `prev`, which fails now that `head` is `node`.
+                // `head` from `prev`, which fails now that `head` is `last`.
                 let prev_links = unsafe { T::links(prev).as_ref() };
-                // `link` (Release in `push`): publishes the node's payload to the
-                // consumer's Acquire load of `prev.next` in `pop_raw`.
-                prev_links.next.store(node.as_ptr(), link);
+                // `link` (Release in `push`): publishes the chain's payloads and links to
+                // the consumer's Acquire load of `prev.next` in `pop_raw`.
+                prev_links.next.store(first.as_ptr(), link);
                 false
             }
         }
@@ -748,6 +804,61 @@ mod tests {
         let mut seen = Vec::new();
         assert_eq!(c.drain(|n| seen.push(n.seq)), DrainEnd::Empty);
         assert_eq!(seen, [5]);
+    }
+
+    #[test]
+    fn chains_are_pushed_whole_and_in_order() {
+        let q: MpscQueue<Node, Q> = MpscQueue::new();
+        assert!(!q.push_chain(Vec::new()), "an empty chain pushes nothing");
+        assert!(q.is_empty());
+        assert!(
+            q.push_chain((0..3).map(|s| node(0, s))),
+            "found the queue empty"
+        );
+        assert!(!q.push(node(1, 0)));
+        assert!(!q.push_chain((0..2).map(|s| node(2, s))));
+        let mut c = q.consume();
+        let mut got = Vec::new();
+        c.drain_until_empty(|n| got.push((n.producer, n.seq)));
+        assert_eq!(got, [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1)]);
+        drop(c);
+        assert!(
+            q.push_chain([node(3, 0)]),
+            "empty again: a one-node chain is a push"
+        );
+    }
+
+    #[test]
+    fn concurrent_chains_never_interleave() {
+        let q: Arc<MpscQueue<Node, Q>> = Arc::new(MpscQueue::new());
+        let (producers, chains, len) = (3, if cfg!(miri) { 5 } else { 200 }, 4);
+        let handles: Vec<_> = (0..producers)
+            .map(|p| {
+                let q = q.clone();
+                thread::spawn(move || {
+                    for c in 0..chains {
+                        q.push_chain((0..len).map(|i| node(p, c * len + i)));
+                    }
+                })
+            })
+            .collect();
+        let mut got = Vec::new();
+        let mut c = q.consume();
+        while got.len() < producers * chains * len {
+            let _ = c.drain(|n| got.push((n.producer, n.seq)));
+            thread::yield_now();
+        }
+        drop(c);
+        for h in handles {
+            h.join().unwrap();
+        }
+        for run in got.chunks(len) {
+            let (p, first) = run[0];
+            assert_eq!(first % len, 0, "a chain starts at its first node: {run:?}");
+            for (i, &(pp, seq)) in run.iter().enumerate() {
+                assert_eq!((pp, seq), (p, first + i), "a chain was split: {run:?}");
+            }
+        }
     }
 
     #[test]

@@ -236,6 +236,88 @@ fn two_producers_one_node_each() {
     loom::model(|| run_protocol(&[1, 1]));
 }
 
+/// Each producer pushes its `counts[p]` nodes as one chain (`push_chain`); the consumer
+/// drains them with the same park protocol as [`run_protocol`]. Checks, beyond payloads
+/// and FIFO: every chain arrives in one piece (its nodes popped one after another), and a
+/// chain's was-empty answer is exact for its first node.
+fn run_chains(counts: &'static [usize]) {
+    let queue: Arc<MpscQueue<Node, ArcTag>> = Arc::new(MpscQueue::new());
+    let park = Arc::new(Park::new());
+    let producers: Vec<_> = counts
+        .iter()
+        .enumerate()
+        .map(|(producer, &count)| {
+            let queue = queue.clone();
+            let park = park.clone();
+            thread::spawn(move || {
+                let nodes: Vec<_> = (0..count)
+                    .map(|seq| {
+                        let node = Arc::new(Node::new(producer, seq));
+                        node.publish();
+                        node
+                    })
+                    .collect();
+                let first = queue.push_chain(nodes);
+                if first {
+                    park.unpark();
+                }
+                first
+            })
+        })
+        .collect();
+
+    let total: usize = counts.iter().sum();
+    let mut order: Vec<Popped> = Vec::new();
+    let mut consumer = queue.consume();
+    while order.len() < total {
+        let (pop, emptied) = consumer.try_pop_observed();
+        match pop {
+            Pop::Item(node) => {
+                node.check();
+                order.push(Popped {
+                    producer: node.producer,
+                    seq: node.seq,
+                    emptied,
+                });
+            }
+            Pop::Inconsistent => thread::yield_now(),
+            Pop::Empty => park.park(|| !queue.is_empty()),
+        }
+    }
+    drop(consumer);
+    let was_empty: Vec<bool> = producers.into_iter().map(|h| h.join().unwrap()).collect();
+    let mut i = 0;
+    while i < order.len() {
+        let p = order[i].producer;
+        let expected_first = i == 0 || order[i - 1].emptied;
+        assert_eq!(was_empty[p], expected_first, "wrong was-empty answer");
+        for seq in 0..counts[p] {
+            assert_eq!(
+                (order[i].producer, order[i].seq),
+                (p, seq),
+                "a chain was split or reordered: {order:?}"
+            );
+            assert!(
+                seq + 1 == counts[p] || !order[i].emptied,
+                "the queue emptied inside a chain"
+            );
+            i += 1;
+        }
+    }
+    assert!(order.last().is_none_or(|p| p.emptied));
+    assert!(queue.is_empty());
+}
+
+#[test]
+fn two_chains_arrive_whole() {
+    loom::model(|| run_chains(&[2, 2]));
+}
+
+#[test]
+fn a_chain_and_a_single_push() {
+    loom::model(|| run_chains(&[3, 1]));
+}
+
 /// Dropping the queue drops the handles still queued (loom reports a leaked `Arc`).
 #[test]
 fn drop_releases_queued_handles() {

@@ -122,14 +122,13 @@ pub(crate) struct VmCore {
     /// `fuzzing`; set only by `fuzzing::Runner::with_planted_bug`, never by `Config`).
     #[cfg(feature = "fuzzing")]
     pub(crate) planted: ivm_engine::PlantedBug,
+    /// Received instructions, for the engine's driver. A submission of several
+    /// instructions is pushed as one chain (`push_chain`), so that it reaches the engine
+    /// in one piece: two lists pushed element by element would interleave, and two lazy
+    /// launches of one graph from two threads would then put their critical-section
+    /// begins on the critical-section stream in another order than their launches (run
+    /// k's outputs copied into run k+1's tensors, "end record was already initialised").
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
-    /// Held while a list of more than one instruction is pushed to `pending`, so that
-    /// one submission's instructions reach the engine together: two lists pushed
-    /// element by element would interleave, and two lazy launches of one graph from two
-    /// threads would then put their critical-section begins on the critical-section
-    /// stream in another order than their launches (run k's outputs copied into run
-    /// k+1's tensors, "end record was already initialised").
-    pub(crate) receive_lock: Mutex<()>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
     pub(crate) parking: Arc<crate::engine::drive::EngineToken>,
     pub(crate) state: AtomicUsize,
@@ -177,7 +176,6 @@ impl VmCore {
                 (!single).then(|| Engine::new(config.pending_window)),
             ),
             pending: MpscQueue::new(),
-            receive_lock: Mutex::new(()),
             parking,
             state: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
@@ -318,13 +316,8 @@ impl VmCore {
         }
         // Relaxed: a count; the instructions themselves are published by the pushes.
         self.flying.fetch_add(list.len(), Ordering::Relaxed);
-        let mut wake = false;
-        {
-            let _whole = (list.len() > 1).then(|| lock(&self.receive_lock));
-            for i in list.drain(..) {
-                wake |= self.pending.push(i);
-            }
-        }
+        // One chain: the submission reaches the engine in one piece (see `pending`).
+        let wake = self.pending.push_chain(list.drain(..));
         self.pushed(wake);
         drop(token);
         Ok(())
