@@ -16,17 +16,19 @@
 //!
 //! ```sh
 //! cargo run --release --example train                       # all three modes
-//! cargo run --release --example train -- --epochs 1 --quiet  # what CI runs
+//! cargo run --release --example train -- --epochs 1 --runs 1 --quiet  # what CI runs
 //! cargo run --release --example train -- --mode eager --device sim:20
 //! ```
 //!
-//! Each mode trains `--repeats` times (default 5) from scratch; every repeat must give the
-//! same losses. The table reports the fastest repeat's steps per second and, robust to the
-//! scheduling hiccups of a small shared machine, the median epoch's over all repeats; the
+//! The modes run side by side (`runs.rs`): each trains its own copy of the model, one
+//! epoch at a time, round-robin, the order rotated every epoch, so that the drift of a
+//! shared host hits every mode alike. `--runs N` (default 5) such runs, every one with the
+//! same losses. The table reports, per mode, the median and interquartile range of the
+//! ratio of each epoch's time to plain's same epoch, over all epochs of all runs; the
 //! core-to-core round trip printed with it says how much each hand-over between threads
 //! costs on the machine at that moment.
 //!
-//! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`, `--repeats N`,
+//! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`, `--runs N`,
 //! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy`, `--quiet`,
 //! `--trace PATH` (default: `ivm-train-trace.json` in the temp directory) or `--no-trace`.
 //!
@@ -39,6 +41,7 @@ mod data;
 mod kernels;
 mod modes;
 mod program;
+mod runs;
 mod trace;
 
 use std::io::IsTerminal;
@@ -51,7 +54,7 @@ use ivm::ivm_device::sim::{Latency, SimAdapter, SimConfig};
 use ivm::ivm_std::{Config, Device, Stream, StreamId, StreamType, VirtualMachine};
 
 use kernels::Adam;
-use modes::{Batch, Eager, Lazy, Plain, TrainRows, Trainer, Weights};
+use modes::{Plain, TrainRows, Trainer, Weights};
 use program::Program;
 
 /// Where the VM runs the kernels.
@@ -103,10 +106,10 @@ struct Args {
     modes: Vec<Mode>,
     quiet: bool,
     trace: Option<std::path::PathBuf>,
-    repeats: usize,
+    runs: usize,
 }
 
-const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--repeats N] \
+const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
 [--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace]";
 
 fn parse_args() -> Result<Args, String> {
@@ -120,7 +123,7 @@ fn parse_args() -> Result<Args, String> {
         modes: vec![Mode::Plain, Mode::Eager, Mode::Lazy],
         quiet: false,
         trace: Some(std::env::temp_dir().join("ivm-train-trace.json")),
-        repeats: 5,
+        runs: 5,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -144,7 +147,7 @@ fn parse_args() -> Result<Args, String> {
             "--hidden" => a.hidden = num(&flag, value(&flag)?)?,
             "--lr" => a.lr = num(&flag, value(&flag)?)?,
             "--seed" => a.seed = num(&flag, value(&flag)?)?,
-            "--repeats" => a.repeats = num(&flag, value(&flag)?)?,
+            "--runs" => a.runs = num(&flag, value(&flag)?)?,
             "--quiet" | "-q" => a.quiet = true,
             "--trace" => a.trace = Some(value(&flag)?.into()),
             "--no-trace" => a.trace = None,
@@ -177,8 +180,8 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown flag `{flag}`\n{USAGE}")),
         }
     }
-    if a.epochs == 0 || a.batch == 0 || a.hidden == 0 || a.repeats == 0 {
-        return Err("--epochs, --batch-size, --hidden and --repeats must be positive".into());
+    if a.epochs == 0 || a.batch == 0 || a.hidden == 0 || a.runs == 0 {
+        return Err("--epochs, --batch-size, --hidden and --runs must be positive".into());
     }
     Ok(a)
 }
@@ -189,10 +192,9 @@ struct Run {
     losses: Vec<f32>,
     /// Wall time of the training loop only.
     elapsed: Duration,
-    /// Wall time of the last epoch (once `run_mode` picked the fastest repeat: of the
-    /// first repeat's, the traced one).
+    /// Wall time of the last epoch (the traced one, in the first run).
     last_epoch: Duration,
-    /// Wall time of every untraced epoch (of every repeat, once `run_mode` merged them).
+    /// Wall time of every untraced epoch, in order.
     epochs: Vec<Duration>,
     weights: Weights,
     accuracy: f64,
@@ -244,28 +246,10 @@ fn train(
             trainer.sync()?;
             trace::start(pid);
         }
-        let e0 = Instant::now();
         let order = next_order;
         next_order = data::epoch_order(rows, a.seed, epoch + 1).into();
-        for s in 0..spe {
-            let batch = Batch {
-                order: order.clone(),
-                start: s * prog.batch,
-            };
-            let next = if s + 1 < spe {
-                Some(Batch {
-                    order: order.clone(),
-                    start: (s + 1) * prog.batch,
-                })
-            } else {
-                (!last).then(|| Batch {
-                    order: next_order.clone(),
-                    start: 0,
-                })
-            };
-            losses.push(trainer.step(&batch, next.as_ref())?);
-        }
-        last_epoch = e0.elapsed();
+        let next = (!last).then_some(&next_order);
+        last_epoch = runs::epoch(setup, prog, trainer, &order, next, &mut losses)?;
         if !(last && trace_pid.is_some()) {
             // The traced epoch pays for its trace: left out of the epoch statistics.
             epochs.push(last_epoch);
@@ -346,82 +330,8 @@ fn new_vm(device: DeviceArg) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Op
     }
 }
 
-/// Trains `prog` in `mode` `--repeats` times from scratch; every repeat must produce the
-/// same losses bit for bit. Returns the fastest repeat, with the traced (first) repeat's
-/// last-epoch time.
-fn run_mode(setup: &Setup<'_>, mode: Mode, prog: &Arc<Program>) -> ivm::ivm_std::Result<Run> {
-    let mut best: Option<Run> = None;
-    let mut traced = Duration::ZERO;
-    let mut epochs = Vec::new();
-    for rep in 0..setup.args.repeats {
-        let pid = setup
-            .args
-            .trace
-            .as_ref()
-            .filter(|_| rep == 0)
-            .map(|_| mode.pid());
-        let r = run_once(setup, mode, prog, pid)?;
-        if rep == 0 {
-            traced = r.last_epoch;
-        }
-        epochs.extend_from_slice(&r.epochs);
-        if let Some(b) = &best
-            && !same_bits(&b.losses, &r.losses)
-        {
-            return Err(ivm::ivm_std::Error::Config(format!(
-                "determinism: repeat {rep} of {} produced different losses than repeat 0",
-                mode.name()
-            )));
-        }
-        if best.as_ref().is_none_or(|b| r.elapsed < b.elapsed) {
-            best = Some(r);
-        }
-    }
-    let mut best = best.expect("at least one repeat");
-    best.last_epoch = traced;
-    best.epochs = epochs;
-    Ok(best)
-}
-
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-fn run_once(
-    setup: &Setup<'_>,
-    mode: Mode,
-    prog: &Arc<Program>,
-    pid: Option<u32>,
-) -> ivm::ivm_std::Result<Run> {
-    match mode {
-        Mode::Plain => {
-            let mut t = Plain::new(prog.clone(), setup.rows.clone());
-            train(setup, mode, "mlp plain", prog, &mut t, pid)
-        }
-        Mode::Eager | Mode::EagerOneStream => {
-            let (vm, s, h2d) = new_vm(setup.args.device)?;
-            // On the sim, the batches are copied from the host: on the h2d stream
-            // (overlapping compute), or on the compute stream itself.
-            let copy = match mode {
-                Mode::EagerOneStream => h2d.map(|_| s.clone()),
-                _ => h2d,
-            };
-            let label = format!("mlp {}", mode.name());
-            let mut t = Eager::new(&vm, s, prog.clone(), &setup.rows, copy)?;
-            let r = train(setup, mode, &label, prog, &mut t, pid);
-            drop(t);
-            vm.shutdown()?;
-            r
-        }
-        Mode::Lazy => {
-            let (vm, s, _) = new_vm(setup.args.device)?;
-            let mut t = Lazy::new(&vm, s, prog.clone(), &setup.rows)?;
-            let r = train(setup, mode, "mlp lazy", prog, &mut t, pid);
-            drop(t);
-            vm.shutdown()?;
-            r
-        }
-    }
 }
 
 /// The per-step breakdown of each mode's last epoch, from the trace.
@@ -648,9 +558,44 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
             .map_or(0, |i| i + 1);
         modes.insert(at, Mode::EagerOneStream);
     }
-    let mut runs = Vec::new();
-    for &mode in &modes {
-        runs.push(run_mode(&setup, mode, &mlp)?);
+    // `--runs` interleaved runs (`runs.rs`); every run must repeat the first's losses.
+    let pb = progress(args, "interleaved runs", args.runs as u64);
+    let mut all: Vec<Vec<Run>> = Vec::with_capacity(args.runs);
+    for r in 0..args.runs {
+        let run = runs::interleaved(&setup, &modes, &mlp, r == 0 && args.trace.is_some())?;
+        if let Some(first) = all.first() {
+            for (a, b) in first.iter().zip(&run) {
+                if !same_bits(&a.losses, &b.losses) {
+                    return Err(ivm::ivm_std::Error::Config(format!(
+                        "determinism: run {r} of {} produced different losses than run 0",
+                        b.mode.name()
+                    )));
+                }
+            }
+        }
+        all.push(run);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    // Run 0's runs (losses, weights, trace), with every run's epoch times and reads.
+    let mut runs: Vec<Run> = all[0]
+        .iter()
+        .map(|r| Run {
+            mode: r.mode,
+            losses: r.losses.clone(),
+            elapsed: r.elapsed,
+            last_epoch: r.last_epoch,
+            epochs: Vec::new(),
+            weights: r.weights.clone(),
+            accuracy: r.accuracy,
+            read_lat: Vec::new(),
+        })
+        .collect();
+    for run in &all {
+        for (agg, r) in runs.iter_mut().zip(run) {
+            agg.epochs.extend_from_slice(&r.epochs);
+            agg.read_lat.extend_from_slice(&r.read_lat);
+        }
     }
     let mut lr_plain = Plain::new(logreg.clone(), setup.rows.clone());
     let baseline = train(
@@ -663,60 +608,54 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
     )?;
 
     let spe = setup.steps_per_epoch;
-    // Steps per second over the whole run, and over the median epoch (robust to the
-    // scheduler hiccups of a small shared VM: see the README).
-    let rates = |r: &Run| {
-        let whole = r.losses.len() as f64 / r.elapsed.as_secs_f64();
+    // Steps per second of the median epoch, over all runs.
+    let median_rate = |r: &Run| {
         let mut e = r.epochs.clone();
         e.sort_unstable();
-        let median = e
-            .get(e.len() / 2)
-            .map_or(whole, |m| spe as f64 / m.as_secs_f64());
-        (whole, median)
+        e.get(e.len() / 2)
+            .map_or(r.losses.len() as f64 / r.elapsed.as_secs_f64(), |m| {
+                spe as f64 / m.as_secs_f64()
+            })
     };
-    let plain = runs.iter().find(|r| r.mode == Mode::Plain).map(rates);
     println!();
     println!(
-        "| model  | mode     | steps | time (s) | steps/s | vs plain | median-epoch steps/s | vs plain | final loss | test acc |"
+        "| model  | mode     | steps | median-epoch steps/s | vs plain: median | interquartile range | epochs | final loss | test acc |"
     );
     println!(
-        "|--------|----------|------:|---------:|--------:|---------:|---------------------:|---------:|-----------:|---------:|"
+        "|--------|----------|------:|---------------------:|-----------------:|--------------------:|-------:|-----------:|---------:|"
     );
-    let row = |model: &str, r: &Run| {
-        let (rate, median) = rates(r);
-        let vs = |p: Option<f64>, x: f64| match (p, r.mode) {
-            (Some(_), Mode::Plain) | (None, _) => "-".to_string(),
-            (Some(p), _) => format!("{:+.1} %", (p / x - 1.0) * 100.0),
+    let row = |model: &str, r: &Run, spread: Option<runs::Spread>| {
+        let pct = |x: f64| format!("{:+.1} %", (x - 1.0) * 100.0);
+        let (vs, iqr, n) = match spread {
+            Some(s) if r.mode != Mode::Plain => (
+                pct(s.median),
+                format!("{} .. {}", pct(s.q1), pct(s.q3)),
+                s.n.to_string(),
+            ),
+            _ => ("-".into(), "-".into(), r.epochs.len().to_string()),
         };
         let last = &r.losses[r.losses.len() - spe..];
         println!(
-            "| {model:<6} | {:<8} | {:>5} | {:>8.3} | {:>7.0} | {:>8} | {:>20.0} | {:>8} | {:>10.4} | {:>7.1} % |",
+            "| {model:<6} | {:<8} | {:>5} | {:>20.0} | {vs:>16} | {iqr:>19} | {n:>6} | {:>10.4} | {:>7.1} % |",
             r.mode.name(),
             r.losses.len(),
-            r.elapsed.as_secs_f64(),
-            rate,
-            vs(plain.map(|p| p.0), rate),
-            median,
-            vs(plain.map(|p| p.1), median),
+            median_rate(r),
             last.iter().sum::<f32>() / spe as f32,
             r.accuracy * 100.0
         );
     };
     for r in &runs {
-        row("mlp", r);
+        row("mlp", r, runs::Spread::of(runs::ratios(&all, r.mode)));
     }
-    row("logreg", &baseline);
+    row("logreg", &baseline, None);
     println!();
     println!(
-        "\"vs plain\": extra wall time per step relative to plain (the VM's share): over the \
-         whole run (fastest of {} repeats), and over the median epoch of all repeats.",
-        args.repeats
+        "\"vs plain\": the VM's share, as the ratio of each epoch's wall time to plain's same \
+         epoch of the same run (modes interleaved epoch by epoch, order rotated), over {} \
+         run(s): median and interquartile range.",
+        args.runs
     );
-    let rate_of = |m: Mode| {
-        runs.iter()
-            .find(|r| r.mode == m)
-            .map(|r| r.losses.len() as f64 / r.elapsed.as_secs_f64())
-    };
+    let rate_of = |m: Mode| runs.iter().find(|r| r.mode == m).map(median_rate);
     if let (Some(two), Some(one)) = (rate_of(Mode::Eager), rate_of(Mode::EagerOneStream)) {
         println!(
             "sim: batches copied from the host on an h2d stream overlapping compute (eager) vs on \

@@ -1,0 +1,203 @@
+//! Running the modes side by side, so that the host's drift hits them alike: every mode
+//! trains its own copy of the model (its own VM), one epoch at a time, round-robin —
+//! epoch e of each mode before epoch e + 1 of any — with the order rotated every epoch
+//! (plain, eager, lazy; then eager, lazy, plain; ...). The cost of a mode is then the
+//! ratio of each of its epochs to plain's same epoch, reported as the median and the
+//! interquartile range over all epochs of all runs (`ratios`, `Spread`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ivm::ivm_std::{Result, Stream, VirtualMachine};
+
+use crate::modes::{Batch, Eager, Lazy, Plain, Trainer};
+use crate::program::{self, Program};
+use crate::{Mode, Run, Setup, data, new_vm, trace};
+
+/// Runs epoch `epoch` of `trainer` (all its steps, in the epoch's row `order`; `next` is
+/// the next epoch's order, for the prefetch of the last step), appending the losses.
+pub fn epoch(
+    setup: &Setup<'_>,
+    prog: &Program,
+    trainer: &mut dyn Trainer,
+    order: &Arc<[u32]>,
+    next: Option<&Arc<[u32]>>,
+    losses: &mut Vec<f32>,
+) -> Result<Duration> {
+    let spe = setup.steps_per_epoch;
+    let e0 = Instant::now();
+    for s in 0..spe {
+        let batch = Batch {
+            order: order.clone(),
+            start: s * prog.batch,
+        };
+        let following = if s + 1 < spe {
+            Some(Batch {
+                order: order.clone(),
+                start: (s + 1) * prog.batch,
+            })
+        } else {
+            next.map(|o| Batch {
+                order: o.clone(),
+                start: 0,
+            })
+        };
+        losses.push(trainer.step(&batch, following.as_ref())?);
+    }
+    Ok(e0.elapsed())
+}
+
+/// One mode while an interleaved run goes on.
+struct Live<'vm> {
+    mode: Mode,
+    trainer: Box<dyn Trainer + 'vm>,
+    losses: Vec<f32>,
+    epochs: Vec<Duration>,
+    elapsed: Duration,
+    last_epoch: Duration,
+}
+
+/// One interleaved run of `modes` (see the module docs); `traced`: record each mode's
+/// last epoch (left out of the epoch times, since it pays for its trace).
+pub fn interleaved(
+    setup: &Setup<'_>,
+    modes: &[Mode],
+    prog: &Arc<Program>,
+    traced: bool,
+) -> Result<Vec<Run>> {
+    let a = setup.args;
+    // The VMs first: the trainers borrow them.
+    let vms: Vec<Option<(VirtualMachine, Stream, Option<Stream>)>> = modes
+        .iter()
+        .map(|m| match m {
+            Mode::Plain => Ok(None),
+            _ => new_vm(a.device).map(Some),
+        })
+        .collect::<Result<_>>()?;
+    let mut lives = Vec::new();
+    for (&mode, vm) in modes.iter().zip(&vms) {
+        let trainer: Box<dyn Trainer + '_> = match (mode, vm) {
+            (Mode::Plain, _) => Box::new(Plain::new(prog.clone(), setup.rows.clone())),
+            (Mode::Eager | Mode::EagerOneStream, Some((vm, s, h2d))) => {
+                // On the sim, the batches are copied from the host: on the h2d stream
+                // (overlapping compute), or on the compute stream itself.
+                let copy = match mode {
+                    Mode::EagerOneStream => h2d.as_ref().map(|_| s.clone()),
+                    _ => h2d.clone(),
+                };
+                Box::new(Eager::new(vm, s.clone(), prog.clone(), &setup.rows, copy)?)
+            }
+            (Mode::Lazy, Some((vm, s, _))) => {
+                Box::new(Lazy::new(vm, s.clone(), prog.clone(), &setup.rows)?)
+            }
+            _ => unreachable!("every VM mode has its VM"),
+        };
+        lives.push(Live {
+            mode,
+            trainer,
+            losses: Vec::with_capacity(a.epochs * setup.steps_per_epoch),
+            epochs: Vec::with_capacity(a.epochs),
+            elapsed: Duration::ZERO,
+            last_epoch: Duration::ZERO,
+        });
+    }
+    let rows = setup.rows.y.len();
+    let mut next_order: Arc<[u32]> = data::epoch_order(rows, a.seed, 0).into();
+    for e in 0..a.epochs {
+        let last = e + 1 == a.epochs;
+        let order = next_order;
+        next_order = data::epoch_order(rows, a.seed, e + 1).into();
+        let n = lives.len();
+        for k in 0..n {
+            let live = &mut lives[(e + k) % n];
+            let trace_this = last && traced;
+            if trace_this {
+                live.trainer.sync()?;
+                trace::start(live.mode.pid());
+            }
+            let next = (!last).then_some(&next_order);
+            let t = epoch(
+                setup,
+                prog,
+                &mut *live.trainer,
+                &order,
+                next,
+                &mut live.losses,
+            )?;
+            live.elapsed += t;
+            live.last_epoch = t;
+            if trace_this {
+                live.trainer.sync()?;
+                trace::stop();
+            } else {
+                live.epochs.push(t);
+            }
+        }
+    }
+    let mut runs = Vec::with_capacity(lives.len());
+    for mut live in lives {
+        let weights = live.trainer.weights()?;
+        let accuracy = program::accuracy(&prog.layers, &weights, &setup.test.x, &setup.test.y);
+        runs.push(Run {
+            mode: live.mode,
+            losses: live.losses,
+            elapsed: live.elapsed,
+            last_epoch: live.last_epoch,
+            epochs: live.epochs,
+            weights,
+            accuracy,
+            read_lat: live.trainer.read_latencies().to_vec(),
+        });
+    }
+    for (vm, _, _) in vms.into_iter().flatten() {
+        vm.shutdown()?;
+    }
+    Ok(runs)
+}
+
+/// Median and quartiles of a sample.
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    pub q1: f64,
+    pub median: f64,
+    pub q3: f64,
+    pub n: usize,
+}
+
+impl Spread {
+    pub fn of(mut v: Vec<f64>) -> Option<Spread> {
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            let x = p * (v.len() - 1) as f64;
+            let (lo, hi) = (x.floor() as usize, x.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (x - lo as f64)
+        };
+        Some(Spread {
+            q1: at(0.25),
+            median: at(0.5),
+            q3: at(0.75),
+            n: v.len(),
+        })
+    }
+}
+
+/// The ratio of every epoch of `mode` to plain's same epoch of the same run, over all
+/// runs (`runs[r]` is run r's modes).
+pub fn ratios(runs: &[Vec<Run>], mode: Mode) -> Vec<f64> {
+    let mut out = Vec::new();
+    for run in runs {
+        let (Some(p), Some(m)) = (
+            run.iter().find(|r| r.mode == Mode::Plain),
+            run.iter().find(|r| r.mode == mode),
+        ) else {
+            continue;
+        };
+        for (pe, me) in p.epochs.iter().zip(&m.epochs) {
+            out.push(me.as_secs_f64() / pe.as_secs_f64());
+        }
+    }
+    out
+}
