@@ -40,6 +40,7 @@
 mod data;
 mod kernels;
 mod modes;
+mod plots;
 mod program;
 mod runs;
 mod trace;
@@ -714,6 +715,31 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
                 path.display()
             ),
             Err(e) => println!("trace: could not write {}: {e}", path.display()),
+        }
+        // The pictures, next to the trace.
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        let (loss_path, timeline_path) =
+            (dir.join("train-loss.svg"), dir.join("train-timeline.svg"));
+        let mut series: Vec<(String, &[f32])> = runs
+            .iter()
+            .map(|r| (format!("mlp {}", r.mode.name()), r.losses.as_slice()))
+            .collect();
+        series.push(("logistic regression".into(), baseline.losses.as_slice()));
+        let named: Vec<(&str, &[f32])> = series.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+        match plots::loss(&loss_path, &named) {
+            Ok(()) => println!("loss per step (SVG): {}", loss_path.display()),
+            Err(e) => println!("plot: could not write {}: {e}", loss_path.display()),
+        }
+        let lanes: Vec<(&str, plots::Spans)> = runs
+            .iter()
+            .map(|r| (r.mode.name(), trace::spans_of(r.mode.pid())))
+            .collect();
+        match plots::timeline(&timeline_path, &lanes, 3, setup.steps_per_epoch) {
+            Ok(()) => println!(
+                "timeline of the last steps (SVG): {}",
+                timeline_path.display()
+            ),
+            Err(e) => println!("plot: could not write {}: {e}", timeline_path.display()),
         }
     }
     match check_determinism(&runs) {

@@ -173,6 +173,15 @@ fn escape(s: &str) -> String {
     o
 }
 
+/// Every recorded span of process `pid`: (thread, category, start µs, duration µs).
+pub fn spans_of(pid: u32) -> Vec<(String, Cat, f64, f64)> {
+    lock(&EVENTS)
+        .iter()
+        .filter(|s| s.pid == pid)
+        .map(|s| (s.thread.clone(), s.cat, s.ts_us, s.dur_us))
+        .collect()
+}
+
 /// Writes every recorded span as a Chrome trace; `processes` names each pid.
 pub fn write(path: &std::path::Path, processes: &[(u32, &str)]) -> std::io::Result<usize> {
     let events = lock(&EVENTS);
