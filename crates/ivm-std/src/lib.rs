@@ -51,6 +51,7 @@ mod vm;
 
 pub use device::alloc_cache;
 pub use device::cpu::{CpuAdapter, CpuAllocator, CpuEvent, CpuStream, HostMemory};
+pub use device::policy::{CpuStreamPolicy, DeviceStreamPolicy, Placement, StreamPolicy};
 pub use device::{
     DeviceAdapter, DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode,
 };
@@ -71,7 +72,7 @@ pub use engine::drive::Helpers;
 pub use engine::stats;
 pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use model::kernel::KernelCtx;
-pub use model::stream::{CpuStreamPolicy, DeviceStreamPolicy, Placement, Stream, StreamPolicy};
+pub use model::stream::Stream;
 pub use model::trace;
 pub use runtime::tensor::Tensor;
 pub use util::config::{Config, Mode, SPIN_WINDOW_MIN_CORES};

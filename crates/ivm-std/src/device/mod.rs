@@ -33,6 +33,7 @@
 
 pub mod alloc_cache;
 pub(crate) mod cpu;
+pub(crate) mod policy;
 
 use std::any::Any;
 use std::fmt;
@@ -247,9 +248,9 @@ pub trait DeviceAdapter: Send + Sync + fmt::Debug + 'static {
         index: u32,
         stream_type: StreamType,
         mode: KernelMode,
-    ) -> Box<dyn crate::StreamPolicy> {
+    ) -> Box<dyn policy::StreamPolicy> {
         let _ = index;
-        Box::new(crate::DeviceStreamPolicy::new(
+        Box::new(policy::DeviceStreamPolicy::new(
             stream_type,
             mode,
             self.supports_events(),

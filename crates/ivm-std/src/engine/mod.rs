@@ -21,10 +21,11 @@ use std::sync::Arc;
 use ivm_core::sync::Ordering;
 use ivm_engine::{AccessMode, Completion, DispatchCtx, Dispatched, Executor, Growable};
 
+use crate::device::policy::Placement;
 use crate::engine::core::{Probe, VmCore};
 use crate::engine::drive::Driver;
 use crate::model::instruction::{Instruction, Kind, status};
-use crate::model::stream::{Placement, StreamShared};
+use crate::model::stream::StreamShared;
 use crate::util::error::{Diagnostic, LivelyInstruction};
 use crate::util::tuning::PRESIZE;
 

@@ -1,9 +1,9 @@
 //! Engine unit tests. The engine is driven by hand: instructions are dispatched to worker
 //! contexts that no thread runs, so each test decides when each instruction completes.
 use super::*;
+use crate::device::policy::CpuStreamPolicy;
 use crate::model::blob::Blob;
 use crate::model::instruction::Instruction;
-use crate::model::stream::CpuStreamPolicy;
 use crate::model::thread_ctx::ThreadCtx;
 use crate::util::config::Config;
 use crate::util::ids::{Device, StreamId, StreamType};

@@ -10,11 +10,12 @@ use std::thread::JoinHandle;
 use ivm_core::sync::Ordering;
 
 use crate::device::DeviceAdapter;
+use crate::device::policy::{Placement, StreamPolicy};
 use crate::engine::core::VmCore;
 use crate::engine::worker::worker_loop;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Kind};
-use crate::model::stream::{DeviceCtx, Placement, Sticky, Stream, StreamPolicy, StreamShared};
+use crate::model::stream::{DeviceCtx, Sticky, Stream, StreamShared};
 use crate::model::thread_ctx::ThreadCtx;
 use crate::runtime::soft_sync::{self, Use};
 use crate::runtime::tensor::Tensor;

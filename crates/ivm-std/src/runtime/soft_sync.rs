@@ -23,9 +23,10 @@ use std::sync::Arc;
 
 use ivm_core::sync::{AtomicU32, Ordering};
 
+use crate::device::policy::Placement;
 use crate::model::blob::Blob;
 use crate::model::instruction::{EventSlot, Instruction, Kind, Operands};
-use crate::model::stream::{Placement, StreamShared};
+use crate::model::stream::StreamShared;
 use crate::runtime::shared::VmShared;
 use ivm_core::list::NIL;
 

@@ -14,6 +14,7 @@ use ivm_core::counter::BlockingCounter;
 use ivm_core::sync::Ordering;
 
 use crate::device::cpu::{CpuAdapter, HostMemory};
+use crate::device::policy::CpuStreamPolicy;
 use crate::device::{DeviceAdapter, DeviceMemory};
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::sync_access::{self, CallbackKind};
@@ -21,7 +22,7 @@ use crate::engine::DebugCounters;
 use crate::engine::core::{NEXT_BLOB_ID, NEXT_VM_ID, Probe, ReentryGuard, SHUT, VmCore, inside};
 use crate::model::blob::Blob;
 use crate::model::instruction::Kind;
-use crate::model::stream::{CpuStreamPolicy, DeviceCtx, Stream, StreamShared};
+use crate::model::stream::{DeviceCtx, Stream, StreamShared};
 use crate::runtime::shared::{Registry, VmShared};
 use crate::runtime::tensor::{Tensor, TensorInner};
 use crate::util::config::{Config, Mode};

@@ -1,0 +1,119 @@
+//! Stream policies: what the engine asks of a stream (completion at launch or later,
+//! strict same-stream edges, placement, events), chosen per stream type by the device
+//! adapter that serves it ([`DeviceAdapter::stream_policy`](crate::DeviceAdapter::stream_policy)).
+//! Beside the adapter traits, below the VM's model of a stream, which holds one.
+
+use std::fmt;
+
+use crate::device::KernelMode;
+use crate::util::ids::StreamType;
+
+/// Where the instructions of a stream run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On the worker thread of the stream's (device, thread id).
+    SharedWorker,
+    /// On a worker thread of its own per (device type, stream type).
+    OwnWorker,
+    /// On the scheduler thread itself.
+    Scheduler,
+}
+
+/// How the instructions of a stream run and when they are done.
+///
+/// The engine launches an instruction (runs its body on the stream's thread) and then
+/// asks the policy whether it is done. On a compute stream an instruction is done at
+/// launch (the device queue orders the stream); streams whose work completes later (copy
+/// streams on an asynchronous device) answer `false` from
+/// [`done_at_launch`](Self::done_at_launch): an event is recorded after each instruction
+/// and its [`on_complete`](crate::Event::on_complete) callback marks the instruction done
+/// and wakes the scheduler through ivm-core's parking protocol (see [`crate::device`]).
+pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
+    /// The stream type this policy serves.
+    fn stream_type(&self) -> StreamType;
+
+    /// Where instructions run.
+    fn placement(&self) -> Placement {
+        let t = self.stream_type();
+        if t.runs_on_scheduler() {
+            Placement::Scheduler
+        } else if t.needs_own_thread() {
+            Placement::OwnWorker
+        } else {
+            Placement::SharedWorker
+        }
+    }
+
+    /// Whether an instruction is done as soon as its body returned.
+    fn done_at_launch(&self) -> bool {
+        true
+    }
+
+    /// Whether an edge between two instructions of this stream waits for its source's
+    /// release instead of being satisfied by dispatch order (see
+    /// [`ivm_engine::StreamPolicy::strict_same_stream_edges`]). Critical sections: the
+    /// graph runtime acts on their tensors between a begin and its end's record, outside
+    /// the stream's dispatch order.
+    fn strict_same_stream_edges(&self) -> bool {
+        self.stream_type() == StreamType::CriticalSection
+    }
+
+    /// Whether the stream supports device events (soft sync needs them).
+    fn supports_events(&self) -> bool {
+        false
+    }
+}
+
+/// The policy of the cpu device's streams: synchronous, done at launch, no events.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuStreamPolicy(pub StreamType);
+
+impl StreamPolicy for CpuStreamPolicy {
+    fn stream_type(&self) -> StreamType {
+        self.0
+    }
+}
+
+/// The policy of a stream served by a device adapter, written against the adapter traits
+/// (see [`crate::device`]): compute streams are done at launch; host-to-device and
+/// device-to-host streams of an asynchronous device are done when an event recorded after
+/// each instruction completes; critical-section and lazy-job-launcher streams run on a
+/// thread of their own and (for now: a stub until lazy jobs land) are done at launch;
+/// barriers run on the scheduler.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceStreamPolicy {
+    stream_type: StreamType,
+    done_at_launch: bool,
+    events: bool,
+}
+
+impl DeviceStreamPolicy {
+    /// The policy of a `stream_type` stream on a device whose streams run kernels in
+    /// `mode` and that supports events (`events`) or not.
+    pub fn new(stream_type: StreamType, mode: KernelMode, events: bool) -> Self {
+        let asynchronous = mode != KernelMode::Synchronous;
+        let done_at_launch = match stream_type {
+            StreamType::HostToDevice | StreamType::DeviceToHost => !asynchronous,
+            // Stubs until lazy jobs land: their status is handled at launch.
+            StreamType::CriticalSection | StreamType::LazyJobLauncher => true,
+            StreamType::Compute | StreamType::Barrier => true,
+        };
+        Self {
+            stream_type,
+            done_at_launch,
+            events: events && !stream_type.runs_on_scheduler() && !stream_type.needs_own_thread(),
+        }
+    }
+}
+
+impl StreamPolicy for DeviceStreamPolicy {
+    fn stream_type(&self) -> StreamType {
+        self.stream_type
+    }
+    fn done_at_launch(&self) -> bool {
+        self.done_at_launch
+    }
+    fn supports_events(&self) -> bool {
+        self.events
+    }
+}
