@@ -492,7 +492,11 @@ impl Drop for SimStream {
         // joining there could wait for an event that thread itself has yet to reach, so
         // the stream's thread then drains and exits by itself.
         let on_sim = ON_SIM_THREAD.with(std::cell::Cell::get);
+        // Neither is it joined while an injected fault leaves events uncompleted: a
+        // device-side wait on one would hold it forever; it exits once healed.
+        let stuck = self.state.faults.stuck_now() > 0;
         if !on_sim
+            && !stuck
             && std::thread::current().id() != self.thread_id
             && let Some(h) = self
                 .thread
