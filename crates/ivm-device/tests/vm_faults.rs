@@ -155,3 +155,39 @@ fn shutdown_with_an_instruction_whose_event_never_completes_is_bounded() {
     let st = sim.allocator_stats(0).unwrap();
     assert_eq!((st.live_allocations, st.double_frees), (0, 0), "{st:?}");
 }
+
+// Finding 2: a sync read behind a device-side wait on an event that never completes is
+// done at launch (the engine released it), so its timeout diagnostic named nothing.
+
+#[test]
+fn a_read_stuck_behind_a_device_side_wait_names_the_device_work() {
+    let sim = sim(stuck_events());
+    let vm = vm(&sim);
+    let default = StreamId::compute(sim_device(0), 0);
+    let other = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
+    let x = vm.new_tensor_on(&other, 8).unwrap();
+    vm.run(|b| b.call(&other, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+        .unwrap();
+    vm.sync().unwrap();
+    // The read runs on the default stream: soft sync records an event on `other` (stuck)
+    // and makes the default stream wait for it on the device.
+    sim.resume_faults();
+    let (v2, x2) = (vm.clone(), x.clone());
+    let d = timeout_diagnostic(bounded("the read", move || {
+        let mut out = [0u8; 8];
+        v2.sync_read_small_mem(&x2, &mut out)
+    }));
+    assert!(names_device_work(&d, &default.to_string()), "{d}");
+    assert!(
+        d.lively
+            .iter()
+            .any(|l| l.name.contains("sync_read_small_mem")),
+        "the diagnostic does not name the waited read: {d}"
+    );
+    sim.heal();
+    let mut out = [0u8; 8];
+    vm.sync_read_small_mem(&x, &mut out).unwrap();
+    assert_eq!(u64::from_ne_bytes(out), 7);
+    drop(x);
+    vm.shutdown().unwrap();
+}
