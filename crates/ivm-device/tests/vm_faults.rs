@@ -1,7 +1,8 @@
 //! The VM on a sim device with injected faults (`SimFaults`).
 //!
 //! Regression tests of the fault findings: a wait on device work that never completes is
-//! bounded and its diagnostic names that work.
+//! bounded and its diagnostic names that work; a sync write whose completion reports a
+//! device error poisons its tensor.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -189,5 +190,54 @@ fn a_read_stuck_behind_a_device_side_wait_names_the_device_work() {
     vm.sync_read_small_mem(&x, &mut out).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 7);
     drop(x);
+    vm.shutdown().unwrap();
+}
+
+// Finding 3: a sync write whose completion (the finisher queued after it on the device)
+// picked up a device error returned the error but left the tensor unpoisoned.
+
+#[test]
+fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
+    let sim = sim(SimFaults {
+        event_error: 1,
+        ..SimFaults::NONE
+    });
+    let vm = vm(&sim);
+    let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+    let other = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
+    let x = vm.new_tensor_on(&s, 8).unwrap();
+    let y = vm.new_tensor_on(&other, 8).unwrap();
+    vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+        .unwrap();
+    vm.sync().unwrap();
+    // A kernel reading `x` on another stream has soft sync record an event on the
+    // default stream, which completes with an error that no host-observed completion
+    // takes (a device-side wait is no data instruction): the write on that stream is the
+    // next to observe it.
+    sim.resume_faults();
+    vm.run(|b| {
+        b.call(&other, &[&x], &[&y], |k| {
+            k.output_u64(0)[0] = k.input_u64(0)[0];
+        })
+    })
+    .unwrap();
+    let r = vm.sync_write_small_mem(&x, &9u64.to_ne_bytes());
+    sim.heal();
+    let Err(Error::Poisoned { instruction, .. }) = r else {
+        panic!("the write did not observe the device error: {r:?}");
+    };
+    assert!(
+        instruction.starts_with("sync_write_small_mem"),
+        "{instruction}"
+    );
+    let mut out = [0u8; 8];
+    match vm.sync_read_small_mem(&x, &mut out) {
+        Err(Error::Poisoned { instruction: i, .. }) => assert_eq!(i, instruction),
+        other => panic!(
+            "after a failed write the tensor reads {other:?} ({})",
+            u64::from_ne_bytes(out)
+        ),
+    }
+    drop((x, y));
     vm.shutdown().unwrap();
 }
