@@ -1,5 +1,13 @@
 //! The VM on a sim device with injected faults (`SimFaults`).
 //!
+//! The fault campaign (`vm_under_sim_faults_matches_the_model_proptest`): the equivalence
+//! programs on the cpu plus two sim devices that fail launches, leave events uncompleted
+//! or complete them with an error, fail allocations and slow copies down, each checked by
+//! `Runner::run_with_faults` (failed instructions' outputs poisoned and their readers
+//! naming them, everything else equal to the interpreter, no hang), then the VM shut down
+//! with no live object and the sim allocator with no leak and no double free.
+//! `IVM_FAULT_CASES` sets the number of programs (default 160); the counts are printed.
+//!
 //! Regression tests of the fault findings: a wait on device work that never completes is
 //! bounded and its diagnostic names that work; a sync write whose completion reports a
 //! device error poisons its tensor.
@@ -8,8 +16,11 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ivm_device::sim::{SimAdapter, SimConfig, SimFaults, sim_device};
-use ivm_std::{Config, Diagnostic, Error, StreamId, VirtualMachine};
+use ivm_device::sim::{Latency, SimAdapter, SimConfig, SimFaults, sim_device};
+use ivm_std::fuzzing::{self, FaultCampaign, FaultControl, HashKernels, Program, Runner, Topology};
+use ivm_std::{Config, DebugCounters, DeviceAdapter, Diagnostic, Error, StreamId, VirtualMachine};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 
 const PERIOD: Duration = Duration::from_millis(200);
 
@@ -240,4 +251,107 @@ fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
     }
     drop((x, y));
     vm.shutdown().unwrap();
+}
+
+// ---- the fault campaign ---------------------------------------------------------------
+
+struct SimControl(Arc<SimAdapter>);
+
+impl FaultControl for SimControl {
+    fn heal(&self) {
+        self.0.heal();
+    }
+    fn resume(&self) {
+        self.0.resume_faults();
+    }
+    fn stuck_events(&self) -> usize {
+        self.0.stuck_events()
+    }
+    fn check_memory(&self) -> Result<(), String> {
+        for dev in 0..self.0.config().devices {
+            let st = self.0.allocator_stats(dev).expect("a sim device");
+            if (st.live_allocations, st.double_frees, st.use_after_free) != (0, 0, 0) {
+                return Err(format!("sim:{dev}: {st:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn vm_under_sim_faults_matches_the_model_proptest() {
+    fuzzing::silence_planned_panics();
+    let cases = std::env::var("IVM_FAULT_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(160);
+    let us = Duration::from_micros;
+    let sim = SimAdapter::new(SimConfig {
+        devices: 2,
+        launch_latency: Latency::between(us(1), us(60)),
+        kernel_latency: Latency::between(us(1), us(100)),
+        copy_latency: Latency::between(us(1), us(60)),
+        seed: 0xfa_0001,
+        faults: SimFaults {
+            seed: 0xfa17,
+            kernel_launch_fail: 10,
+            event_never_completes: 40,
+            event_error: 10,
+            alloc_fail: 8,
+            slow_copy: 6,
+        },
+    });
+    let a: Arc<dyn DeviceAdapter> = sim.clone();
+    let runner = Runner::with_topology(
+        Config::default().with_timeout_period(Duration::from_millis(150)),
+        vec![a],
+        Topology::with_devices(&[sim_device(0), sim_device(1)]),
+        HashKernels,
+    )
+    .unwrap();
+    let ctl = SimControl(sim.clone());
+    let mut prop = TestRunner::new(PropConfig {
+        cases,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0xfa_17),
+        ..PropConfig::default()
+    });
+    let start = Instant::now();
+    let campaign = std::cell::RefCell::new(FaultCampaign::default());
+    let result = prop.run(&proptest::collection::vec(any::<u8>(), 0..2048), |bytes| {
+        let t0 = Instant::now();
+        let o = runner
+            .run_with_faults(&Program::from_bytes(&bytes), &ctl)
+            .map_err(|m| TestCaseError::fail(m.to_string()))?;
+        prop_assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "a program took {:?}",
+            t0.elapsed()
+        );
+        campaign.borrow_mut().record(&o);
+        Ok(())
+    });
+    // Healed first: the VM's drop (on a failure) waits for the device.
+    sim.heal();
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let c = campaign.into_inner();
+    let f = sim.fault_stats();
+    eprintln!(
+        "ivm fault campaign: {c} in {:.1?}; faults injected: {} ({f:?})",
+        start.elapsed(),
+        f.total()
+    );
+    assert!(
+        f.kernel_launch_fail > 0
+            && f.event_never_completes > 0
+            && f.event_error > 0
+            && f.alloc_fail > 0
+            && f.slow_copy > 0,
+        "a fault kind was never injected: {f:?}"
+    );
+    assert!(c.roots > 0 && c.values > 0 && c.timeouts > 0, "{c}");
+    assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
+    ctl.check_memory().unwrap();
 }
