@@ -647,8 +647,9 @@ impl Slot {
     }
 }
 
-/// Whether a failed op after `i` writes one of `touched` (op `i`'s operands). Open
-/// finding: a launch that fails poisons its outputs on the host at once, while op `i`,
+/// Whether a failed op after `i` (a kernel, a copy, or a sync write or update that failed
+/// itself) writes one of `touched` (op `i`'s operands). Open finding: a launch that fails
+/// poisons its outputs on the host at once, while op `i`,
 /// an earlier reader or writer of them that is done at launch, may still be queued on
 /// its device; when it runs it finds the poison and fails with the later op's error
 /// (poisoning its own outputs). The model then lets op `i`'s outputs be poisoned by it.
@@ -656,6 +657,7 @@ fn late_failure<K: Kernels>(
     runner: &Runner<K>,
     program: &Program,
     failed: &BTreeSet<usize>,
+    own: &BTreeSet<usize>,
     i: usize,
     touched: &[usize],
 ) -> bool {
@@ -666,11 +668,15 @@ fn late_failure<K: Kernels>(
         _ => false,
     };
     i_queued
-        && failed.range(i + 1..).any(|&j| {
-            let writes: Vec<usize> = match program.ops[j] {
+        && failed.range(i + 1..).chain(own.range(i + 1..)).any(|&j| {
+            let writes: Vec<usize> = match program.ops.get(j) {
                 // A planned panic poisons in order (on the cpu).
-                Op::Kernel(k) if !k.panic => k.output_slots().collect(),
-                Op::Copy { dst, .. } => vec![slot(dst)],
+                Some(Op::Kernel(k)) if !k.panic => k.output_slots().collect(),
+                Some(Op::Copy { dst, .. }) => vec![slot(*dst)],
+                // A sync write or update whose launch failed.
+                Some(Op::SyncWrite { tensor, .. } | Op::SyncUpdate { tensor, .. }) => {
+                    vec![slot(*tensor)]
+                }
                 _ => Vec::new(),
             };
             writes.iter().any(|t| touched.contains(t))
@@ -745,7 +751,7 @@ fn check<K: Kernels>(
         match op {
             Op::Kernel(k) => {
                 let touched: Vec<usize> = k.input_slots().chain(k.output_slots()).collect();
-                let late = late_failure(runner, program, &failed, i, &touched);
+                let late = late_failure(runner, program, &failed, &own, i, &touched);
                 let before = slots;
                 kernel(runner, i, k, failed.contains(&i), &mut slots);
                 if late {
@@ -756,7 +762,7 @@ fn check<K: Kernels>(
             }
             Op::Copy { src, dst, .. } => {
                 let (s, d) = (slot(src), slot(dst));
-                if late_failure(runner, program, &failed, i, &[s, d]) {
+                if late_failure(runner, program, &failed, &own, i, &[s, d]) {
                     let before = slots[d];
                     slots[d].taint(before);
                 } else if failed.contains(&i) {
