@@ -187,18 +187,16 @@ fn a_read_stuck_behind_a_device_side_wait_names_the_device_work() {
     let (v2, x2) = (vm.clone(), x.clone());
     let d = timeout_diagnostic(bounded("the read", move || {
         let mut out = [0u8; 8];
-        v2.sync_read_small_mem(&x2, &mut out)
+        v2.read_small(&x2, 0, &mut out)
     }));
     assert!(names_device_work(&d, &default.to_string()), "{d}");
     assert!(
-        d.lively
-            .iter()
-            .any(|l| l.name.contains("sync_read_small_mem")),
+        d.lively.iter().any(|l| l.name.contains("read_small#")),
         "the diagnostic does not name the waited read: {d}"
     );
     sim.heal();
     let mut out = [0u8; 8];
-    vm.sync_read_small_mem(&x, &mut out).unwrap();
+    vm.read_small(&x, 0, &mut out).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 7);
     drop(x);
     vm.shutdown().unwrap();
@@ -232,17 +230,14 @@ fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
         })
     })
     .unwrap();
-    let r = vm.sync_write_small_mem(&x, &9u64.to_ne_bytes());
+    let r = vm.write_small(&x, 0, &9u64.to_ne_bytes());
     sim.heal();
     let Err(Error::Poisoned { instruction, .. }) = r else {
         panic!("the write did not observe the device error: {r:?}");
     };
-    assert!(
-        instruction.starts_with("sync_write_small_mem"),
-        "{instruction}"
-    );
+    assert!(instruction.starts_with("write_small#"), "{instruction}");
     let mut out = [0u8; 8];
-    match vm.sync_read_small_mem(&x, &mut out) {
+    match vm.read_small(&x, 0, &mut out) {
         Err(Error::Poisoned { instruction: i, .. }) => assert_eq!(i, instruction),
         other => panic!(
             "after a failed write the tensor reads {other:?} ({})",

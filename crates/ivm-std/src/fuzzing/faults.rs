@@ -345,7 +345,7 @@ impl<K: Kernels> Runner<K> {
                 let i = program.ops.len() + t;
                 let mut b = [0u8; 8];
                 let r = vm
-                    .sync_read_small_mem(x, &mut b)
+                    .read_small(x, 0, &mut b)
                     .map(|()| Obs::Value(u64::from_ne_bytes(b)));
                 if !observe(&mut run, i, r, device) {
                     break;
@@ -396,19 +396,19 @@ impl<K: Kernels> Runner<K> {
                 Op::SyncRead { tensor } => {
                     let mut b = [0u8; 8];
                     let r = vm
-                        .sync_read_small_mem(&tensors[slot(tensor)], &mut b)
+                        .read_small(&tensors[slot(tensor)], 0, &mut b)
                         .map(|()| Obs::Value(u64::from_ne_bytes(b)));
                     observe(run, i, r, device)
                 }
                 Op::SyncWrite { tensor, value } => {
                     let r = vm
-                        .sync_write_small_mem(&tensors[slot(tensor)], &value.to_ne_bytes())
+                        .write_small(&tensors[slot(tensor)], 0, &value.to_ne_bytes())
                         .map(|()| Obs::Written);
                     observe(run, i, r, device)
                 }
                 Op::SyncUpdate { tensor, add } => {
                     let r = vm
-                        .sync_access_blob_by_callback_mut(&tensors[slot(tensor)], move |b| {
+                        .access_mut(&tensors[slot(tensor)], move |b| {
                             let mut w = [0u8; 8];
                             w.copy_from_slice(&b[..8]);
                             let old = u64::from_ne_bytes(w);
@@ -585,7 +585,10 @@ fn roots(
         } else if let Some(&k) = born.get(instruction) {
             // A tensor born poisoned: its creation is the root.
             k
-        } else if instruction.starts_with("sync_") {
+        } else if ["read_small#", "write_small#", "access_mut#"]
+            .iter()
+            .any(|n| instruction.starts_with(n))
+        {
             // First seen at this access: its own failure.
             labels.insert(instruction, *i);
             own.insert(*i);
