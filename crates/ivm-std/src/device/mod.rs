@@ -290,6 +290,7 @@ pub(crate) fn wait_streams(
 ) -> Result<Vec<usize>> {
     use crate::util::futex::FutexWait;
     use ivm_core::counter::BlockingCounter;
+    use ivm_core::wait::Wait;
     let count = u32::try_from(streams.len()).unwrap_or(u32::MAX);
     let done = Arc::new(BlockingCounter::<FutexWait>::new(count));
     let mut events = Vec::with_capacity(streams.len());
@@ -307,9 +308,10 @@ pub(crate) fn wait_streams(
         ev.on_complete(Box::new(move || d2.decrease()));
         events.push(ev);
     }
-    if let Ok(ivm_core::notifier::Timed::Notified) =
-        done.timed_wait_until_zero(FutexWait::from_std(deadline))
-    {
+    if let Ok(ivm_core::notifier::Timed::Notified) = done.timed_wait_until_zero(
+        FutexWait::now()
+            .saturating_add(deadline.saturating_duration_since(std::time::Instant::now())),
+    ) {
         return Ok(Vec::new());
     }
     // An adapter may run an event's callbacks before `query` reports it done: ask only

@@ -750,7 +750,7 @@ impl VirtualMachine {
         // Relaxed: a progress counter compared with itself.
         let mut last = core.finished.load(Ordering::Relaxed);
         loop {
-            let deadline = FutexWait::from_std(std::time::Instant::now() + period);
+            let deadline = <FutexWait as ivm_core::wait::Wait>::now().saturating_add(period);
             // Acquire inside: pairs with the scheduler's Release decrease at its exit.
             if let Ok(ivm_core::notifier::Timed::Notified) =
                 core.scheduler_running.timed_wait_until_zero(deadline)
