@@ -291,6 +291,10 @@ pub(crate) fn wait_streams(
     use crate::util::futex::FutexWait;
     use ivm_core::counter::BlockingCounter;
     use ivm_core::wait::Wait;
+    if streams.is_empty() {
+        // Nothing to wait for, and nothing allocated (`sync` on a cpu-only VM).
+        return Ok(Vec::new());
+    }
     let count = u32::try_from(streams.len()).unwrap_or(u32::MAX);
     let done = Arc::new(BlockingCounter::<FutexWait>::new(count));
     let mut events = Vec::with_capacity(streams.len());
