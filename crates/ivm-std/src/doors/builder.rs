@@ -312,7 +312,7 @@ impl<'vm> InstructionsBuilder<'vm> {
     /// let b = vm.new_tensor(8)?;
     /// vm.run(|bld| bld.copy_named("weights_to_b", &s, &a, &b))?;
     /// let mut out = [0u8; 8];
-    /// vm.sync_read_small_mem(&b, &mut out)?;
+    /// vm.read_small(&b, 0, &mut out)?;
     /// assert_eq!(out, [7; 8]);
     /// # Ok::<(), ivm_std::Error>(())
     /// ```
