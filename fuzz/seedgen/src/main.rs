@@ -1,10 +1,10 @@
 //! Writes seed corpora of long programs for the fuzz targets that decode programs:
 //!
-//! * `vm_program`, `vm_program_sim`: inputs decoded by `ivm_std::fuzzing::Program`'s
+//! * `vm_program`, `vm_program_sim`, `vm_faults`: inputs decoded by `ivm_std::fuzzing::Program`'s
 //!   `Arbitrary` impl (what `fuzz_target!(|program: Program| ..)` does). Candidates are
 //!   pseudo-random byte strings cut to the prefix the decoder consumed; kept are programs
 //!   with at least `MIN_VM_OPS` ops, the ones with the most cross-stream uses (and, for the
-//!   sim target, cross-device uses, copies and launches) on the target's topology.
+//!   sim targets, cross-device uses, copies and launches) on the target's topology.
 //! * `engine_program`: 8 bytes of executor seed, then `ivm_engine::check::Program`'s byte
 //!   format (2 to 5 bytes an op); programs of roughly 20 to 630 ops, the candidate with the
 //!   most cross-stream uses at each length.
@@ -105,8 +105,14 @@ fn main() {
     write(&root.join("vm_program"), &vm_seeds(&cpu, &mut rng));
     write(&root.join("vm_program_sim"), &vm_seeds(&sim, &mut rng));
     write(&root.join("engine_program"), &engine_seeds(&mut rng));
+    // Drawn last, so that the seeds above stay what they were.
+    write(&root.join("vm_faults"), &vm_seeds(&sim, &mut rng));
     // What the seeds hold, as the targets decode them.
-    for (name, topology) in [("vm_program", &cpu), ("vm_program_sim", &sim)] {
+    for (name, topology) in [
+        ("vm_program", &cpu),
+        ("vm_program_sim", &sim),
+        ("vm_faults", &sim),
+    ] {
         let mut lens = Vec::new();
         let mut cross = (0, 0);
         for e in fs::read_dir(root.join(name)).expect("seeds") {

@@ -26,6 +26,10 @@ pub struct SimAllocatorStats {
     pub frees: usize,
     /// Bytes allocated and not yet freed.
     pub live_bytes: usize,
+    /// Allocations not yet freed (`allocations - frees`).
+    pub live_allocations: usize,
+    /// Frees of an allocation already freed (each ignored). A correct VM never causes one.
+    pub double_frees: usize,
     /// Uses after free detected: an access that began after the free, or a free while an
     /// access was in progress. A correct VM never causes one.
     pub use_after_free: usize,
@@ -38,6 +42,7 @@ pub(crate) struct Stats {
     allocations: AtomicUsize,
     frees: AtomicUsize,
     live_bytes: AtomicUsize,
+    double_frees: AtomicUsize,
     use_after_free: AtomicUsize,
     reports: Mutex<Vec<String>>,
 }
@@ -45,10 +50,14 @@ pub(crate) struct Stats {
 impl Stats {
     pub(crate) fn snapshot(&self) -> SimAllocatorStats {
         // Relaxed: statistics; callers read them after synchronising with the work.
+        let allocations = self.allocations.load(Ordering::Relaxed);
+        let frees = self.frees.load(Ordering::Relaxed);
         SimAllocatorStats {
-            allocations: self.allocations.load(Ordering::Relaxed),
-            frees: self.frees.load(Ordering::Relaxed),
+            allocations,
+            frees,
             live_bytes: self.live_bytes.load(Ordering::Relaxed),
+            live_allocations: allocations.saturating_sub(frees),
+            double_frees: self.double_frees.load(Ordering::Relaxed),
             use_after_free: self.use_after_free.load(Ordering::Relaxed),
             reports: self
                 .reports
@@ -101,7 +110,10 @@ impl SimMemory {
         // Release publishes the poison to an access that fails on the bit.
         let prev = self.state.fetch_or(FREED, Ordering::AcqRel);
         if prev & FREED != 0 {
-            return; // Freeing twice is a no-op.
+            // Freeing twice is a no-op, counted.
+            // Relaxed: a statistic.
+            self.stats.double_frees.fetch_add(1, Ordering::Relaxed);
+            return;
         }
         // Relaxed: statistics.
         self.stats.frees.fetch_add(1, Ordering::Relaxed);
@@ -176,14 +188,19 @@ pub struct SimAllocator {
     pub(crate) stats: Arc<Stats>,
     /// Bytes that may be live at once (`usize::MAX`: unbounded).
     pub(crate) capacity: AtomicUsize,
+    faults: Arc<super::faults::FaultState>,
+    fault_rng: Mutex<super::SplitMix>,
 }
 
 impl SimAllocator {
-    pub(crate) fn new(device: Device) -> Self {
+    pub(crate) fn new(device: Device, faults: Arc<super::faults::FaultState>) -> Self {
+        let fault_rng = Mutex::new(faults.rng(!u64::from(device.index)));
         Self {
             device,
             stats: Arc::new(Stats::default()),
             capacity: AtomicUsize::new(usize::MAX),
+            faults,
+            fault_rng,
         }
     }
 
@@ -221,6 +238,16 @@ impl SimAllocator {
 
 impl DeviceAllocator for SimAllocator {
     fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>> {
+        if self
+            .faults
+            .roll(&self.fault_rng, super::faults::Kind::AllocFail)
+        {
+            return Err(Error::OutOfMemory {
+                nbytes,
+                stream: self.device.to_string(),
+                detail: format!("{}: sim fault: allocation failed", self.device),
+            });
+        }
         self.reserve(nbytes)?;
         let host = match HostMemory::try_zeroed(nbytes) {
             Ok(h) => h,

@@ -17,6 +17,9 @@
 //!   (or a free during an access) is refused and counted ([`SimAllocatorStats`]), never a
 //!   data race.
 //! * A host closure that panics records the stream's error ([`DeviceStream::take_error`]).
+//! * Faults can be injected, seeded and off by default ([`SimFaults`] in
+//!   [`SimConfig::faults`]): failing launches, events that never complete or complete
+//!   with an error, failing allocations, slow copies.
 //!
 //! # Examples
 //!
@@ -38,6 +41,7 @@
 //! ```
 
 mod event;
+mod faults;
 mod memory;
 
 use std::any::Any;
@@ -55,6 +59,7 @@ use ivm_std::{
 };
 
 pub use event::SimEvent;
+pub use faults::{SimFaultStats, SimFaults};
 pub use memory::{POISON_BYTE, SimAllocator, SimAllocatorStats, SimMemory};
 
 /// A latency range: each item draws a duration uniformly from `min..=max`.
@@ -106,6 +111,8 @@ pub struct SimConfig {
     pub copy_latency: Latency,
     /// Seed of the latency generator (each stream derives its own).
     pub seed: u64,
+    /// Injected faults (none by default).
+    pub faults: SimFaults,
 }
 
 impl Default for SimConfig {
@@ -118,6 +125,7 @@ impl Default for SimConfig {
             kernel_latency: Latency::ZERO,
             copy_latency: Latency::ZERO,
             seed: 0x1b4d_5eed,
+            faults: SimFaults::NONE,
         }
     }
 }
@@ -134,16 +142,17 @@ impl SimConfig {
             kernel_latency: Latency::between(us(20), us(2000)),
             copy_latency: Latency::between(us(20), us(1000)),
             seed,
+            faults: SimFaults::NONE,
         }
     }
 }
 
 /// splitmix64: small, seedable, good enough for latencies.
 #[derive(Debug, Clone)]
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -159,19 +168,45 @@ pub struct SimAdapter {
     config: SimConfig,
     allocators: Vec<Arc<SimAllocator>>,
     streams_created: AtomicUsize,
+    faults: Arc<faults::FaultState>,
 }
 
 impl SimAdapter {
     /// A sim adapter with `config.devices` devices.
     pub fn new(config: SimConfig) -> Arc<Self> {
+        let faults = Arc::new(faults::FaultState::new(config.faults));
         let allocators = (0..config.devices)
-            .map(|i| Arc::new(SimAllocator::new(sim_device(i))))
+            .map(|i| Arc::new(SimAllocator::new(sim_device(i), faults.clone())))
             .collect();
         Arc::new(Self {
             config,
             allocators,
             streams_created: AtomicUsize::new(0),
+            faults,
         })
+    }
+
+    /// The faults injected so far, by kind.
+    pub fn fault_stats(&self) -> SimFaultStats {
+        self.faults.stats()
+    }
+
+    /// Turns every fault off (the device recovers) and completes the events that were
+    /// left uncompleted (running their callbacks on this thread); returns how many. Call
+    /// it before shutting down a VM whose sim had `event_never_completes`: its last
+    /// synchronisations wait for those events.
+    pub fn heal(&self) -> usize {
+        self.faults.heal()
+    }
+
+    /// Turns the configured faults back on after [`heal`](Self::heal).
+    pub fn resume_faults(&self) {
+        self.faults.resume();
+    }
+
+    /// Events left uncompleted now (by `event_never_completes`).
+    pub fn stuck_events(&self) -> usize {
+        self.faults.stuck_now()
     }
 
     /// The configuration.
@@ -221,7 +256,12 @@ impl SimAdapter {
         self.check(index)?;
         // Relaxed: a counter that only makes stream seeds and names distinct.
         let n = self.streams_created.fetch_add(1, Ordering::Relaxed);
-        SimStream::spawn(sim_device(index), &self.config, n as u64)
+        SimStream::spawn(
+            sim_device(index),
+            &self.config,
+            n as u64,
+            self.faults.clone(),
+        )
     }
 
     fn check(&self, index: u32) -> Result<()> {
@@ -274,9 +314,17 @@ enum Op {
         dst_offset: usize,
         len: usize,
     },
-    Record(Arc<event::EventInner>),
+    Record(Arc<event::EventInner>, EventFault),
     Wait(Arc<event::EventInner>),
     Free(Arc<dyn DeviceMemory>),
+}
+
+/// What an injected fault does to an event record.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EventFault {
+    None,
+    NeverCompletes,
+    Error,
 }
 
 struct Item {
@@ -302,6 +350,8 @@ struct StreamState {
     cv: Condvar,
     latencies: (Latency, Latency, Latency),
     rng: Mutex<SplitMix>,
+    faults: Arc<faults::FaultState>,
+    fault_rng: Mutex<SplitMix>,
 }
 
 impl StreamState {
@@ -335,7 +385,12 @@ impl std::fmt::Debug for SimStream {
 }
 
 impl SimStream {
-    fn spawn(device: Device, cfg: &SimConfig, n: u64) -> Result<Arc<Self>> {
+    fn spawn(
+        device: Device,
+        cfg: &SimConfig,
+        n: u64,
+        faults: Arc<faults::FaultState>,
+    ) -> Result<Arc<Self>> {
         let mut seed = SplitMix(cfg.seed ^ (u64::from(device.index) << 48) ^ n);
         let state = Arc::new(StreamState {
             device,
@@ -343,6 +398,8 @@ impl SimStream {
             cv: Condvar::new(),
             latencies: (cfg.launch_latency, cfg.kernel_latency, cfg.copy_latency),
             rng: Mutex::new(SplitMix(seed.next())),
+            fault_rng: Mutex::new(faults.rng(n.wrapping_add(1))),
+            faults,
         });
         let s2 = state.clone();
         let h = std::thread::Builder::new()
@@ -375,9 +432,19 @@ impl SimStream {
             let k = match op {
                 Op::Host(_) => kernel.draw(&mut rng),
                 Op::Copy { .. } => copy.draw(&mut rng),
-                Op::Record(_) | Op::Wait(_) | Op::Free(_) => Duration::ZERO,
+                Op::Record(..) | Op::Wait(_) | Op::Free(_) => Duration::ZERO,
             };
             (l, k)
+        };
+        let latency = if matches!(op, Op::Copy { .. })
+            && self
+                .state
+                .faults
+                .roll(&self.state.fault_rng, faults::Kind::SlowCopy)
+        {
+            latency.max(Duration::from_micros(10)) * 100
+        } else {
+            latency
         };
         let item = Item {
             ready_at: Instant::now() + ready,
@@ -425,7 +492,11 @@ impl Drop for SimStream {
         // joining there could wait for an event that thread itself has yet to reach, so
         // the stream's thread then drains and exits by itself.
         let on_sim = ON_SIM_THREAD.with(std::cell::Cell::get);
+        // Neither is it joined while an injected fault leaves events uncompleted: a
+        // device-side wait on one would hold it forever; it exits once healed.
+        let stuck = self.state.faults.stuck_now() > 0;
         if !on_sim
+            && !stuck
             && std::thread::current().id() != self.thread_id
             && let Some(h) = self
                 .thread
@@ -485,7 +556,17 @@ fn run(state: &StreamState) {
                     state.set_error(format!("{}: copy failed: {e}", state.device));
                 }
             }
-            Op::Record(ev) => ev.complete(),
+            Op::Record(ev, fault) => match fault {
+                EventFault::NeverCompletes if state.faults.leave_stuck(&ev) => {}
+                EventFault::Error => {
+                    state.set_error(format!(
+                        "{}: sim fault: event completed with an error",
+                        state.device
+                    ));
+                    ev.complete();
+                }
+                _ => ev.complete(),
+            },
             Op::Wait(ev) => ev.wait(),
             Op::Free(mem) => {
                 if let Some(m) = mem.as_any().downcast_ref::<SimMemory>() {
@@ -530,6 +611,14 @@ unsafe impl DeviceStream for SimStream {
         KernelMode::Queued
     }
     fn launch_host(&self, f: HostFn) -> Result<()> {
+        let st = &self.state;
+        if st.faults.roll(&st.fault_rng, faults::Kind::LaunchFail) {
+            drop(f);
+            return Err(Error::Device(format!(
+                "{}: sim fault: kernel launch failed",
+                st.device
+            )));
+        }
         self.push(Op::Host(f));
         Ok(())
     }
@@ -556,7 +645,15 @@ unsafe impl DeviceStream for SimStream {
     }
     fn record_event(&self) -> Result<Arc<dyn Event>> {
         let inner = Arc::new(event::EventInner::default());
-        self.push(Op::Record(inner.clone()));
+        let st = &self.state;
+        let fault = if st.faults.roll(&st.fault_rng, faults::Kind::NeverCompletes) {
+            EventFault::NeverCompletes
+        } else if st.faults.roll(&st.fault_rng, faults::Kind::EventError) {
+            EventFault::Error
+        } else {
+            EventFault::None
+        };
+        self.push(Op::Record(inner.clone(), fault));
         Ok(Arc::new(SimEvent {
             device: self.state.device,
             inner,

@@ -157,10 +157,124 @@ fn the_allocator_poisons_freed_memory_and_reports_a_free_before_a_read() {
     let st = sim.allocator_stats(0).unwrap();
     assert_eq!(st.use_after_free, 1, "{st:?}");
     assert_eq!((st.allocations, st.frees, st.live_bytes), (1, 1, 0));
-    // Freeing twice is a no-op.
+    // Freeing twice is a no-op, counted.
     alloc.free_on(&mem, &*freer).unwrap();
     freer.synchronize().unwrap();
-    assert_eq!(sim.allocator_stats(0).unwrap().frees, 1);
+    let st = sim.allocator_stats(0).unwrap();
+    assert_eq!((st.frees, st.double_frees, st.live_allocations), (1, 1, 0));
+}
+
+fn faulty(faults: SimFaults) -> Arc<SimAdapter> {
+    SimAdapter::new(SimConfig {
+        faults: SimFaults { seed: 3, ..faults },
+        ..SimConfig::default()
+    })
+}
+
+#[test]
+fn no_fault_is_injected_by_default() {
+    let sim = adapter(1);
+    let s = sim.new_stream(0).unwrap();
+    let alloc = sim.allocator(0).unwrap();
+    for _ in 0..64 {
+        s.launch_host(Box::new(|| {})).unwrap();
+        let m = alloc.allocate(8).unwrap();
+        alloc.free_on(&m, &*s).unwrap();
+        s.synchronize().unwrap();
+    }
+    assert!(s.take_error().is_none());
+    assert_eq!(sim.fault_stats(), SimFaultStats::default());
+    let st = sim.allocator_stats(0).unwrap();
+    assert_eq!(
+        (st.allocations, st.live_allocations, st.double_frees),
+        (64, 0, 0)
+    );
+}
+
+#[test]
+fn failing_launches_and_allocations_until_healed() {
+    let sim = faulty(SimFaults {
+        kernel_launch_fail: 1,
+        alloc_fail: 1,
+        ..SimFaults::NONE
+    });
+    let s = sim.new_stream(0).unwrap();
+    assert!(matches!(
+        s.launch_host(Box::new(|| {})),
+        Err(Error::Device(_))
+    ));
+    let alloc = sim.allocator(0).unwrap();
+    assert!(matches!(alloc.allocate(8), Err(Error::OutOfMemory { .. })));
+    let f = sim.fault_stats();
+    assert_eq!((f.kernel_launch_fail, f.alloc_fail, f.total()), (1, 1, 2));
+    assert_eq!(sim.heal(), 0);
+    s.launch_host(Box::new(|| {})).unwrap();
+    let m = alloc.allocate(8).unwrap();
+    alloc.free_on(&m, &*s).unwrap();
+    s.synchronize().unwrap();
+    sim.resume_faults();
+    assert!(s.launch_host(Box::new(|| {})).is_err());
+    assert_eq!(sim.fault_stats().kernel_launch_fail, 2);
+}
+
+#[test]
+fn an_event_that_never_completes_holds_back_a_device_side_wait_until_healed() {
+    let sim = faulty(SimFaults {
+        event_never_completes: 1,
+        ..SimFaults::NONE
+    });
+    let (a, b) = (sim.new_stream(0).unwrap(), sim.new_stream(0).unwrap());
+    let e = a.record_event().unwrap();
+    // Work after the stuck record still runs.
+    let ran = Arc::new(AtomicBool::new(false));
+    let r2 = ran.clone();
+    a.launch_host(Box::new(move || r2.store(true, SeqCst)))
+        .unwrap();
+    b.wait_event(&*e).unwrap();
+    let seen = Arc::new(AtomicBool::new(false));
+    let s2 = seen.clone();
+    b.launch_host(Box::new(move || s2.store(true, SeqCst)))
+        .unwrap();
+    while !ran.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !e.query() && !seen.load(SeqCst),
+        "the stuck event held nothing back"
+    );
+    assert_eq!(sim.stuck_events(), 1);
+    assert_eq!(sim.heal(), 1);
+    e.synchronize().unwrap();
+    b.synchronize().unwrap();
+    assert!(seen.load(SeqCst));
+    assert_eq!(sim.fault_stats().event_never_completes, 1);
+    assert_eq!(sim.stuck_events(), 0);
+}
+
+#[test]
+fn an_event_error_is_a_stream_error_and_slow_copies_are_counted() {
+    let sim = faulty(SimFaults {
+        event_error: 1,
+        slow_copy: 1,
+        ..SimFaults::NONE
+    });
+    let s = sim.new_stream(0).unwrap();
+    let e = s.record_event().unwrap();
+    e.synchronize().unwrap();
+    let err = s.take_error().expect("the event completed with an error");
+    assert!(err.contains("sim fault"), "{err}");
+    let h: Arc<dyn DeviceMemory> = Arc::new(HostMemory::from_bytes(&[5; 8]));
+    let d: Arc<dyn DeviceMemory> = Arc::new(HostMemory::zeroed(8));
+    // SAFETY: nothing else touches these memories.
+    unsafe { s.copy(&h, 0, &d, 0, 8) }.unwrap();
+    let t0 = Instant::now();
+    sim.heal();
+    s.synchronize().unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(1));
+    assert_eq!(bytes(&d), vec![5; 8]);
+    let f = sim.fault_stats();
+    assert_eq!((f.event_error, f.slow_copy), (1, 1));
 }
 
 #[test]

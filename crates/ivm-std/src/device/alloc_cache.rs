@@ -234,6 +234,8 @@ pub struct CachingAllocator {
     stream: Arc<dyn DeviceStream>,
     label: String,
     bins: Mutex<Bins>,
+    /// How long `allocate` waits for its stream (`None`: as long as the device takes).
+    sync_timeout: Option<std::time::Duration>,
 }
 
 impl fmt::Debug for CachingAllocator {
@@ -258,7 +260,55 @@ impl CachingAllocator {
             stream,
             label: label.into(),
             bins: Mutex::new(Bins::default()),
+            sync_timeout: None,
         }
+    }
+
+    /// Bounds the waits of [`allocate`](DeviceAllocator::allocate) for its stream (a
+    /// reused block is zeroed in stream order, and an allocation that found the device
+    /// out of memory waits for the blocks it returned): after `timeout` it fails with
+    /// [`Error::Timeout`], whose diagnostic names the stream's device work, instead of
+    /// blocking for as long as the device takes (forever, on an event that never
+    /// completes). The VM bounds its caches by its `timeout_period`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use ivm_std::alloc_cache::CachingAllocator;
+    /// use ivm_std::{CpuAdapter, DeviceAdapter, DeviceAllocator, StreamType};
+    ///
+    /// let cpu = CpuAdapter::new();
+    /// let stream = cpu.create_stream(0, StreamType::Compute)?;
+    /// let cache = CachingAllocator::new(cpu.allocator(0)?, stream, "cpu/test")
+    ///     .with_sync_timeout(Duration::from_secs(1));
+    /// assert_eq!(cache.allocate(64)?.nbytes(), 64);
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    #[must_use]
+    pub fn with_sync_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.sync_timeout = Some(timeout);
+        self
+    }
+
+    /// Waits for the device work queued so far on the cache's stream (bounded by
+    /// [`with_sync_timeout`](Self::with_sync_timeout)).
+    fn sync_stream(&self) -> Result<()> {
+        let Some(deadline) = self
+            .sync_timeout
+            .and_then(|t| std::time::Instant::now().checked_add(t))
+        else {
+            return self.stream.synchronize();
+        };
+        if super::wait_streams(&[&*self.stream], deadline)?.is_empty() {
+            return Ok(());
+        }
+        let mut d = crate::util::error::Diagnostic::default();
+        d.lively
+            .push(crate::util::error::LivelyInstruction::device_work(
+                &self.label,
+                None,
+            ));
+        Err(Error::Timeout(d))
     }
 
     /// The stream this cache serves.
@@ -441,15 +491,24 @@ impl DeviceAllocator for CachingAllocator {
         let a = match self.allocate_on_stream(nbytes) {
             Err(Error::OutOfMemory { .. }) if self.stats().cached_blocks > 0 => {
                 self.release_cached()?;
-                self.stream.synchronize()?;
+                self.sync_stream()?;
                 self.allocate_on_stream(nbytes)?
             }
             r => r?,
         };
         if a.reused {
-            self.zero_in_stream_order(&a.mem)?;
-            if self.stream.kernel_mode() != KernelMode::Synchronous {
-                self.stream.synchronize()?;
+            let r = self.zero_in_stream_order(&a.mem).and_then(|()| {
+                if self.stream.kernel_mode() == KernelMode::Synchronous {
+                    Ok(())
+                } else {
+                    self.sync_stream()
+                }
+            });
+            if let Err(e) = r {
+                // Back into the bins, in stream order (dropped, the block would leak its
+                // device memory): zeroed again when it is reused.
+                let _ = self.free_on(&a.mem, &*self.stream);
+                return Err(e);
             }
         }
         Ok(a.mem)

@@ -275,3 +275,56 @@ pub fn check_range(mem: &dyn DeviceMemory, offset: usize, len: usize) -> Result<
     }
     Ok(())
 }
+
+/// Waits until the device work queued so far on each of `streams` has completed, or until
+/// `deadline`: records an event on each and waits for all of them together. Unlike
+/// [`DeviceStream::synchronize`], which blocks for as long as the device takes, this wait
+/// is bounded, so a device whose event never completes (or whose queue is held back by a
+/// device-side wait on such an event) cannot hang its caller. Returns the indices of the
+/// streams whose work had not completed by the deadline (empty: all done).
+///
+/// # Errors
+/// What [`DeviceStream::record_event`] returns.
+pub(crate) fn wait_streams(
+    streams: &[&dyn DeviceStream],
+    deadline: std::time::Instant,
+) -> Result<Vec<usize>> {
+    use crate::util::futex::FutexWait;
+    use ivm_core::counter::BlockingCounter;
+    use ivm_core::wait::Wait;
+    if streams.is_empty() {
+        // Nothing to wait for, and nothing allocated (`sync` on a cpu-only VM).
+        return Ok(Vec::new());
+    }
+    let count = u32::try_from(streams.len()).unwrap_or(u32::MAX);
+    let done = Arc::new(BlockingCounter::<FutexWait>::new(count));
+    let mut events = Vec::with_capacity(streams.len());
+    for s in streams {
+        let ev = match s.record_event() {
+            Ok(ev) => ev,
+            Err(e) => {
+                // The callbacks already registered decrease a counter nobody waits on.
+                return Err(e);
+            }
+        };
+        let d2 = done.clone();
+        // Release inside `decrease`: publishes the completion to the timed wait below
+        // (its Acquire read of zero).
+        ev.on_complete(Box::new(move || d2.decrease()));
+        events.push(ev);
+    }
+    if let Ok(ivm_core::notifier::Timed::Notified) = done.timed_wait_until_zero(
+        FutexWait::now()
+            .saturating_add(deadline.saturating_duration_since(std::time::Instant::now())),
+    ) {
+        return Ok(Vec::new());
+    }
+    // An adapter may run an event's callbacks before `query` reports it done: ask only
+    // after a timeout.
+    Ok(events
+        .iter()
+        .enumerate()
+        .filter(|(_, ev)| !ev.query())
+        .map(|(i, _)| i)
+        .collect())
+}

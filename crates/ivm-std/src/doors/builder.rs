@@ -292,6 +292,37 @@ impl<'vm> InstructionsBuilder<'vm> {
     /// # Ok::<(), Error>(())
     /// ```
     pub fn copy(&mut self, stream: &Stream, src: &Tensor, dst: &Tensor) -> Result<()> {
+        self.copy_named("copy", stream, src, dst)
+    }
+
+    /// [`copy`](Self::copy) under `name`, which errors and diagnostics show (as
+    /// `name#id`): a failed copy poisons `dst` with an error naming it.
+    ///
+    /// # Errors
+    /// As [`copy`](Self::copy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ivm_std::{Config, VirtualMachine};
+    ///
+    /// let vm = VirtualMachine::new(Config::default())?;
+    /// let s = vm.default_stream();
+    /// let a = vm.new_tensor_from(&s, &[7; 8])?;
+    /// let b = vm.new_tensor(8)?;
+    /// vm.run(|bld| bld.copy_named("weights_to_b", &s, &a, &b))?;
+    /// let mut out = [0u8; 8];
+    /// vm.read_small(&b, 0, &mut out)?;
+    /// assert_eq!(out, [7; 8]);
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    pub fn copy_named(
+        &mut self,
+        name: &'static str,
+        stream: &Stream,
+        src: &Tensor,
+        dst: &Tensor,
+    ) -> Result<()> {
         self.check_operands(stream, &[src], &[dst])?;
         if src.nbytes() != dst.nbytes() {
             return Err(Error::SizeMismatch {
@@ -316,7 +347,7 @@ impl<'vm> InstructionsBuilder<'vm> {
             }
         }
         self.push(
-            "copy",
+            name,
             &stream.shared,
             &[src],
             &[dst],

@@ -90,6 +90,7 @@ use ivm_core::counter::WaitError;
 use ivm_core::sync::{AtomicU32, Ordering};
 use ivm_core::wait::Wait;
 
+use crate::doors::sync_access::name_device_work;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Kind};
 use crate::model::stream::StreamShared;
@@ -479,7 +480,8 @@ pub(crate) fn wait_deadline(
         let deadline = FutexWait::now().saturating_add(timeout);
         return shared
             .core
-            .drive_until(|_| waiter.btb.is_done(), Some(deadline));
+            .drive_until(|_| waiter.btb.is_done(), Some(deadline))
+            .map_err(|e| name_device_work(e, instr));
     }
     if skip && shared.core.flying() < shared.core.config.skip_blocking_threshold {
         waiter.btb.skip_blocking();
@@ -487,7 +489,10 @@ pub(crate) fn wait_deadline(
     let _hook = (!waiter.btb.is_done()).then(|| shared.core.wait_scope());
     match waiter.btb.wait_until_done(timeout, || true) {
         Ok(()) => Ok(()),
-        Err(WaitError::Stopped) => Err(Error::Timeout(shared.core.diagnostic())),
+        Err(WaitError::Stopped) => Err(name_device_work(
+            Error::Timeout(shared.core.diagnostic()),
+            instr,
+        )),
         Err(WaitError::Closed) => Err(Error::ShutDown),
     }
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
-use crate::model::instruction::{Instruction, Kind, ReadFn, Waiter, WriteFn};
+use crate::model::instruction::{Instruction, Kind, ReadFn, Waiter, WriteFn, status};
 use crate::model::stream::StreamShared;
 use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
@@ -347,8 +347,10 @@ fn wait_small(
     if shared.core.single_thread() {
         // Runs the engine here; on an asynchronous device, parks until the device work
         // the caller waits for completes (its completion unparks us).
-        shared.core.drive_until(|_| waiter.btb.is_done(), None)?;
-        return Ok(());
+        return shared
+            .core
+            .drive_until(|_| waiter.btb.is_done(), None)
+            .map_err(|e| name_device_work(e, instr));
     }
     if waiter.btb.is_done() {
         // Acquire inside: the executor's writes are visible.
@@ -385,8 +387,32 @@ fn wait_small(
         });
     match r {
         Ok(()) => Ok(()),
-        Err(WaitError::Stopped) => Err(Error::Timeout(shared.core.diagnostic())),
+        Err(WaitError::Stopped) => Err(name_device_work(
+            Error::Timeout(shared.core.diagnostic()),
+            instr,
+        )),
         Err(WaitError::Closed) => Err(Error::ShutDown),
+    }
+}
+
+/// A wait for `instr` that timed out: if it was launched on an asynchronous device, the
+/// caller waits for its completion on the device, behind the stream's earlier work. The
+/// engine may hold nothing lively for it (an instruction done at launch is released once
+/// its work is queued, e.g. a read held back by a device-side wait on an event that never
+/// completes), so the diagnostic names that device work first.
+pub(crate) fn name_device_work(e: Error, instr: &Instruction) -> Error {
+    // Relaxed: LAUNCHED is diagnostic only.
+    let launched = instr.status.load(Ordering::Relaxed) & status::LAUNCHED != 0;
+    match e {
+        Error::Timeout(mut d) if launched && instr.stream.dev.is_async() => {
+            let work = crate::util::error::LivelyInstruction::device_work(
+                instr.stream.id,
+                Some(instr.label()),
+            );
+            d.lively.insert(0, work);
+            Error::Timeout(d)
+        }
+        e => e,
     }
 }
 

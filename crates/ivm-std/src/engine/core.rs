@@ -155,6 +155,9 @@ pub(crate) struct VmCore {
     pub(crate) stats: crate::engine::stats::StatsCells,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
     pub(crate) foreign: OnceLock<ForeignHooks>,
+    /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
+    /// with a bound, where a join would block for as long as the engine stays lively.
+    pub(crate) scheduler_running: BlockingCounter<FutexWait>,
 }
 
 impl VmCore {
@@ -194,6 +197,7 @@ impl VmCore {
             birth: crate::util::fork::Birth::now(),
             stats: crate::engine::stats::StatsCells::new(),
             foreign: OnceLock::new(),
+            scheduler_running: BlockingCounter::new(1),
             config,
         }
     }

@@ -109,26 +109,29 @@ pub(crate) fn launch(instr: &Arc<Instruction>) {
         w.started();
     }
     let dev = &instr.stream.dev;
-    let (outcome, data, operands) = {
+    let (outcome, data, operands, outputs) = {
         // SAFETY: the executor owns the body until DONE (ownership step 3). This borrow
         // ends before `DONE` is set or a completion callback (the next owner) registered.
         let body = unsafe { instr.body_mut() };
         let kind = std::mem::replace(&mut body.kind, Kind::Noop);
         let data = !kind.is_sync_op() && !matches!(kind, Kind::Noop | Kind::Free);
-        let mut operands = Operands::default();
+        let (mut operands, mut outputs) = (Operands::default(), Operands::default());
         if instr.waiter.is_some() {
             for b in body.inputs.as_slice().iter().chain(body.outputs.as_slice()) {
                 operands.push(b.clone());
             }
+            for b in body.outputs.as_slice() {
+                outputs.push(b.clone());
+            }
         }
         let outcome = launch_kind(instr, kind, &body.inputs, &body.outputs);
-        (outcome, data, operands)
+        (outcome, data, operands, outputs)
     };
     match outcome {
         Ok(Outcome::AtLaunch) => {
             if instr.waiter.is_some() {
                 // The caller learns the result once the device reached this point.
-                let fin = finisher(instr.clone(), operands);
+                let fin = finisher(instr.clone(), operands, outputs);
                 if let Err(e) = dev.stream.launch_host(fin) {
                     return done_now(instr, Some(failure(instr, e.to_string())), true);
                 }
@@ -198,12 +201,15 @@ fn complete(instr: &Arc<Instruction>, data: bool) {
 
 /// The host closure queued after a done-at-launch instruction that a caller waits for:
 /// copies a small read out of the pinned buffer, reports the stream's sticky failure or a
-/// poisoned operand, and releases the caller.
-fn finisher(instr: Arc<Instruction>, operands: Operands) -> HostFn {
+/// poisoned operand, and releases the caller. A failure poisons the instruction's
+/// `outputs` too (a write whose completion reports a device error is not to be trusted),
+/// in stream order, so before any later reader of them on the device.
+fn finisher(instr: Arc<Instruction>, operands: Operands, outputs: Operands) -> HostFn {
     Box::new(move || {
         let dev = &instr.stream.dev;
         let failure = observe(dev, || instr.label()).or_else(|| first_poison(operands.as_slice()));
         if let Some(f) = failure {
+            poison_all(outputs.as_slice(), &f);
             // SAFETY: this finisher owns `small` and `failure` from the launch until the
             // waiter's `finished` below (module docs); nobody else touches them meanwhile.
             instr.failure.with_mut(|p| unsafe { *p = Some(f) });

@@ -66,6 +66,9 @@ pub(crate) fn scheduler_loop(shared: Arc<VmCore>) {
                 shared.close_workers();
                 drop(engine);
                 shared.cell.pool.clear();
+                // Release inside: publishes everything the scheduler did to shutdown's
+                // Acquire wait, which then joins this thread.
+                shared.scheduler_running.decrease();
                 // Keep the token: nobody drives a VM that is gone.
                 return;
             }

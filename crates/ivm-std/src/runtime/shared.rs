@@ -171,11 +171,14 @@ impl VmShared {
         let device_stream = adapter.create_stream(id.device.index, id.stream_type)?;
         let mut allocator = adapter.allocator(id.device.index)?;
         let cache = self.core.config.caching_allocator.then(|| {
-            Arc::new(crate::device::alloc_cache::CachingAllocator::new(
-                allocator.clone(),
-                device_stream.clone(),
-                id.to_string(),
-            ))
+            Arc::new(
+                crate::device::alloc_cache::CachingAllocator::new(
+                    allocator.clone(),
+                    device_stream.clone(),
+                    id.to_string(),
+                )
+                .with_sync_timeout(self.core.config.timeout_period),
+            )
         });
         if let Some(c) = &cache {
             allocator = c.clone();
@@ -279,12 +282,44 @@ impl VmShared {
                 }
             }
         }
-        for s in &streams {
-            if let Err(e) = s.dev.stream.synchronize() {
-                first.get_or_insert(e);
-            }
+        let deadline = std::time::Instant::now() + self.core.config.timeout_period;
+        // Once shut down the scheduler no longer answers a diagnostic request.
+        if let Err(e) = self.wait_devices(&streams, deadline, !self.core.is_shut()) {
+            first.get_or_insert(e);
         }
         first.map_or(Ok(bytes), Err)
+    }
+
+    /// Waits until the device work queued so far on `streams` has completed, at the latest
+    /// until `deadline` (`device::wait_streams`): a device whose event never completes
+    /// ends the wait with [`Error::Timeout`], whose diagnostic has a "device work of
+    /// <stream>" entry per stream that did not complete (after the engine's lively
+    /// instructions if `engine`: false once the scheduler has exited, which would not
+    /// answer), instead of blocking forever.
+    pub(crate) fn wait_devices(
+        &self,
+        streams: &[Arc<StreamShared>],
+        deadline: std::time::Instant,
+        engine: bool,
+    ) -> Result<()> {
+        let devs: Vec<&dyn crate::device::DeviceStream> =
+            streams.iter().map(|s| &*s.dev.stream).collect();
+        let stuck = crate::device::wait_streams(&devs, deadline)?;
+        if stuck.is_empty() {
+            return Ok(());
+        }
+        let mut d = if engine {
+            self.core.diagnostic()
+        } else {
+            crate::util::error::Diagnostic::default()
+        };
+        for (k, &i) in stuck.iter().enumerate() {
+            d.lively.insert(
+                k,
+                crate::util::error::LivelyInstruction::device_work(streams[i].id, None),
+            );
+        }
+        Err(Error::Timeout(d))
     }
 
     /// Every stream whose work completes after its launch (asynchronous devices).

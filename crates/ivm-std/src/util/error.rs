@@ -212,6 +212,27 @@ pub struct LivelyInstruction {
     pub in_edges: Vec<String>,
 }
 
+impl LivelyInstruction {
+    /// The device work of `stream` that had not completed when a wait timed out: work the
+    /// engine no longer tracks (an instruction done at launch was released once its work
+    /// was queued), held back on the device by an event that did not complete. `before`:
+    /// the instruction whose completion is queued behind it, if a caller waits for one.
+    pub(crate) fn device_work(stream: impl fmt::Display, before: Option<String>) -> Self {
+        let name = match before {
+            Some(b) => format!("device work of {stream} (before {b})"),
+            None => format!("device work of {stream}"),
+        };
+        Self {
+            name,
+            stream: stream.to_string(),
+            dispatched: true,
+            launched: true,
+            done: false,
+            in_edges: Vec::new(),
+        }
+    }
+}
+
 /// What the engine was doing when a wait timed out: every lively instruction, oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Diagnostic {

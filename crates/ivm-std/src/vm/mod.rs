@@ -64,6 +64,9 @@ pub struct VirtualMachine {
 
 struct Threads {
     scheduler: Option<JoinHandle<()>>,
+    /// The VM's threads were joined (the device wait may still be owed).
+    drained: bool,
+    /// Shutdown completed.
     joined: bool,
 }
 
@@ -169,6 +172,7 @@ impl VirtualMachine {
         });
         let mut threads = Threads {
             scheduler: None,
+            drained: false,
             joined: false,
         };
         if !single {
@@ -514,26 +518,16 @@ impl VirtualMachine {
     /// # Errors
     /// Besides the usual ones: a sticky asynchronous failure of a device stream (a kernel
     /// that failed after its instruction was done at launch), reported once and cleared,
-    /// or an error the device reported.
+    /// or an error the device reported. [`Error::Timeout`] when the device work has not
+    /// completed one `timeout_period` after the release (an event that never completes):
+    /// its diagnostic has a "device work of <stream>" entry per stream still waited for.
     pub fn sync(&self) -> Result<()> {
         self.shared.core.check_caller()?;
         // A reusable barrier from this thread's ring: no allocation in steady state.
         let instr = sync_access::sync_barrier(&self.shared);
         sync_access::sync_wait(&self.shared, instr)?;
-        // Instructions on asynchronous devices are released when launched: wait for their
-        // device work too. A host-observed completion: reports sticky failures.
-        let mut first = None;
-        let streams = self.shared.async_streams();
-        let _hook = (!streams.is_empty()).then(|| self.shared.core.wait_scope());
-        for s in streams {
-            let r = s.dev.stream.synchronize();
-            let f = s.dev.sticky.take().map(|f| f.poison_error());
-            let e = s.dev.stream.take_error().map(Error::Device);
-            if first.is_none() {
-                first = r.err().or(f).or(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
+        let deadline = std::time::Instant::now() + self.shared.core.config.timeout_period;
+        sync_devices(&self.shared, deadline)
     }
 
     /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes of `t` at `offset`, after every
@@ -676,11 +670,15 @@ impl VirtualMachine {
         }
     }
 
-    /// Stops accepting work, drains everything received, then joins every VM thread.
-    /// Idempotent; later calls return `Ok` at once.
+    /// Stops accepting work, drains everything received, then joins every VM thread and
+    /// waits for the device work launched. Idempotent; later calls return `Ok` at once.
     ///
     /// # Errors
     /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier.
+    /// [`Error::Timeout`] when the drain makes no progress for one `timeout_period`, or
+    /// the device work has not completed one `timeout_period` after it (an event that
+    /// never completes: the diagnostic names the instruction or "device work of
+    /// <stream>"); the VM accepts no work any more, and a later call retries what is left.
     pub fn shutdown(&self) -> Result<()> {
         // A fork child: the threads to join do not exist here (see `fork.rs`).
         self.shared.core.birth.check()?;
@@ -692,6 +690,24 @@ impl VirtualMachine {
             return Ok(());
         }
         let _hook = self.shared.core.wait_scope();
+        if !threads.drained {
+            self.drain_and_join(&mut threads)?;
+            threads.drained = true;
+        }
+        // Device work launched by released instructions (frees included) completes before
+        // shutdown returns, within one timeout period (the scheduler has exited: no
+        // engine part in the diagnostic).
+        let deadline = std::time::Instant::now() + self.shared.core.config.timeout_period;
+        self.shared
+            .wait_devices(&self.shared.async_streams(), deadline, false)?;
+        // Every tensor release has run: give the cached memory back to the devices.
+        let _ = self.shared.release_caches(None);
+        threads.joined = true;
+        Ok(())
+    }
+
+    /// Shutdown's first part: closes the gate, drains the engine, joins the threads.
+    fn drain_and_join(&self, threads: &mut Threads) -> Result<()> {
         // AcqRel: pairs with callers' Acquire `enter`; see `CallerToken`.
         self.shared.core.state.fetch_or(SHUT, Ordering::AcqRel);
         // Acquire: pairs with `CallerToken::drop`; their pushes are then in the queue.
@@ -707,6 +723,7 @@ impl VirtualMachine {
             // Release: the scheduler exits once idle after seeing it.
             self.shared.core.stop.store(true, Ordering::Release);
             self.shared.core.parking.unpark();
+            self.wait_scheduler_exit()?;
             if let Some(h) = threads.scheduler.take() {
                 let _ = h.join();
             }
@@ -722,16 +739,52 @@ impl VirtualMachine {
                 let _ = h.join();
             }
         }
-        // Device work launched by released instructions (frees included) completes before
-        // shutdown returns.
-        for s in self.shared.async_streams() {
-            let _ = s.dev.stream.synchronize();
-        }
-        // Every tensor release has run: give the cached memory back to the devices.
-        let _ = self.shared.release_caches(None);
-        threads.joined = true;
         Ok(())
     }
+
+    /// Waits for the scheduler thread to exit (it does once the engine is idle), failing
+    /// with the diagnostic [`Error::Timeout`] after a `timeout_period` in which no
+    /// instruction was released (one whose device event never completes keeps it lively).
+    fn wait_scheduler_exit(&self) -> Result<()> {
+        let core = &self.shared.core;
+        let period = core.config.timeout_period;
+        // Relaxed: a progress counter compared with itself.
+        let mut last = core.finished.load(Ordering::Relaxed);
+        loop {
+            let deadline = <FutexWait as ivm_core::wait::Wait>::now().saturating_add(period);
+            // Acquire inside: pairs with the scheduler's Release decrease at its exit.
+            if let Ok(ivm_core::notifier::Timed::Notified) =
+                core.scheduler_running.timed_wait_until_zero(deadline)
+            {
+                return Ok(());
+            }
+            // Relaxed: as above.
+            let now = core.finished.load(Ordering::Relaxed);
+            if now == last {
+                return Err(Error::Timeout(core.diagnostic()));
+            }
+            last = now;
+        }
+    }
+}
+
+/// The device half of `sync`: instructions on asynchronous devices are released when
+/// launched, so it waits for their device work too, until `deadline` at the latest. A
+/// host-observed completion: reports (and clears) sticky failures and device errors,
+/// except after a timeout, which leaves them to the next observation.
+pub(crate) fn sync_devices(shared: &VmShared, deadline: std::time::Instant) -> Result<()> {
+    let streams = shared.async_streams();
+    let _hook = (!streams.is_empty()).then(|| shared.core.wait_scope());
+    shared.wait_devices(&streams, deadline, true)?;
+    let mut first = None;
+    for s in &streams {
+        let f = s.dev.sticky.take().map(|f| f.poison_error());
+        let e = s.dev.stream.take_error().map(Error::Device);
+        if first.is_none() {
+            first = f.or(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 impl Drop for VirtualMachine {

@@ -106,6 +106,9 @@ use crate::util::ids::{Device, StreamId, StreamType};
 use crate::vm::VirtualMachine;
 use crate::{Config, DebugCounters};
 
+mod faults;
+pub use faults::{FaultCampaign, FaultControl, FaultOutcome};
+
 /// Tensors per program (one `u64` word each).
 pub const TENSORS: usize = 4;
 /// Streams per program (see [`stream_ids`]).
@@ -1370,7 +1373,7 @@ impl<K: Kernels> Runner<K> {
                 let outs: Vec<&Tensor> = k.output_slots().map(|t| &tensors[t]).collect();
                 let kernels = self.kernels.clone();
                 b.call_named(
-                    "fuzz_kernel",
+                    op_name(index),
                     &self.streams[usize::from(k.stream)],
                     &ins,
                     &outs,
@@ -1428,6 +1431,28 @@ impl<K: Kernels> Runner<K> {
             }
         }
     }
+}
+
+/// The name of op `index`'s instruction (`fuzz_op<index>`), so that an error naming a
+/// failed instruction names the op (`fuzz_op<index>#<id>`).
+fn op_name(index: usize) -> &'static str {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        (0..MAX_OPS)
+            .map(|i| &*Box::leak(format!("fuzz_op{i}").into_boxed_str()))
+            .collect()
+    });
+    names.get(index).copied().unwrap_or("fuzz_op")
+}
+
+/// The op index an instruction label `fuzz_op<index>#<id>` names.
+fn op_of_label(label: &str) -> Option<usize> {
+    label
+        .split('#')
+        .next()?
+        .strip_prefix("fuzz_op")?
+        .parse()
+        .ok()
 }
 
 /// Runs `program` on a fresh VM with `config` and [`HashKernels`], compares it with the

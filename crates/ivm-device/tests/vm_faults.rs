@@ -1,0 +1,352 @@
+//! The VM on a sim device with injected faults (`SimFaults`).
+//!
+//! The fault campaign (`vm_under_sim_faults_matches_the_model_proptest`): the equivalence
+//! programs on the cpu plus two sim devices that fail launches, leave events uncompleted
+//! or complete them with an error, fail allocations and slow copies down, each checked by
+//! `Runner::run_with_faults` (failed instructions' outputs poisoned and their readers
+//! naming them, everything else equal to the interpreter, no hang), then the VM shut down
+//! with no live object and the sim allocator with no leak and no double free.
+//! `IVM_FAULT_CASES` sets the number of programs (default 160); the counts are printed.
+//!
+//! Regression tests of the fault findings: a wait on device work that never completes is
+//! bounded and its diagnostic names that work; a sync write whose completion reports a
+//! device error poisons its tensor.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ivm_device::sim::{Latency, SimAdapter, SimConfig, SimFaults, sim_device};
+use ivm_std::fuzzing::{self, FaultCampaign, FaultControl, HashKernels, Program, Runner, Topology};
+use ivm_std::{Config, DebugCounters, DeviceAdapter, Diagnostic, Error, StreamId, VirtualMachine};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
+
+const PERIOD: Duration = Duration::from_millis(200);
+
+/// A sim whose faults (`faults`) are off until `resume_faults`.
+fn sim(faults: SimFaults) -> Arc<SimAdapter> {
+    let sim = SimAdapter::new(SimConfig {
+        faults: SimFaults { seed: 5, ..faults },
+        ..SimConfig::default()
+    });
+    sim.heal();
+    sim
+}
+
+fn stuck_events() -> SimFaults {
+    SimFaults {
+        event_never_completes: 1,
+        ..SimFaults::NONE
+    }
+}
+
+fn vm(sim: &Arc<SimAdapter>) -> Arc<VirtualMachine> {
+    let config = Config::default().with_timeout_period(PERIOD);
+    Arc::new(VirtualMachine::with_adapters(config, vec![sim.clone()]).unwrap())
+}
+
+/// Runs `f` on a thread of its own and returns its result, failing the test if it has
+/// not returned within 10 s (a hang; the thread is left behind).
+fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(v) => v,
+        Err(_) => panic!("{what} hung on device work that never completes"),
+    }
+}
+
+fn timeout_diagnostic(r: ivm_std::Result<()>) -> Diagnostic {
+    match r {
+        Err(Error::Timeout(d)) => d,
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
+fn names_device_work(d: &Diagnostic, stream: &str) -> bool {
+    d.lively.iter().any(|l| {
+        l.name.starts_with("device work of ") && l.stream == stream && l.launched && !l.done
+    })
+}
+
+/// A VM with one sim tensor written by a kernel on the device's default stream, all
+/// complete; then the faults are turned on.
+fn vm_with_device_work(sim: &Arc<SimAdapter>) -> (Arc<VirtualMachine>, StreamId) {
+    let vm = vm(sim);
+    let id = StreamId::compute(sim_device(0), 0);
+    let s = vm.stream(id).unwrap();
+    let x = vm.new_tensor_on(&s, 8).unwrap();
+    vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+        .unwrap();
+    vm.sync().unwrap();
+    sim.resume_faults();
+    (vm, id)
+}
+
+// Finding 1: `sync`, `sync_timeout`, `shutdown` and dropping the VM waited on a device
+// `synchronize()` for as long as an event took: forever.
+
+#[test]
+fn sync_waits_for_stuck_device_work_at_most_one_period() {
+    let sim = sim(stuck_events());
+    let (vm, id) = vm_with_device_work(&sim);
+    let v2 = vm.clone();
+    let t0 = Instant::now();
+    let d = timeout_diagnostic(bounded("sync", move || v2.sync()));
+    assert!(t0.elapsed() < PERIOD * 5, "{:?}", t0.elapsed());
+    assert!(names_device_work(&d, &id.to_string()), "{d}");
+    let v2 = vm.clone();
+    let d = timeout_diagnostic(bounded("sync_timeout", move || {
+        v2.sync_timeout(Duration::from_millis(100))
+    }));
+    assert!(names_device_work(&d, &id.to_string()), "{d}");
+    sim.heal();
+    vm.sync().unwrap();
+    vm.shutdown().unwrap();
+}
+
+#[test]
+fn shutdown_waits_for_stuck_device_work_at_most_one_period_then_retries() {
+    let sim = sim(stuck_events());
+    let (vm, id) = vm_with_device_work(&sim);
+    let v2 = vm.clone();
+    let d = timeout_diagnostic(bounded("shutdown", move || v2.shutdown()));
+    assert!(names_device_work(&d, &id.to_string()), "{d}");
+    sim.heal();
+    vm.shutdown().unwrap();
+    assert_eq!(vm.debug_counters(), ivm_std::DebugCounters::default());
+    let st = sim.allocator_stats(0).unwrap();
+    assert_eq!((st.live_allocations, st.double_frees), (0, 0), "{st:?}");
+}
+
+#[test]
+fn dropping_a_vm_with_stuck_device_work_returns() {
+    let sim = sim(stuck_events());
+    let (vm, _) = vm_with_device_work(&sim);
+    bounded("dropping the VM", move || drop(vm));
+    sim.heal();
+}
+
+#[test]
+fn shutdown_with_an_instruction_whose_event_never_completes_is_bounded() {
+    let sim = sim(stuck_events());
+    let vm = vm(&sim);
+    let cpu = vm
+        .stream(StreamId::default_for(ivm_std::Device::CPU))
+        .unwrap();
+    let h2d = vm
+        .stream(StreamId {
+            device: sim_device(0),
+            stream_type: ivm_std::StreamType::HostToDevice,
+            thread_id: 0,
+        })
+        .unwrap();
+    let (src, dst) = (
+        vm.new_tensor_on(&cpu, 8).unwrap(),
+        vm.new_tensor_on(&h2d, 8).unwrap(),
+    );
+    vm.sync().unwrap();
+    sim.resume_faults();
+    // Done when its event completes: never, so the engine stays lively.
+    vm.run(|b| b.copy(&h2d, &src, &dst)).unwrap();
+    drop((src, dst));
+    let v2 = vm.clone();
+    let d = timeout_diagnostic(bounded("shutdown", move || v2.shutdown()));
+    assert!(
+        d.lively
+            .iter()
+            .any(|l| l.name.starts_with("copy") && !l.done),
+        "{d}"
+    );
+    sim.heal();
+    vm.shutdown().unwrap();
+    assert_eq!(vm.debug_counters(), ivm_std::DebugCounters::default());
+    let st = sim.allocator_stats(0).unwrap();
+    assert_eq!((st.live_allocations, st.double_frees), (0, 0), "{st:?}");
+}
+
+// Finding 2: a sync read behind a device-side wait on an event that never completes is
+// done at launch (the engine released it), so its timeout diagnostic named nothing.
+
+#[test]
+fn a_read_stuck_behind_a_device_side_wait_names_the_device_work() {
+    let sim = sim(stuck_events());
+    let vm = vm(&sim);
+    let default = StreamId::compute(sim_device(0), 0);
+    let other = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
+    let x = vm.new_tensor_on(&other, 8).unwrap();
+    vm.run(|b| b.call(&other, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+        .unwrap();
+    vm.sync().unwrap();
+    // The read runs on the default stream: soft sync records an event on `other` (stuck)
+    // and makes the default stream wait for it on the device.
+    sim.resume_faults();
+    let (v2, x2) = (vm.clone(), x.clone());
+    let d = timeout_diagnostic(bounded("the read", move || {
+        let mut out = [0u8; 8];
+        v2.read_small(&x2, 0, &mut out)
+    }));
+    assert!(names_device_work(&d, &default.to_string()), "{d}");
+    assert!(
+        d.lively.iter().any(|l| l.name.contains("read_small#")),
+        "the diagnostic does not name the waited read: {d}"
+    );
+    sim.heal();
+    let mut out = [0u8; 8];
+    vm.read_small(&x, 0, &mut out).unwrap();
+    assert_eq!(u64::from_ne_bytes(out), 7);
+    drop(x);
+    vm.shutdown().unwrap();
+}
+
+// Finding 3: a sync write whose completion (the finisher queued after it on the device)
+// picked up a device error returned the error but left the tensor unpoisoned.
+
+#[test]
+fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
+    let sim = sim(SimFaults {
+        event_error: 1,
+        ..SimFaults::NONE
+    });
+    let vm = vm(&sim);
+    let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+    let other = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
+    let x = vm.new_tensor_on(&s, 8).unwrap();
+    let y = vm.new_tensor_on(&other, 8).unwrap();
+    vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+        .unwrap();
+    vm.sync().unwrap();
+    // A kernel reading `x` on another stream has soft sync record an event on the
+    // default stream, which completes with an error that no host-observed completion
+    // takes (a device-side wait is no data instruction): the write on that stream is the
+    // next to observe it.
+    sim.resume_faults();
+    vm.run(|b| {
+        b.call(&other, &[&x], &[&y], |k| {
+            k.output_u64(0)[0] = k.input_u64(0)[0];
+        })
+    })
+    .unwrap();
+    let r = vm.write_small(&x, 0, &9u64.to_ne_bytes());
+    sim.heal();
+    let Err(Error::Poisoned { instruction, .. }) = r else {
+        panic!("the write did not observe the device error: {r:?}");
+    };
+    assert!(instruction.starts_with("write_small#"), "{instruction}");
+    let mut out = [0u8; 8];
+    match vm.read_small(&x, 0, &mut out) {
+        Err(Error::Poisoned { instruction: i, .. }) => assert_eq!(i, instruction),
+        other => panic!(
+            "after a failed write the tensor reads {other:?} ({})",
+            u64::from_ne_bytes(out)
+        ),
+    }
+    drop((x, y));
+    vm.shutdown().unwrap();
+}
+
+// ---- the fault campaign ---------------------------------------------------------------
+
+struct SimControl(Arc<SimAdapter>);
+
+impl FaultControl for SimControl {
+    fn heal(&self) {
+        self.0.heal();
+    }
+    fn resume(&self) {
+        self.0.resume_faults();
+    }
+    fn stuck_events(&self) -> usize {
+        self.0.stuck_events()
+    }
+    fn check_memory(&self) -> Result<(), String> {
+        for dev in 0..self.0.config().devices {
+            let st = self.0.allocator_stats(dev).expect("a sim device");
+            if (st.live_allocations, st.double_frees, st.use_after_free) != (0, 0, 0) {
+                return Err(format!("sim:{dev}: {st:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn vm_under_sim_faults_matches_the_model_proptest() {
+    fuzzing::silence_planned_panics();
+    let cases = std::env::var("IVM_FAULT_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(160);
+    let us = Duration::from_micros;
+    let sim = SimAdapter::new(SimConfig {
+        devices: 2,
+        launch_latency: Latency::between(us(1), us(60)),
+        kernel_latency: Latency::between(us(1), us(100)),
+        copy_latency: Latency::between(us(1), us(60)),
+        seed: 0xfa_0001,
+        faults: SimFaults {
+            seed: 0xfa17,
+            kernel_launch_fail: 10,
+            event_never_completes: 40,
+            event_error: 10,
+            alloc_fail: 8,
+            slow_copy: 6,
+        },
+    });
+    let a: Arc<dyn DeviceAdapter> = sim.clone();
+    let runner = Runner::with_topology(
+        Config::default().with_timeout_period(Duration::from_millis(150)),
+        vec![a],
+        Topology::with_devices(&[sim_device(0), sim_device(1)]),
+        HashKernels,
+    )
+    .unwrap();
+    let ctl = SimControl(sim.clone());
+    let mut prop = TestRunner::new(PropConfig {
+        cases,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0xfa_17),
+        ..PropConfig::default()
+    });
+    let start = Instant::now();
+    let campaign = std::cell::RefCell::new(FaultCampaign::default());
+    let result = prop.run(&proptest::collection::vec(any::<u8>(), 0..2048), |bytes| {
+        let t0 = Instant::now();
+        let o = runner
+            .run_with_faults(&Program::from_bytes(&bytes), &ctl)
+            .map_err(|m| TestCaseError::fail(m.to_string()))?;
+        prop_assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "a program took {:?}",
+            t0.elapsed()
+        );
+        campaign.borrow_mut().record(&o);
+        Ok(())
+    });
+    // Healed first: the VM's drop (on a failure) waits for the device.
+    sim.heal();
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let c = campaign.into_inner();
+    let f = sim.fault_stats();
+    eprintln!(
+        "ivm fault campaign: {c} in {:.1?}; faults injected: {} ({f:?})",
+        start.elapsed(),
+        f.total()
+    );
+    assert!(
+        f.kernel_launch_fail > 0
+            && f.event_never_completes > 0
+            && f.event_error > 0
+            && f.alloc_fail > 0
+            && f.slow_copy > 0,
+        "a fault kind was never injected: {f:?}"
+    );
+    assert!(c.roots > 0 && c.values > 0 && c.timeouts > 0, "{c}");
+    assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
+    ctl.check_memory().unwrap();
+}
