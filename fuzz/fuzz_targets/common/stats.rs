@@ -12,7 +12,7 @@ use ivm_std::fuzzing::{MAX_OPS, Outcome, Program};
 const EVERY: u64 = 1 << 10;
 /// Upper bounds (exclusive) of the program-length buckets, in ops; the last bucket is
 /// `LENGTH_BOUNDS[3]..=MAX_OPS`.
-const LENGTH_BOUNDS: [usize; 4] = [5, 10, 20, 30];
+const LENGTH_BOUNDS: [usize; 4] = [10, 30, 60, 100];
 
 // Relaxed throughout: independent statistics counters, read once at exit.
 static PROGRAMS: AtomicU64 = AtomicU64::new(0);

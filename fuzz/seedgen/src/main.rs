@@ -22,7 +22,7 @@ use ivm_std::fuzzing::{MAX_OPS, Op, Program, Topology};
 /// Seed files per target.
 const SEEDS: usize = 24;
 /// Shortest VM program kept (the decoder makes at most `MAX_OPS`).
-const MIN_VM_OPS: usize = MAX_OPS - 4;
+const MIN_VM_OPS: usize = MAX_OPS * 3 / 4;
 /// VM candidates drawn per target.
 const VM_CANDIDATES: usize = 4000;
 /// Engine program lengths in bytes (after the 8-byte seed), cycled over the seeds.
@@ -64,7 +64,7 @@ fn vm_score(topology: &Topology, program: &Program) -> usize {
 
 fn vm_seeds(topology: &Topology, rng: &mut Rng) -> Vec<Vec<u8>> {
     let mut scored: Vec<(usize, Vec<u8>)> = (0..VM_CANDIDATES)
-        .filter_map(|_| vm_decode(&rng.bytes(1024)))
+        .filter_map(|_| vm_decode(&rng.bytes(4096)))
         .filter(|(_, p)| p.ops.len() >= MIN_VM_OPS)
         .map(|(bytes, p)| (vm_score(topology, &p), bytes))
         .collect();

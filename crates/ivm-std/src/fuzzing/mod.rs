@@ -113,8 +113,9 @@ pub use faults::{FaultCampaign, FaultControl, FaultOutcome};
 pub const TENSORS: usize = 4;
 /// Streams per program (see [`stream_ids`]).
 pub const STREAMS: usize = 4;
-/// Most ops [`Program`]'s `Arbitrary` impl generates.
-pub const MAX_OPS: usize = 40;
+/// Most ops [`Program`]'s `Arbitrary` impl generates: long enough for histories that
+/// cross streams and devices many times (a 300 s run at 40 never exceeded a few dozen).
+pub const MAX_OPS: usize = 128;
 /// Most streams a [`Topology`] may have (stream indices in ops range over `0..MAX_STREAMS`
 /// and are taken modulo the topology's length).
 pub const MAX_STREAMS: usize = 16;
