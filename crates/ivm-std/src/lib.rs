@@ -69,6 +69,10 @@ pub use engine::drive::EngineToken;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::drive::Helpers;
+/// Loom models only: single-thread mode's waiting word (`drive.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use engine::drive::SingleWaits;
 pub use engine::stats;
 pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use model::kernel::KernelCtx;

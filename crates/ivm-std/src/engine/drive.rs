@@ -479,9 +479,15 @@ impl EngineToken {
 
     /// Whether input is marked on an engine nobody holds (the scheduler's park re-check).
     pub fn dirty_unlocked(&self) -> bool {
-        // Acquire: pairs with the marking RMWs, as in `try_lock` (the scheduler takes the
-        // engine right after anyway).
-        self.state.load(Ordering::Acquire) == TokenWord::DIRTY
+        // Relaxed: nothing is read through this answer. `true` only keeps the scheduler
+        // awake, and it then takes the engine with `try_lock`'s Acquire before it looks at
+        // anything. `false` lets it sleep, which is safe because of the parking protocol,
+        // not this load: a producer marks DIRTY before it unparks, and an unpark that came
+        // before the scheduler's park announcement synchronises with that announcement
+        // (its RMWs are Release/Acquire), so the mark happens-before this load, which
+        // then cannot read an older value (coherence). `.ci/ordering_mutants.sh` found
+        // that no model needs more; `loom_wake_path.rs` checks the protocol.
+        self.state.load(Ordering::Relaxed) == TokenWord::DIRTY
     }
 }
 
@@ -506,8 +512,14 @@ impl EngineToken {
 /// that a waiter asked for ([`want_engine`](Self::want_engine),
 /// [`released`](Self::released)). A release nobody asked for is not announced, so that
 /// two callers waiting for the same slow graph do not wake each other in turn.
-pub(crate) struct SingleWaits {
+pub struct SingleWaits {
     word: AtomicU32,
+}
+
+impl Default for SingleWaits {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// A caller sleeps on [`SingleWaits`].
@@ -519,14 +531,15 @@ const BUMP: u32 = 4;
 const FLAGS: u32 = SLEEPING | WANTED;
 
 impl SingleWaits {
-    fn new() -> Self {
+    /// A count of zero, nobody sleeping.
+    pub fn new() -> Self {
         Self {
             word: AtomicU32::new(0),
         }
     }
 
     /// The count now; take it before looking at anything the wait is for.
-    pub(crate) fn snapshot(&self) -> u32 {
+    pub fn snapshot(&self) -> u32 {
         // Acquire: pairs with the Release bumps this load reads (or follows in their
         // release sequence): what the notifiers published is visible to the checks after.
         self.word.load(Ordering::Acquire) & !FLAGS
@@ -535,7 +548,7 @@ impl SingleWaits {
     /// Announces input or progress, **after** publishing it: bumps the count and wakes
     /// every sleeper if one announced itself. Returns the count it replaced and whether it
     /// made a wake call.
-    pub(crate) fn notify(&self) -> (u32, bool) {
+    pub fn notify(&self) -> (u32, bool) {
         // AcqRel: Release publishes the notifier's input to waiters whose snapshot or
         // announcement reads this bump (Acquire keeps the word's RMWs a chain of
         // synchronisation, as in `released`).
@@ -553,7 +566,7 @@ impl SingleWaits {
     /// [`notify`](Self::notify) by a waiter that took `seen` as its snapshot: moves `seen`
     /// past its own bump when nobody else bumped since, so that its own announcement does
     /// not end its next wait (another one's does: then `seen` stays behind).
-    pub(crate) fn notify_own(&self, seen: &mut u32) {
+    pub fn notify_own(&self, seen: &mut u32) {
         let (old, _) = self.notify();
         if old == *seen {
             *seen = old.wrapping_add(BUMP) & !FLAGS;
@@ -564,7 +577,7 @@ impl SingleWaits {
     /// caller must try to take the engine once more **after** this: a holder that let go
     /// before this request did so before the retry (this RMW reads its `released` RMW, or
     /// a later one), and one that lets go after it sees the request.
-    pub(crate) fn want_engine(&self) {
+    pub fn want_engine(&self) {
         // AcqRel: Acquire synchronises with the `released` RMWs before it (their unlocks
         // happen before our retry); Release keeps the chain for later ones.
         self.word.fetch_or(WANTED, Ordering::AcqRel);
@@ -573,7 +586,7 @@ impl SingleWaits {
     /// The holder let go of the engine (**after** unlocking it): announces that if a
     /// caller asked ([`want_engine`](Self::want_engine)). `seen`: the holder's own
     /// snapshot, as in [`notify_own`](Self::notify_own).
-    pub(crate) fn released(&self, seen: Option<&mut u32>) {
+    pub fn released(&self, seen: Option<&mut u32>) {
         // AcqRel: Release orders our unlock before a requester's Acquire that reads this
         // RMW (then its retry finds the engine free).
         let old = self.word.fetch_and(!WANTED, Ordering::AcqRel);
@@ -589,14 +602,28 @@ impl SingleWaits {
 
     /// Sleeps until the count differs from `seen` (a notification after the snapshot),
     /// `deadline` or a spurious wake-up; the caller re-checks everything after.
-    pub(crate) fn wait(&self, seen: u32, deadline: Instant) {
-        // Acquire: as in `snapshot`. The RMW puts the announcement in the word's single
-        // modification order: a later bump sees it and wakes us.
-        let now = self.word.fetch_or(SLEEPING, Ordering::Acquire) | SLEEPING;
+    pub fn wait(&self, seen: u32, deadline: Instant) {
+        self.wait_until(seen, Some(deadline));
+    }
+
+    /// [`wait`](Self::wait) without a deadline: loom models only, where a lost
+    /// notification must show as a deadlock (under loom a deadline returns at once).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn wait_forever(&self, seen: u32) {
+        self.wait_until(seen, None);
+    }
+
+    fn wait_until(&self, seen: u32, deadline: Option<Instant>) {
+        // Relaxed: the RMW only puts the announcement in the word's single modification
+        // order (a later bump sees it and wakes us; an earlier one changed the count we
+        // read, and we return). Nothing is read through it: every caller takes a fresh
+        // `snapshot` (Acquire) before it checks anything again.
+        let now = self.word.fetch_or(SLEEPING, Ordering::Relaxed) | SLEEPING;
         if now & !FLAGS != seen {
             return;
         }
-        let _ = FutexWait::wait(&self.word, now, Some(deadline));
+        let _ = FutexWait::wait(&self.word, now, deadline);
     }
 }
 
