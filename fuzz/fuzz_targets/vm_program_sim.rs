@@ -29,6 +29,7 @@ fn runner() -> Runner {
         kernel_latency: Latency::between(us(0), us(80)),
         copy_latency: Latency::between(us(0), us(40)),
         seed: 0x1d_5eed,
+        ..SimConfig::default()
     });
     Runner::with_topology(
         Config::default(),
