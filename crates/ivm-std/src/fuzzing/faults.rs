@@ -222,7 +222,7 @@ fn device_of_home<K: Kernels>(runner: &Runner<K>, home: u8) -> Device {
 impl<K: Kernels> Runner<K> {
     /// Runs `program` (fitted to the topology) while `device` injects faults, and checks
     /// it against the sequential model told which instructions failed (see the
-    /// [module docs](self)). After the program the device is healed, the VM drained and
+    /// module docs). After the program the device is healed, the VM drained and
     /// its cached memory returned, the device's memory checked, and the faults resumed:
     /// the next program starts clean.
     ///

@@ -292,8 +292,8 @@ impl VmShared {
 
     /// Waits until the device work queued so far on `streams` has completed, at the latest
     /// until `deadline` (`device::wait_streams`): a device whose event never completes
-    /// ends the wait with [`Error::Timeout`], whose diagnostic has a "device work of
-    /// <stream>" entry per stream that did not complete (after the engine's lively
+    /// ends the wait with [`Error::Timeout`], whose diagnostic has a `device work of
+    /// <stream>` entry per stream that did not complete (after the engine's lively
     /// instructions if `engine`: false once the scheduler has exited, which would not
     /// answer), instead of blocking forever.
     pub(crate) fn wait_devices(

@@ -520,7 +520,7 @@ impl VirtualMachine {
     /// that failed after its instruction was done at launch), reported once and cleared,
     /// or an error the device reported. [`Error::Timeout`] when the device work has not
     /// completed one `timeout_period` after the release (an event that never completes):
-    /// its diagnostic has a "device work of <stream>" entry per stream still waited for.
+    /// its diagnostic has a `device work of <stream>` entry per stream still waited for.
     pub fn sync(&self) -> Result<()> {
         self.shared.core.check_caller()?;
         // A reusable barrier from this thread's ring: no allocation in steady state.
@@ -677,8 +677,8 @@ impl VirtualMachine {
     /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier.
     /// [`Error::Timeout`] when the drain makes no progress for one `timeout_period`, or
     /// the device work has not completed one `timeout_period` after it (an event that
-    /// never completes: the diagnostic names the instruction or "device work of
-    /// <stream>"); the VM accepts no work any more, and a later call retries what is left.
+    /// never completes: the diagnostic names the instruction or `device work of
+    /// <stream>`); the VM accepts no work any more, and a later call retries what is left.
     pub fn shutdown(&self) -> Result<()> {
         // A fork child: the threads to join do not exist here (see `fork.rs`).
         self.shared.core.birth.check()?;
