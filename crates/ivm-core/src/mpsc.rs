@@ -665,6 +665,22 @@ impl<'q, T: Linked<Tag>, Tag> Consumer<'q, T, Tag> {
         self.queue
     }
 
+    /// The oldest node, without popping it: `None` when the queue is empty or a push
+    /// that found it empty is half done (then [`try_pop`](Self::try_pop) would say
+    /// [`Pop::Inconsistent`]). The node stays queued; the borrow ends before the next pop.
+    #[inline]
+    pub fn peek(&self) -> Option<&T> {
+        // Acquire: pairs with the Release hand-off store in `push` (or, for a `tail` this
+        // consumer role stored itself, the Acquire load of `next` before that store, read
+        // by the role's previous holder and published by `try_consume`'s Acquire), so the
+        // node's payload is visible.
+        let node = NonNull::new(self.queue.consumer.tail.load(Ordering::Acquire))?;
+        // SAFETY: `node` is queued (the queue owns its handle) and only the holder of the
+        // consumer role, this guard, can pop it; popping takes `&mut self`, so the node
+        // outlives the returned borrow.
+        Some(unsafe { node.as_ref() })
+    }
+
     /// Pops the oldest node. Never waits. On [`Pop::Inconsistent`] do not sleep: retry.
     #[inline]
     pub fn try_pop(&mut self) -> Pop<T::Handle> {
@@ -804,6 +820,25 @@ mod tests {
         let mut seen = Vec::new();
         assert_eq!(c.drain(|n| seen.push(n.seq)), DrainEnd::Empty);
         assert_eq!(seen, [5]);
+    }
+
+    #[test]
+    fn peek_shows_the_oldest_node_without_popping_it() {
+        let q: MpscQueue<Node, Q> = MpscQueue::new();
+        let mut c = q.consume();
+        assert!(c.peek().is_none());
+        q.push(node(0, 0));
+        q.push(node(0, 1));
+        assert_eq!(c.peek().map(|n| n.seq), Some(0));
+        assert_eq!(c.peek().map(|n| n.seq), Some(0), "peeking pops nothing");
+        assert_eq!(c.try_pop().item().map(|n| n.seq), Some(0));
+        assert_eq!(c.peek().map(|n| n.seq), Some(1));
+        assert_eq!(c.try_pop().item().map(|n| n.seq), Some(1));
+        assert!(c.peek().is_none());
+        drop(c);
+        q.push(node(0, 2));
+        let c = q.try_consume().expect("the role was let go");
+        assert_eq!(c.peek().map(|n| n.seq), Some(2), "a new holder sees it too");
     }
 
     #[test]
