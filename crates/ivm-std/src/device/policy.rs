@@ -62,6 +62,26 @@ pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
     fn supports_events(&self) -> bool {
         false
     }
+
+    /// Whether a caller about to wait may run this stream's instructions itself when they
+    /// are queued to a worker that is idle (ARCHITECTURE.md, "Who may drive the engine"):
+    /// it then runs them on its own thread, in the queue's order, while it holds the
+    /// queue's consumer role, instead of waiting for the worker to wake. Only where
+    /// running on another thread than the stream's worker is harmless: not on streams
+    /// placed on a thread of their own (critical sections, lazy-job launchers, or where an
+    /// adapter needs its own thread), not on an asynchronous device's streams unless its
+    /// adapter says so. Default `false`.
+    fn caller_may_run(&self) -> bool {
+        false
+    }
+}
+
+/// Whether a stream of `stream_type`, placed by `placement`, may in principle be run by a
+/// waiting caller (the shared part of the policies' answers): it lives on a shared worker.
+fn shared_worker_stream(stream_type: StreamType, placement: Placement) -> bool {
+    placement == Placement::SharedWorker
+        && !stream_type.needs_own_thread()
+        && !stream_type.runs_on_scheduler()
 }
 
 /// The policy of the cpu device's streams: synchronous, done at launch, no events.
@@ -71,6 +91,11 @@ pub struct CpuStreamPolicy(pub StreamType);
 impl StreamPolicy for CpuStreamPolicy {
     fn stream_type(&self) -> StreamType {
         self.0
+    }
+
+    /// The cpu device is synchronous: any thread may run its kernels.
+    fn caller_may_run(&self) -> bool {
+        shared_worker_stream(self.0, self.placement())
     }
 }
 
@@ -85,6 +110,7 @@ pub struct DeviceStreamPolicy {
     stream_type: StreamType,
     done_at_launch: bool,
     events: bool,
+    caller_runs: bool,
 }
 
 impl DeviceStreamPolicy {
@@ -102,7 +128,19 @@ impl DeviceStreamPolicy {
             stream_type,
             done_at_launch,
             events: events && !stream_type.runs_on_scheduler() && !stream_type.needs_own_thread(),
+            caller_runs: !asynchronous
+                && shared_worker_stream(stream_type, Placement::SharedWorker),
         }
+    }
+
+    /// This policy, with a waiting caller allowed (or not) to run the stream's queued
+    /// instructions itself ([`StreamPolicy::caller_may_run`]): by default only on a
+    /// synchronous device. An adapter of an asynchronous device whose launches may come
+    /// from any thread may allow it; never on a stream placed on a thread of its own.
+    #[must_use]
+    pub fn with_caller_runs(mut self, allow: bool) -> Self {
+        self.caller_runs = allow && shared_worker_stream(self.stream_type, self.placement());
+        self
     }
 }
 
@@ -115,5 +153,8 @@ impl StreamPolicy for DeviceStreamPolicy {
     }
     fn supports_events(&self) -> bool {
         self.events
+    }
+    fn caller_may_run(&self) -> bool {
+        self.caller_runs
     }
 }
