@@ -77,6 +77,13 @@ pub use engine::stats;
 pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use model::kernel::KernelCtx;
 pub use model::stream::Stream;
+/// Loom models only: the consumer-role hand-over between a worker and a caller that runs
+/// its queued instructions (`model/thread_ctx.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use model::thread_ctx::{
+    let_go, planted_let_go_recheck_first, planted_let_go_without_recheck, take_role,
+};
 pub use model::trace;
 pub use runtime::tensor::Tensor;
 pub use util::config::{Config, Mode, SPIN_WINDOW_MIN_CORES};

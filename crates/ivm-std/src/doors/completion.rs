@@ -284,6 +284,10 @@ impl<T> Completion<T> {
         let mut last = self.vm.core.finished.load(Ordering::Relaxed);
         let mut end = FutexWait::now().saturating_add(period);
         while !slot.is_done() {
+            // Before sleeping: run what is queued to sleeping workers (`caller_runs`).
+            if crate::engine::worker::caller_runs_any(&self.vm.core, || slot.is_done()) {
+                continue;
+            }
             FutexWait::wait(&slot.state, PENDING, Some(end));
             if slot.is_done() {
                 break;
@@ -487,6 +491,12 @@ pub(crate) fn wait_deadline(
         waiter.btb.skip_blocking();
     }
     let _hook = (!waiter.btb.is_done()).then(|| shared.core.wait_scope());
+    // Before waiting: run it if it is queued to a sleeping worker (`caller_runs`).
+    let done = || waiter.btb.is_done();
+    match instr.stream.thread.as_deref() {
+        Some(w) => crate::engine::worker::caller_runs(&shared.core, w, done),
+        None => crate::engine::worker::caller_runs_any(&shared.core, done),
+    };
     match waiter.btb.wait_until_done(timeout, || true) {
         Ok(()) => Ok(()),
         Err(WaitError::Stopped) => Err(name_device_work(

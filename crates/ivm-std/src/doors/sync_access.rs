@@ -357,7 +357,29 @@ fn wait_small(
         return Ok(());
     }
     let _hook = shared.core.wait_scope();
-    let done = || waiter.btb.is_done();
+    // Instructions queued to a sleeping worker, the one waited for among them, are run
+    // here rather than waited for (`worker::caller_runs`); a running one is waited for.
+    // On a stream without a worker (`sync`'s barrier) any worker's queue may hold what
+    // it waits for: those are looked at now and then only (each look takes a lock).
+    let mut looks = 0u32;
+    let done = || {
+        if waiter.btb.is_done() {
+            return true;
+        }
+        let ran = match instr.stream.thread.as_deref() {
+            Some(w) => crate::engine::worker::caller_runs(&shared.core, w, || waiter.btb.is_done()),
+            None => {
+                looks = looks.wrapping_add(1);
+                looks % 16 == 1
+                    && crate::engine::worker::caller_runs_any(&shared.core, || waiter.btb.is_done())
+            }
+        };
+        ran && waiter.btb.is_done()
+    };
+    let mut done = done;
+    if done() {
+        return Ok(());
+    }
     if skip
         && shared.core.flying().saturating_sub(own_done)
             < shared.core.config.skip_blocking_threshold
@@ -366,13 +388,13 @@ fn wait_small(
         let worker = instr.stream.thread.as_deref();
         let running = || worker.is_none_or(|w| !w.is_parked());
         if crate::engine::drive::spin_yield_until(
-            done,
+            &mut done,
             crate::util::tuning::CALLER_YIELD_SPIN,
             running,
         ) {
             return Ok(());
         }
-    } else if crate::engine::drive::spin_while_progress(&shared.core, done) {
+    } else if crate::engine::drive::spin_while_progress(&shared.core, &mut done) {
         return Ok(());
     }
     // Relaxed: a progress counter compared with itself; no data is read through it.

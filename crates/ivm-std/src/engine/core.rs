@@ -396,6 +396,10 @@ impl VmCore {
             if self.flying() < low {
                 break Ok(());
             }
+            // Before sleeping: run what is queued to sleeping workers (`caller_runs`).
+            if crate::engine::worker::caller_runs_any(self, || self.flying() < low) {
+                continue;
+            }
             let slice = FutexWait::now().saturating_add(Duration::from_millis(10));
             FutexWait::wait(&self.bp_seq, seq, Some(slice.min(period_end)));
             if FutexWait::now() >= period_end {
@@ -649,6 +653,12 @@ impl VmCore {
             }
             None => Err(Error::ShutDown),
         }
+    }
+
+    /// The `k`-th registered worker's context, while the workers run (a caller that runs
+    /// queued work itself walks them: `worker::caller_runs_any`).
+    pub(crate) fn worker(&self, k: usize) -> Option<Arc<ThreadCtx>> {
+        lock(&self.workers).as_ref()?.get(k).cloned()
     }
 
     /// Scheduler exit: closes every worker's notifier (they drain and exit), and every

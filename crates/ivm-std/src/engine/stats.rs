@@ -74,6 +74,8 @@ pub(crate) struct StatsCells {
     /// Sum of the running lengths of the other streams.
     pub(crate) running_other: AtomicUsize,
     pub(crate) threads: Mutex<Vec<Arc<ThreadCounters>>>,
+    /// Instructions queued to a sleeping worker that a waiting caller ran itself.
+    pub(crate) caller_ran: AtomicUsize,
 }
 
 impl Default for StatsCells {
@@ -100,7 +102,14 @@ impl StatsCells {
             running: std::array::from_fn(|_| AtomicU32::new(0)),
             running_other: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
+            caller_ran: AtomicUsize::new(0),
         }
+    }
+
+    /// A waiting caller ran `n` instructions queued to a sleeping worker.
+    pub(crate) fn caller_ran(&self, n: usize) {
+        // Relaxed: a statistic.
+        self.caller_ran.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The counters of the VM thread `name`, registered on first use (on the spawning
@@ -165,6 +174,9 @@ pub struct VmStats {
     pub running_other_streams: usize,
     /// Parks and wakes per VM thread.
     pub threads: Vec<ThreadStats>,
+    /// Instructions queued to a sleeping worker that a caller about to wait ran itself
+    /// instead (ARCHITECTURE.md, "Who may drive the engine").
+    pub caller_ran: usize,
 }
 
 /// Where the engine's owner leaves a DAG dump for the caller who asked for it.

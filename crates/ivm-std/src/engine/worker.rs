@@ -6,6 +6,10 @@
 //! its notifier. The engine notifies only when its push found the
 //! queue empty (the MPSC was-empty protocol), and the notifier makes no wake call when the
 //! worker is not asleep.
+//!
+//! The worker holds its queue's consumer role while it runs and polls, and lets go of it
+//! while it sleeps: a caller about to wait for queued work may then run it itself
+//! ([`caller_runs`]; the role hand-over is in `thread_ctx.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +24,6 @@ use crate::model::thread_ctx::ThreadCtx;
 pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let _reentry = ReentryGuard::enter(shared.id);
     let counters = shared.stats.thread(&ctx.name);
-    let mut consumer = ctx.queue.consume();
     let poll = shared.config.worker_poll_window;
     // A release this worker owes the engine (see `drive::Owed`).
     let owed = crate::engine::drive::Owed::default();
@@ -54,61 +57,166 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let (mut idle_steps, mut idle_for) = (0u32, std::time::Duration::ZERO);
     // Polling backs off to `yield_now` (few cores: do not starve the caller).
     let backoff = ivm_core::sync::Backoff::new();
-    loop {
-        let mut ran = false;
-        let end = consumer.drain(|i| {
-            ran = true;
-            run(i);
-        });
-        if ran {
-            idle_since = None;
-            (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
-            backoff.reset();
-            continue;
-        }
-        if !end.may_sleep() {
-            // A push is half done: its producer may not wake us. Never sleep here.
-            backoff.spin();
-            continue;
-        }
-        owed.settle(&shared, false);
-        // Poll: spin-loop hints first (the next instruction of a busy caller comes within
-        // microseconds), then back off to `yield_now` (few cores: do not starve anyone),
-        // reading the clock every 16 steps only.
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        idle_steps = idle_steps.wrapping_add(1);
-        if idle_steps.is_multiple_of(16) {
-            idle_for = since.elapsed();
-        }
-        if idle_for < poll {
-            if idle_for < crate::util::tuning::WORKER_PURE_SPIN {
-                ivm_core::sync::spin_loop();
-            } else {
-                backoff.snooze();
-            }
-            continue;
-        }
-        if owed.is_owed() {
-            // Never sleep owing a release.
-            owed.settle(&shared, true);
-            continue;
-        }
+    // Sleeps on the notifier (the role let go); `Err` once shutdown closed it.
+    let park = || {
         // Relaxed: hints (see `ThreadCtx::parked`).
         ctx.parked.store(true, Ordering::Relaxed);
         let woken = ctx.notifier.wait_and_clear();
         ctx.parked.store(false, Ordering::Relaxed);
         counters.record(true, woken.is_ok());
-        match woken {
+        woken
+    };
+    // Whether the worker just woke: a wake that finds the queue empty was for
+    // instructions a waiting caller ran meanwhile (`caller_runs`), so the worker sleeps
+    // again at once instead of polling beside that caller.
+    let mut just_woken = false;
+    let closing = loop {
+        let Some(mut consumer) = ctx.take_role() else {
+            // A caller runs our queue; its `let_go` wakes us if anything is left.
+            match park() {
+                Ok(()) => continue,
+                Err(closed) => break closed,
+            }
+        };
+        loop {
+            let mut ran = false;
+            let end = consumer.drain(|i| {
+                ran = true;
+                run(i);
+            });
+            if ran {
+                just_woken = false;
+                idle_since = None;
+                (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
+                backoff.reset();
+                continue;
+            }
+            if !end.may_sleep() {
+                // A push is half done: its producer may not wake us. Never sleep here.
+                backoff.spin();
+                continue;
+            }
+            owed.settle(&shared, false);
+            if just_woken && !owed.is_owed() {
+                break;
+            }
+            // Poll: spin-loop hints first (the next instruction of a busy caller comes
+            // within microseconds), then back off to `yield_now` (few cores: do not
+            // starve anyone), reading the clock every 16 steps only.
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            idle_steps = idle_steps.wrapping_add(1);
+            if idle_steps.is_multiple_of(16) {
+                idle_for = since.elapsed();
+            }
+            if idle_for < poll {
+                if idle_for < crate::util::tuning::WORKER_PURE_SPIN {
+                    ivm_core::sync::spin_loop();
+                } else {
+                    backoff.snooze();
+                }
+                continue;
+            }
+            if owed.is_owed() {
+                // Never sleep owing a release.
+                owed.settle(&shared, true);
+                continue;
+            }
+            break;
+        }
+        // Let go of the role before sleeping, so that a waiting caller may run what the
+        // engine queues meanwhile (`caller_runs`). No re-check is needed: the last drain
+        // found the queue empty while we held the role, so the next push finds it empty
+        // and notifies.
+        drop(consumer);
+        match park() {
             Ok(()) => {
+                just_woken = true;
                 idle_since = None;
                 (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
                 backoff.reset();
             }
-            Err(_closed) => {
-                consumer.drain_until_empty(run);
-                owed.settle(&shared, true);
+            Err(closed) => break closed,
+        }
+    };
+    let _ = closing;
+    // Shutdown: take the role (a caller may hold it for the length of a kernel) and
+    // drain what is left.
+    let mut consumer = loop {
+        if let Some(c) = ctx.take_role() {
+            break c;
+        }
+        std::thread::yield_now();
+    };
+    consumer.drain_until_empty(run);
+    owed.settle(&shared, true);
+}
+
+/// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]): its
+/// stream allows it (`StreamPolicy::caller_may_run`) and its body is not deferred (a
+/// deferred body completes later, through the stream's own protocol).
+fn caller_may_run(instr: &Instruction) -> bool {
+    // SAFETY: the caller holds the queue's consumer role, so `instr` (queued) is the
+    // executor's, which is this caller until it lets go; nobody mutates the body
+    // meanwhile (ownership step 3), and this borrow ends before it runs.
+    instr.stream.policy.caller_may_run() && unsafe { instr.body() }.deferred.is_none()
+}
+
+/// A caller about to wait for work queued to the worker of `ctx` runs it itself while
+/// that worker sleeps (ARCHITECTURE.md, "Who may drive the engine"): it takes the queue's
+/// consumer role (only one holder at a time: nothing of the queue runs concurrently or
+/// out of order), runs the queued instructions in order, as the worker would, until
+/// `enough()` holds, the queue is empty, or the next one's stream does not allow it
+/// ([`caller_may_run`]); lets go of the role (waking the worker if anything is left,
+/// `ThreadCtx::let_go`); then has the engine release what it ran. Returns whether it ran
+/// anything. Nothing is done while the worker is awake (it runs its queue itself) or the
+/// queue is empty (the instruction waited for is running, or not dispatched yet: the
+/// caller waits as before).
+pub(crate) fn caller_runs(
+    shared: &VmCore,
+    ctx: &ThreadCtx,
+    mut enough: impl FnMut() -> bool,
+) -> bool {
+    if !ctx.is_parked() || ctx.queue.is_empty() {
+        return false;
+    }
+    let Some(mut consumer) = ctx.queue.try_consume() else {
+        return false;
+    };
+    let mut ran = 0usize;
+    {
+        // User code runs here as on a worker: a call into this VM from it is refused.
+        let _reentry = ReentryGuard::enter(shared.id);
+        while !enough() {
+            if !consumer.peek().is_some_and(caller_may_run) {
                 break;
             }
+            let Some(instr) = consumer.try_pop().item() else {
+                break;
+            };
+            crate::engine::execute::execute(&instr);
+            drop(instr);
+            ran += 1;
         }
     }
+    ctx.let_go(consumer);
+    if ran > 0 {
+        shared.stats.caller_ran(ran);
+        // After DONE (Release inside `execute`): the engine must release them. Drives
+        // here when nobody holds the engine, else marks it for the holder.
+        shared.after_push(true, crate::engine::drive::Claim::NONE);
+    }
+    ran > 0
+}
+
+/// [`caller_runs`] on each worker of the VM in turn (a caller waiting for something that
+/// is not on one known stream: `sync`, a completion, backpressure), until `enough()`.
+pub(crate) fn caller_runs_any(shared: &VmCore, mut enough: impl FnMut() -> bool) -> bool {
+    let mut ran = false;
+    let mut k = 0;
+    while !enough() {
+        let Some(ctx) = shared.worker(k) else { break };
+        ran |= caller_runs(shared, &ctx, &mut enough);
+        k += 1;
+    }
+    ran
 }

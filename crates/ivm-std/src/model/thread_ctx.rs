@@ -1,12 +1,28 @@
 //! A worker thread's context: the queue of instructions the engine dispatched to it and
 //! the notifier it sleeps on. Streams hold their thread's context; the thread that runs it
 //! is in `worker.rs`.
+//!
+//! # The consumer role
+//!
+//! Whoever runs the queue's instructions holds its consumer role (`MpscQueue::try_consume`):
+//! the worker while it runs or polls, and — while the worker sleeps — a caller about to
+//! wait that runs the queued instructions itself (`worker::caller_runs`). One holder at a
+//! time, so the queue's instructions never run concurrently or out of order. The worker
+//! lets go of the role before it sleeps and takes it back ([`take_role`](ThreadCtx::take_role))
+//! after a wake; a caller lets go through [`let_go`](ThreadCtx::let_go), which wakes the
+//! worker if anything is left queued. No wake is lost (the loom model
+//! `tests/loom_caller_runs.rs`): a push that finds the queue empty notifies the worker;
+//! if that worker then finds the role taken it sleeps again, and of the caller's re-check
+//! after letting go and the worker's retry after its wake, at least one sees the other
+//! (a SeqCst fence on each side, the store-buffering pattern): either the worker takes
+//! the role, or the caller sees the queue non-empty and notifies.
 
 use std::sync::Arc;
 
-use ivm_core::mpsc::MpscQueue;
+use ivm_core::mpsc::{Consumer, Linked, MpscQueue};
 use ivm_core::notifier::Notifier;
-use ivm_core::sync::{AtomicBool, Ordering};
+use ivm_core::sync::{AtomicBool, Ordering, fence};
+use ivm_core::wait::Wait;
 
 use crate::model::instruction::{Instruction, WorkerTag};
 use crate::util::futex::FutexWait;
@@ -46,6 +62,19 @@ impl ThreadCtx {
         self.parked.load(Ordering::Relaxed)
     }
 
+    /// Worker, after a wake: takes the consumer role back, or `None` while a caller holds
+    /// it (then the worker sleeps again: the caller's [`let_go`](Self::let_go) wakes it
+    /// if anything is left).
+    pub(crate) fn take_role(&self) -> Option<Consumer<'_, Instruction, WorkerTag>> {
+        take_role(&self.queue)
+    }
+
+    /// A caller that held the consumer role (and ran queued instructions) lets go: then,
+    /// if anything is queued, wakes the worker (see [`let_go`]).
+    pub(crate) fn let_go(&self, consumer: Consumer<'_, Instruction, WorkerTag>) {
+        let_go(consumer, &self.notifier);
+    }
+
     /// Hands `instr` to this worker (engine side). Wakes the worker only on the
     /// empty-to-non-empty edge; a worker that is draining or polling reaches it anyway.
     pub(crate) fn submit(&self, instr: Arc<Instruction>) {
@@ -68,4 +97,65 @@ impl ThreadCtx {
     pub(crate) fn close(&self) {
         self.notifier.close();
     }
+}
+
+/// The worker's side of the role protocol (module docs), after a wake: takes the consumer
+/// role of `queue`, or `None` while another thread holds it.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs`.
+pub fn take_role<T: Linked<Tag>, Tag>(queue: &MpscQueue<T, Tag>) -> Option<Consumer<'_, T, Tag>> {
+    // SeqCst fence before the role's compare-exchange: pairs with the fence in `let_go`
+    // (between the caller's release of the role and its look at the queue). The wake that
+    // brought us here happens after the push that notified us; if `let_go`'s fence comes
+    // first in the fences' total order, our compare-exchange sees the role free; if ours
+    // comes first, the caller's look at the queue sees that push (module docs).
+    fence(Ordering::SeqCst);
+    queue.try_consume()
+}
+
+/// The caller's side of the role protocol (module docs): lets go of the consumer role,
+/// then wakes the queue's worker through `notifier` if anything is queued (the worker may
+/// have found the role taken after a push woke it, and gone back to sleep).
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs`.
+pub fn let_go<T: Linked<Tag>, Tag, W: Wait>(
+    consumer: Consumer<'_, T, Tag>,
+    notifier: &Notifier<W>,
+) {
+    let queue = consumer.queue();
+    // Release (in the guard's drop): publishes our pops to the role's next holder.
+    drop(consumer);
+    // SeqCst fence before the look at the queue: pairs with the fence in `take_role`.
+    fence(Ordering::SeqCst);
+    if !queue.is_empty() {
+        // Err(Closed): shutdown; the worker drains on its way out.
+        let _ = notifier.notify();
+    }
+}
+
+/// [`let_go`] without its re-check of the queue: a planted bug for the loom model
+/// `tests/loom_caller_runs.rs` (a push that woke the worker while the caller held the
+/// role is left with nobody to run it).
+#[cfg(loom)]
+#[doc(hidden)]
+pub fn planted_let_go_without_recheck<T: Linked<Tag>, Tag, W: Wait>(
+    consumer: Consumer<'_, T, Tag>,
+    _notifier: &Notifier<W>,
+) {
+    drop(consumer);
+}
+
+/// [`let_go`] with its re-check before the release of the role: a planted bug for the
+/// loom model (the worker, woken by a push after the re-check, finds the role still taken
+/// and sleeps; nobody looks at the queue again).
+#[cfg(loom)]
+#[doc(hidden)]
+pub fn planted_let_go_recheck_first<T: Linked<Tag>, Tag, W: Wait>(
+    consumer: Consumer<'_, T, Tag>,
+    notifier: &Notifier<W>,
+) {
+    if !consumer.queue().is_empty() {
+        let _ = notifier.notify();
+    }
+    drop(consumer);
 }

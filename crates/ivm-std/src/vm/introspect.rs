@@ -63,6 +63,7 @@ impl VirtualMachine {
             ready: c.ready.load(Ordering::Relaxed),
             streams,
             running_other_streams: c.running_other.load(Ordering::Relaxed),
+            caller_ran: c.caller_ran.load(Ordering::Relaxed),
             threads,
         })
     }
