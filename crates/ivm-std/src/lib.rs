@@ -82,7 +82,8 @@ pub use model::stream::Stream;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use model::thread_ctx::{
-    let_go, planted_let_go_recheck_first, planted_let_go_without_recheck, take_role,
+    let_go, planted_let_go_recheck_first, planted_let_go_without_fence,
+    planted_let_go_without_recheck, planted_take_role_without_fence, take_role,
 };
 pub use model::trace;
 pub use runtime::tensor::Tensor;

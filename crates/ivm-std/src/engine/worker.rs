@@ -176,7 +176,10 @@ pub(crate) fn caller_runs(
     ctx: &ThreadCtx,
     mut enough: impl FnMut() -> bool,
 ) -> bool {
-    if !ctx.is_parked() || ctx.queue.is_empty() {
+    if !ctx.is_parked() || ctx.queue.is_empty() || crate::engine::core::inside(shared.id) {
+        // The worker runs its queue itself; or nothing is queued (what we wait for runs,
+        // or is not dispatched yet); or this is a thread of the VM (a worker waiting for
+        // backpressure, a kernel): it runs nobody else's queue.
         return false;
     }
     let Some(mut consumer) = ctx.queue.try_consume() else {

@@ -159,3 +159,29 @@ pub fn planted_let_go_recheck_first<T: Linked<Tag>, Tag, W: Wait>(
     }
     drop(consumer);
 }
+
+/// [`let_go`] without its SeqCst fence: a planted bug for the loom model (the caller's
+/// look at the queue may miss a push whose woken worker found the role still taken).
+#[cfg(loom)]
+#[doc(hidden)]
+pub fn planted_let_go_without_fence<T: Linked<Tag>, Tag, W: Wait>(
+    consumer: Consumer<'_, T, Tag>,
+    notifier: &Notifier<W>,
+) {
+    let queue = consumer.queue();
+    drop(consumer);
+    if !queue.is_empty() {
+        let _ = notifier.notify();
+    }
+}
+
+/// [`take_role`] without its SeqCst fence: a planted bug for the loom model (the worker
+/// may find the role taken while the caller's look at the queue missed the push that
+/// woke the worker).
+#[cfg(loom)]
+#[doc(hidden)]
+pub fn planted_take_role_without_fence<T: Linked<Tag>, Tag>(
+    queue: &MpscQueue<T, Tag>,
+) -> Option<Consumer<'_, T, Tag>> {
+    queue.try_consume()
+}
