@@ -170,3 +170,44 @@ fn racing_callers_keep_stream_order() {
     }
     vm.sync().unwrap();
 }
+
+/// A blocking wait on a completion for one access runs that stream's queued work up to
+/// it; `sync_async`'s wait runs any worker's queue.
+#[test]
+fn completion_waits_run_queued_work() {
+    let vm = vm();
+    let s = vm.default_stream();
+    let x = vm.new_tensor(8).unwrap();
+    let order = Arc::new(Order::default());
+    let mut seq = 0u64;
+    for round in 0..400u64 {
+        std::thread::sleep(Duration::from_micros(300));
+        vm.run(|b| {
+            for _ in 0..3 {
+                let (o, me) = (order.clone(), seq);
+                seq += 1;
+                b.call(&s, &[], &[&x], move |k| {
+                    o.enter(me);
+                    k.output_u64(0)[0] = me + 1;
+                    o.leave();
+                })?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        if round % 2 == 0 {
+            let v = vm
+                .access_async(&x, |b| u64::from_ne_bytes(b[..8].try_into().unwrap()))
+                .wait()
+                .unwrap();
+            assert_eq!(v, seq, "round {round}");
+        } else {
+            vm.sync_async().wait().unwrap();
+            assert_eq!(order.next.load(Ordering::Acquire), seq, "round {round}");
+        }
+        if round >= 50 && vm.stats().unwrap().caller_ran > 0 {
+            break;
+        }
+    }
+    assert!(vm.stats().unwrap().caller_ran > 0);
+}

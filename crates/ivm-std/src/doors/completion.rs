@@ -91,9 +91,11 @@ use ivm_core::sync::{AtomicU32, Ordering};
 use ivm_core::wait::Wait;
 
 use crate::doors::sync_access::name_device_work;
+use crate::engine::worker::{caller_runs, caller_runs_any};
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Kind};
 use crate::model::stream::StreamShared;
+use crate::model::thread_ctx::ThreadCtx;
 use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
@@ -191,6 +193,20 @@ pub struct Completion<T> {
     vm: Arc<VmShared>,
     slot: Arc<Slot<T>>,
     taken: bool,
+    /// Whose queued work a blocking [`wait`](Self::wait) may run itself
+    /// (`worker::caller_runs`).
+    runs: Runs,
+}
+
+/// What a caller blocked in [`Completion::wait`] may run itself while the workers sleep.
+enum Runs {
+    /// The queue of this worker, up to its instruction (an access on its stream).
+    Stream(Arc<ThreadCtx>),
+    /// Every worker's queue: it waits for everything received before it (`sync_async`,
+    /// `run_async`).
+    Everything,
+    /// Nothing (a stream without a worker).
+    Nothing,
 }
 
 impl<T> std::fmt::Debug for Completion<T> {
@@ -204,6 +220,16 @@ impl<T> std::fmt::Debug for Completion<T> {
 }
 
 impl<T> Completion<T> {
+    /// This completion is for one instruction on `stream`: a blocking wait runs only that
+    /// stream's worker queue, up to it.
+    pub(crate) fn on_stream(mut self, stream: &StreamShared) -> Self {
+        self.runs = match &stream.thread {
+            Some(w) => Runs::Stream(w.clone()),
+            None => Runs::Nothing,
+        };
+        self
+    }
+
     pub(crate) fn new(vm: &Arc<VmShared>) -> (Self, Arc<Slot<T>>) {
         let slot = Arc::new(Slot::new());
         (
@@ -211,6 +237,7 @@ impl<T> Completion<T> {
                 vm: vm.clone(),
                 slot: slot.clone(),
                 taken: false,
+                runs: Runs::Everything,
             },
             slot,
         )
@@ -284,8 +311,14 @@ impl<T> Completion<T> {
         let mut last = self.vm.core.finished.load(Ordering::Relaxed);
         let mut end = FutexWait::now().saturating_add(period);
         while !slot.is_done() {
-            // Before sleeping: run what is queued to sleeping workers (`caller_runs`).
-            if crate::engine::worker::caller_runs_any(&self.vm.core, || slot.is_done()) {
+            // Before sleeping: run what is queued to a sleeping worker (`caller_runs`).
+            let done = || slot.is_done();
+            let ran = match &self.runs {
+                Runs::Stream(w) => caller_runs(&self.vm.core, w, done),
+                Runs::Everything => caller_runs_any(&self.vm.core, done),
+                Runs::Nothing => false,
+            };
+            if ran {
                 continue;
             }
             FutexWait::wait(&slot.state, PENDING, Some(end));
@@ -494,8 +527,8 @@ pub(crate) fn wait_deadline(
     // Before waiting: run it if it is queued to a sleeping worker (`caller_runs`).
     let done = || waiter.btb.is_done();
     match instr.stream.thread.as_deref() {
-        Some(w) => crate::engine::worker::caller_runs(&shared.core, w, done),
-        None => crate::engine::worker::caller_runs_any(&shared.core, done),
+        Some(w) => caller_runs(&shared.core, w, done),
+        None => caller_runs_any(&shared.core, done),
     };
     match waiter.btb.wait_until_done(timeout, || true) {
         Ok(()) => Ok(()),

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
+use crate::engine::worker::{caller_runs, caller_runs_any};
 use crate::model::instruction::{Instruction, Kind, ReadFn, Waiter, WriteFn, status};
 use crate::model::stream::StreamShared;
 use crate::runtime::shared::VmShared;
@@ -362,21 +363,20 @@ fn wait_small(
     // On a stream without a worker (`sync`'s barrier) any worker's queue may hold what
     // it waits for: those are looked at now and then only (each look takes a lock).
     let mut looks = 0u32;
-    let done = || {
-        if waiter.btb.is_done() {
+    let mut done = || {
+        let finished = || waiter.btb.is_done();
+        if finished() {
             return true;
         }
         let ran = match instr.stream.thread.as_deref() {
-            Some(w) => crate::engine::worker::caller_runs(&shared.core, w, || waiter.btb.is_done()),
+            Some(w) => caller_runs(&shared.core, w, finished),
             None => {
                 looks = looks.wrapping_add(1);
-                looks % 16 == 1
-                    && crate::engine::worker::caller_runs_any(&shared.core, || waiter.btb.is_done())
+                looks % 16 == 1 && caller_runs_any(&shared.core, finished)
             }
         };
-        ran && waiter.btb.is_done()
+        ran && finished()
     };
-    let mut done = done;
     if done() {
         return Ok(());
     }

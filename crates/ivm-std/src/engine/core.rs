@@ -396,10 +396,6 @@ impl VmCore {
             if self.flying() < low {
                 break Ok(());
             }
-            // Before sleeping: run what is queued to sleeping workers (`caller_runs`).
-            if crate::engine::worker::caller_runs_any(self, || self.flying() < low) {
-                continue;
-            }
             let slice = FutexWait::now().saturating_add(Duration::from_millis(10));
             FutexWait::wait(&self.bp_seq, seq, Some(slice.min(period_end)));
             if FutexWait::now() >= period_end {

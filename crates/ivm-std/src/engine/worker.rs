@@ -211,8 +211,9 @@ pub(crate) fn caller_runs(
     ran > 0
 }
 
-/// [`caller_runs`] on each worker of the VM in turn (a caller waiting for something that
-/// is not on one known stream: `sync`, a completion, backpressure), until `enough()`.
+/// [`caller_runs`] on each worker of the VM in turn, until `enough()`: for a caller that
+/// waits for everything received before its wait (`sync`, `sync_async`, `run_async`'s
+/// completion), which every queued instruction may be part of.
 pub(crate) fn caller_runs_any(shared: &VmCore, mut enough: impl FnMut() -> bool) -> bool {
     let mut ran = false;
     let mut k = 0;

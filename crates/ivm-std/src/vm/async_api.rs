@@ -43,6 +43,7 @@ impl VirtualMachine {
         let stream = async_target(shared, t)?;
         check_bounds(t, offset, len)?;
         let (c, slot) = Completion::new(shared);
+        let c = c.on_stream(&stream);
         let done = completer_for(slot, t, &stream);
         let f = move |b: &[u8]| {
             let mut small = [0u8; 16];
@@ -71,6 +72,7 @@ impl VirtualMachine {
             let mut small = [0u8; 16];
             small[..len].copy_from_slice(data);
             let (c, slot) = Completion::new(shared);
+            let c = c.on_stream(&stream);
             let done = completer_for(slot, t, &stream);
             let f = move |b: &mut [u8]| {
                 b[offset..offset + len].copy_from_slice(&small[..len]);
@@ -99,6 +101,7 @@ impl VirtualMachine {
         let r = (|| {
             let stream = async_target(shared, t)?;
             let (c, slot) = Completion::new(shared);
+            let c = c.on_stream(&stream);
             let done = completer_for(slot, t, &stream);
             let cb = move |b: &[u8]| {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)));
