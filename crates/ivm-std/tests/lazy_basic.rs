@@ -82,6 +82,47 @@ fn launches_mix_with_eager_work() {
     assert_drained(&vm);
 }
 
+/// A run whose parameter a failed eager instruction poisoned computes nothing from it:
+/// its outputs are poisoned with the error naming that instruction (before the fix the
+/// graph used the poisoned parameter in place and its output read `Ok`).
+#[test]
+fn a_poisoned_parameter_poisons_the_runs_outputs() {
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let graph = affine();
+    let s = vm.default_stream();
+    let (x, b, w, y) = (
+        tensor(&vm, 3),
+        tensor(&vm, 1),
+        tensor(&vm, 2),
+        tensor(&vm, 0),
+    );
+    vm.run(|bl| {
+        bl.call_named("spoil_w", &s, &[], &[&w], |_| panic!("w is spoiled"))?;
+        bl.launch_lazy_job(&[&x, &b], &[&y], &[&w], graph.lazy())
+    })
+    .unwrap();
+    for t in [&y, &w] {
+        match read_u64(&vm, t) {
+            Err(Error::Poisoned {
+                instruction,
+                message,
+            }) => {
+                assert!(instruction.contains("spoil_w"), "{instruction}");
+                assert!(message.contains("w is spoiled"), "{message}");
+            }
+            other => panic!("expected Poisoned, got {other:?}"),
+        }
+    }
+    // The graph keeps serving runs with a good parameter (and a good output: a poisoned
+    // tensor stays poisoned, writes into it fail).
+    let (w2, y2) = (tensor(&vm, 5), tensor(&vm, 0));
+    vm.run(|bl| bl.launch_lazy_job(&[&x, &b], &[&y2], &[&w2], graph.lazy()))
+        .unwrap();
+    assert_eq!(read_u64(&vm, &y2).unwrap(), 16);
+    drop((x, b, w, y, w2, y2));
+    assert_drained(&vm);
+}
+
 #[test]
 fn bad_launches_are_errors() {
     let vm = VirtualMachine::new(Config::default()).unwrap();

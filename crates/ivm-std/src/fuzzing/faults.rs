@@ -25,8 +25,10 @@
 //!   allocation back (no live allocation, no double free, no use after free:
 //!   [`FaultControl::check_memory`]).
 //!
-//! Lazy-graph launches are dropped from the programs: a graph run does not propagate
-//! poison from its operands to its outputs (an open finding).
+//! Lazy-graph launches are dropped from the programs: a graph run did not propagate
+//! poison from its operands to its outputs (found here). A poisoned parameter now fails
+//! the run's iteration (`JobInstance::param_poison`); launches stay out of fault programs
+//! until the harness has been re-checked with them.
 //!
 //! Allocations that fail are retried a few times; a program whose first tensors still
 //! cannot be allocated is not run ([`FaultOutcome::aborted`]), one whose recreate cannot
@@ -236,9 +238,9 @@ impl<K: Kernels> Runner<K> {
         device: &dyn FaultControl,
     ) -> std::result::Result<FaultOutcome, Box<Mismatch>> {
         let mut program = self.topology.fit(program);
-        // A lazy-graph run does not propagate poison from its operands to its outputs
-        // (an open finding): its outputs would hold values computed from poisoned
-        // inputs, unpoisoned, which nothing lets the model tell from a VM bug.
+        // Lazy-graph runs are left out (module docs): before the parameter fix their
+        // outputs held values computed from poisoned operands, unpoisoned, and the harness
+        // has not been re-checked with them since.
         program.ops.retain(|op| !matches!(op, Op::Launch(_)));
         let program = &program;
         let run = self.execute_faulty(program, device);

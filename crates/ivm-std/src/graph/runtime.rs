@@ -778,8 +778,11 @@ fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache) -> bool {
     let result: Option<Error> = match &mut a.kind {
         Local::SourceTick => {
             let j = job.take().expect("source tick fired with a job instance");
+            // A poisoned parameter fails the iteration: no kernel computes from it, the
+            // outputs are poisoned with its error, and the run finishes with it.
+            let poisoned = j.param_poison();
             lock(&s.jobs).push_back((it, j));
-            None
+            poisoned
         }
         Local::Wait { held } => {
             held.clear();

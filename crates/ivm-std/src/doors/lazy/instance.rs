@@ -288,6 +288,17 @@ impl JobInstance {
         self.params.len()
     }
 
+    /// The error of the first parameter that a failed instruction poisoned, if any: a run
+    /// must not compute from it. A graph runtime fails the run's iteration with it (its
+    /// outputs are then poisoned with an error naming the first failure, and the run
+    /// finishes with it).
+    pub fn param_poison(&self) -> Option<Error> {
+        self.params
+            .iter()
+            .find_map(|b| b.poison())
+            .map(|f| f.poison_error())
+    }
+
     /// Bytes of parameter `i`. Panics if there is no parameter `i`.
     pub fn param_nbytes(&self, i: usize) -> usize {
         self.params[i].nbytes
