@@ -40,8 +40,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use super::{
-    KernelOp, Kernels, Mismatch, Op, Point, Program, Runner, TENSORS, Trace, interpret, op_name,
-    op_of_label, run_graph, slot,
+    KernelOp, Kernels, Mismatch, Op, Point, Program, Runner, TENSORS, Trace, batch_end, interpret,
+    op_name, op_of_label, run_graph, slot,
 };
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Diagnostic, Error, Result};
@@ -442,19 +442,7 @@ impl<K: Kernels> Runner<K> {
                 | Op::Copy { .. }
                 | Op::Launch(_)
                 | Op::Barrier => {
-                    let end = program.ops[i..]
-                        .iter()
-                        .position(|op| {
-                            !matches!(
-                                op,
-                                Op::Kernel(_)
-                                    | Op::Recreate { .. }
-                                    | Op::Copy { .. }
-                                    | Op::Launch(_)
-                                    | Op::Barrier
-                            )
-                        })
-                        .map_or(program.ops.len(), |p| i + p);
+                    let end = batch_end(&program.ops, i);
                     let going = self.run_batch(program, i, end, device, tensors, barriers, run);
                     i = end - 1;
                     going

@@ -847,14 +847,18 @@ pub struct Trace {
     pub barriers: Vec<usize>,
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
+/// The end of the batch (one `run`) that starts at op `start`: the first op after it that
+/// is not a kernel, recreate, copy, launch or barrier.
+fn batch_end(ops: &[Op], start: usize) -> usize {
+    ops[start..]
+        .iter()
+        .position(|op| {
+            !matches!(
+                op,
+                Op::Kernel(_) | Op::Recreate { .. } | Op::Copy { .. } | Op::Launch(_) | Op::Barrier
+            )
+        })
+        .map_or(ops.len(), |p| start + p)
 }
 
 fn planned_panic_message(op: usize) -> String {
@@ -880,7 +884,7 @@ pub fn interpret<K: Kernels + ?Sized>(program: &Program, kernels: &K) -> Trace {
                         kernels.apply(k.id, &iv, &mut ov);
                     }));
                     match r {
-                        Err(p) => Some(panic_message(&*p)),
+                        Err(p) => Some(crate::engine::execute::panic_message(&*p)),
                         Ok(()) if k.panic => Some(planned_panic_message(i)),
                         Ok(()) => {
                             for (&t, v) in outs.iter().zip(ov) {
@@ -1322,19 +1326,7 @@ impl<K: Kernels> Runner<K> {
                 | Op::Barrier => {
                     // A batch: every kernel, recreate and barrier up to the next other op.
                     let start = i;
-                    let end = program.ops[i..]
-                        .iter()
-                        .position(|op| {
-                            !matches!(
-                                op,
-                                Op::Kernel(_)
-                                    | Op::Recreate { .. }
-                                    | Op::Copy { .. }
-                                    | Op::Launch(_)
-                                    | Op::Barrier
-                            )
-                        })
-                        .map_or(program.ops.len(), |p| i + p);
+                    let end = batch_end(&program.ops, i);
                     vm.run(|b| {
                         for (j, op) in program.ops[start..end].iter().enumerate() {
                             self.build(b, start + j, op, &mut tensors, &barriers)?;
