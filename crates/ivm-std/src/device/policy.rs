@@ -58,6 +58,16 @@ pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
         self.stream_type() == StreamType::CriticalSection
     }
 
+    /// Whether the stream's instructions are dispatched in the order they were built,
+    /// each after the one built before it, even when a later one's operands are ready
+    /// first. A collective-communication stream needs it: every rank must issue its
+    /// collectives to the transport in the same order, whichever operands become ready
+    /// first on each rank (the engine's stream-sequential order, as OneFlow's transport
+    /// dependence). Default: only [`StreamType::Collective`].
+    fn dispatch_in_build_order(&self) -> bool {
+        self.stream_type() == StreamType::Collective
+    }
+
     /// Whether the stream supports device events (soft sync needs them).
     fn supports_events(&self) -> bool {
         false
@@ -122,12 +132,18 @@ impl DeviceStreamPolicy {
             StreamType::HostToDevice | StreamType::DeviceToHost => !asynchronous,
             // Stubs until lazy jobs land: their status is handled at launch.
             StreamType::CriticalSection | StreamType::LazyJobLauncher => true,
-            StreamType::Compute | StreamType::Barrier => true,
+            StreamType::Compute | StreamType::Barrier | StreamType::Collective => true,
         };
+        // A collective stream runs on a thread of its own, but its work on an
+        // asynchronous device (a device transport's enqueued collective) completes later:
+        // readers on other streams need an event recorded after it (soft sync).
+        let own_thread_with_events = stream_type == StreamType::Collective && asynchronous;
         Self {
             stream_type,
             done_at_launch,
-            events: events && !stream_type.runs_on_scheduler() && !stream_type.needs_own_thread(),
+            events: events
+                && !stream_type.runs_on_scheduler()
+                && (!stream_type.needs_own_thread() || own_thread_with_events),
             caller_runs: !asynchronous
                 && shared_worker_stream(stream_type, Placement::SharedWorker),
         }

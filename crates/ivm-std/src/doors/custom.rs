@@ -72,6 +72,18 @@ pub trait InstructionPolicy: Send + 'static {
     fn completes_during_launch(&self) -> bool {
         false
     }
+
+    /// Called instead of [`launch`](Self::launch) when an operand was poisoned by an
+    /// earlier failed instruction: the instruction fails with `error` (the operand's
+    /// poison; its outputs are poisoned with it) without launching. A policy whose launch
+    /// has a counterpart elsewhere — a peer process waiting for the same collective, a
+    /// remote request — tells it here, so that the counterpart fails too instead of
+    /// waiting. It runs on the stream's thread; a panic is caught and ignored. The policy
+    /// is then dropped unlaunched (through the VM's [`DropSink`](crate::DropSink), if one
+    /// is installed). Default: nothing.
+    fn poisoned(&mut self, error: &Error) {
+        let _ = error;
+    }
 }
 
 impl<F> InstructionPolicy for F
@@ -190,9 +202,15 @@ pub(crate) fn run(
         .as_ref()
         .map_or_else(String::new, |i| i.label())
         .into();
-    // Like a kernel: a poisoned operand fails it without running it (the policy goes to
-    // the drop sink, if any, with `policy`).
+    // Like a kernel: a poisoned operand fails it without launching it; the policy hears
+    // of it (`InstructionPolicy::poisoned`) and drops unrun (to the drop sink, if any).
     if let Some(f) = first_poison(inputs.as_slice().iter().chain(outputs.as_slice())) {
+        let mut policy = policy;
+        if let Some(p) = policy.get_mut() {
+            let error = f.poison_error();
+            let _ = catch_unwind(AssertUnwindSafe(|| p.poisoned(&error)));
+        }
+        drop(policy);
         completion.complete(Err(f));
         return;
     }

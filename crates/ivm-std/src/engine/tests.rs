@@ -25,6 +25,7 @@ impl Rig {
                     index: 100 + k,
                     id: StreamId::compute(Device::CPU, k),
                     policy: Box::new(CpuStreamPolicy(StreamType::Compute)),
+                    in_build_order: false,
                     thread: Some(Arc::new(ThreadCtx::new(format!("t{k}")))),
                     dev: crate::model::stream::DeviceCtx::cpu(
                         vm.shared().core.parking.clone(),

@@ -106,6 +106,12 @@ impl<F: ?Sized + Send + 'static> Callback<F> {
         }
     }
 
+    /// The closure, borrowed (to tell it something without running it: it still drops,
+    /// or goes to the sink, as an unrun callback).
+    pub(crate) fn get_mut(&mut self) -> Option<&mut F> {
+        self.f.as_deref_mut()
+    }
+
     /// The closure, to run it.
     pub(crate) fn take(mut self) -> Box<F> {
         self.f
@@ -251,7 +257,7 @@ impl Instruction {
             id: next_id(),
             name,
             barrier: false,
-            stream_sequential: false,
+            stream_sequential: stream.in_build_order,
             strict_edges: false,
             stream,
             status: AtomicU32::new(0),

@@ -116,6 +116,9 @@ pub(crate) struct StreamShared {
     pub(crate) index: u32,
     pub(crate) id: StreamId,
     pub(crate) policy: Box<dyn StreamPolicy>,
+    /// `policy.dispatch_in_build_order()`, asked once: every instruction built on the
+    /// stream is then stream-sequential.
+    pub(crate) in_build_order: bool,
     /// The worker that runs this stream; `None` when it runs on the scheduler or in
     /// single-thread mode.
     pub(crate) thread: Option<Arc<ThreadCtx>>,

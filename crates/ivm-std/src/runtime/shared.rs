@@ -234,6 +234,7 @@ impl VmShared {
             vm_id: self.id,
             index,
             id,
+            in_build_order: policy.dispatch_in_build_order(),
             policy,
             thread,
             dev: DeviceCtx {

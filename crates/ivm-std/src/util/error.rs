@@ -149,6 +149,12 @@ pub enum Error {
         /// The job name.
         job: String,
     },
+    /// A collective across processes (a communicator's all-reduce, broadcast, barrier,
+    /// global sync) failed as a whole: a peer rank reported a failure, the ranks disagree
+    /// on what the collective is, or not every rank arrived in time. The message names
+    /// the collective, the ranks involved and the rank count.
+    #[error("ivm: collective failed: {0}")]
+    Collective(String),
     /// A lazy graph description (or a graph built by `ivm_std::graph`) is invalid.
     #[error("ivm: invalid lazy graph `{job}`: {message}")]
     InvalidGraph {

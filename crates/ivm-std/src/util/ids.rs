@@ -102,6 +102,12 @@ pub enum StreamType {
     CriticalSection,
     /// Launches of lazy jobs: a thread of their own per (device type, stream type).
     LazyJobLauncher,
+    /// Collective communication (all-reduce, broadcast, ...): a thread of its own per
+    /// (device type, stream type), so that a transport call waiting for a slow peer never
+    /// holds up a compute worker. Done at launch: a host transport returns when the
+    /// collective is complete, a device transport has enqueued it on the stream's device
+    /// queue (then readers on other streams wait for an event recorded after it).
+    Collective,
 }
 
 impl StreamType {
@@ -111,7 +117,7 @@ impl StreamType {
     pub const fn needs_own_thread(self) -> bool {
         matches!(
             self,
-            StreamType::CriticalSection | StreamType::LazyJobLauncher
+            StreamType::CriticalSection | StreamType::LazyJobLauncher | StreamType::Collective
         )
     }
 
@@ -128,6 +134,7 @@ impl StreamType {
             StreamType::Barrier => "barrier",
             StreamType::CriticalSection => "critical-section",
             StreamType::LazyJobLauncher => "lazy-job-launcher",
+            StreamType::Collective => "collective",
         }
     }
 }

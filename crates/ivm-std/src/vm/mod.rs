@@ -145,6 +145,7 @@ impl VirtualMachine {
                 thread_id: 0,
             },
             policy: Box::new(CpuStreamPolicy(StreamType::Barrier)),
+            in_build_order: false,
             thread: None,
             dev: DeviceCtx::cpu(parking.clone(), single),
         });

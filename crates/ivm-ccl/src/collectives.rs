@@ -1,0 +1,450 @@
+//! The front end: collectives built like any instruction, on the device's collective
+//! stream, in build order; and [`Collectives::global_sync`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ivm_std::{
+    Done, Error, InstructionPolicy, InstructionsBuilder, KernelCtx, Result, Stream, StreamId,
+    StreamType, Tensor, VirtualMachine,
+};
+
+use crate::comm::{CollectiveKind, Communicator, DType, Dst, HEADER_BYTES, Header, Src, TransportError};
+
+/// How long a collective waits for every rank to arrive by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Collectives of one [`Communicator`] on one VM (see the [crate docs](crate)).
+///
+/// Each collective is an instruction on the collective stream of the communicator's device
+/// ([`StreamType::Collective`]: a thread of its own, so a transport call waiting for a slow
+/// peer never holds up compute). It reads and writes its tensors like any instruction, so
+/// the engine orders it against compute; and the stream dispatches in build order
+/// ([`ivm_std::StreamPolicy::dispatch_in_build_order`]), so the collectives reach the
+/// transport in the order they were built on every rank, whichever operands become ready
+/// first.
+///
+/// # Examples
+///
+/// One rank (a [`LocalGroup`](crate::LocalGroup) of one): the all-reduce of one rank is
+/// the identity.
+///
+/// ```
+/// use ivm_ccl::{Collectives, DType, LocalGroup};
+/// use ivm_std::{Config, VirtualMachine};
+///
+/// let vm = VirtualMachine::new(Config::default())?;
+/// let comm = LocalGroup::new(1).pop().unwrap();
+/// let ccl = Collectives::new(&vm, comm)?;
+/// let s = vm.default_stream();
+/// let t = vm.new_tensor_from(&s, &2.5f32.to_ne_bytes())?;
+/// vm.run(|b| ccl.all_reduce_sum(b, &t, DType::F32))?;
+/// let mut out = [0u8; 4];
+/// vm.read_small(&t, 0, &mut out)?;
+/// assert_eq!(f32::from_ne_bytes(out), 2.5);
+/// ccl.global_sync(&vm)?;
+/// # Ok::<(), ivm_std::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Collectives {
+    comm: Arc<dyn Communicator>,
+    stream: Stream,
+    /// The next collective's number in build order (the header's `seq`).
+    seq: AtomicU64,
+    timeout: Duration,
+    /// Set when a transport call was abandoned after a timeout: the communicator takes no
+    /// further calls (every later collective fails at once, on this rank).
+    broken: Arc<AtomicBool>,
+}
+
+impl Collectives {
+    /// Collectives of `comm` on `vm`, on the collective stream of `comm`'s device.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedStream`] when `vm` has no adapter for the communicator's device.
+    pub fn new(vm: &VirtualMachine, comm: Arc<dyn Communicator>) -> Result<Self> {
+        let stream = vm.stream(StreamId {
+            device: comm.device(),
+            stream_type: StreamType::Collective,
+            thread_id: 0,
+        })?;
+        Ok(Self {
+            comm,
+            stream,
+            seq: AtomicU64::new(0),
+            timeout: DEFAULT_TIMEOUT,
+            broken: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// These collectives, waiting at most `timeout` for every rank to arrive at each one
+    /// (default [`DEFAULT_TIMEOUT`]).
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// How many ranks the group has.
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// The collective stream the collectives run on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The communicator.
+    pub fn communicator(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+
+    /// Sums `t` (elements of `dtype`) over all ranks, in place: after every earlier writer
+    /// of `t`, before every later access.
+    ///
+    /// # Errors
+    /// Before anything is submitted: [`Error::DeviceMismatch`] for a tensor of another
+    /// device than the communicator's; [`Error::InvalidArgument`] when `t`'s size is not a
+    /// whole number of `dtype` elements. A failure while it runs (a peer's, a disagreement
+    /// between ranks, a timeout) poisons `t`: its readers get the error, naming the
+    /// collective.
+    pub fn all_reduce_sum(
+        &self,
+        b: &mut InstructionsBuilder<'_>,
+        t: &Tensor,
+        dtype: DType,
+    ) -> Result<()> {
+        self.check_device(t)?;
+        if t.nbytes() % dtype.size() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce_sum: a {}-byte tensor is not a whole number of {dtype:?} elements",
+                t.nbytes()
+            )));
+        }
+        self.submit(b, CollectiveKind::AllReduceSum, dtype, &[], &[t], t.nbytes())
+    }
+
+    /// Copies rank `root`'s `t` into every other rank's `t`.
+    ///
+    /// # Errors
+    /// As [`all_reduce_sum`](Self::all_reduce_sum); [`Error::InvalidArgument`] when `root`
+    /// is not a rank.
+    pub fn broadcast(&self, b: &mut InstructionsBuilder<'_>, t: &Tensor, root: usize) -> Result<()> {
+        self.check_device(t)?;
+        if root >= self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast: root {root} of a group of {} ranks",
+                self.size()
+            )));
+        }
+        let kind = CollectiveKind::Broadcast { root };
+        self.submit(b, kind, DType::U8, &[], &[t], t.nbytes())
+    }
+
+    /// Writes every rank's `input`, in rank order, into `output` (`size()` times as long).
+    ///
+    /// # Errors
+    /// As [`all_reduce_sum`](Self::all_reduce_sum); [`Error::SizeMismatch`] when `output`
+    /// is not `size()` times `input`.
+    pub fn all_gather(
+        &self,
+        b: &mut InstructionsBuilder<'_>,
+        input: &Tensor,
+        output: &Tensor,
+    ) -> Result<()> {
+        self.check_device(input)?;
+        self.check_device(output)?;
+        if Some(output.nbytes()) != input.nbytes().checked_mul(self.size()) {
+            return Err(Error::SizeMismatch {
+                src: input.nbytes().saturating_mul(self.size()),
+                dst: output.nbytes(),
+            });
+        }
+        let kind = CollectiveKind::AllGather;
+        self.submit(b, kind, DType::U8, &[input], &[output], input.nbytes())
+    }
+
+    /// A barrier in the collective stream's order: it runs when every collective built
+    /// before it has, and every rank has reached it.
+    ///
+    /// # Errors
+    /// As [`InstructionsBuilder::custom`].
+    pub fn barrier(&self, b: &mut InstructionsBuilder<'_>) -> Result<()> {
+        self.submit(b, CollectiveKind::Barrier, DType::U8, &[], &[], 0)
+    }
+
+    /// Every rank's VM drained, then a cross-rank barrier: returns when every rank has
+    /// finished everything it submitted before its call, and `Ok` only if every rank did so
+    /// without an error. Call it on every rank, at the same point of the collective order,
+    /// with no other thread building collectives on this communicator meanwhile.
+    ///
+    /// # Errors
+    /// This rank's own error from draining its VM (after telling its peers); or
+    /// [`Error::Collective`] naming the first rank that failed and its error, the ranks
+    /// that disagree on the collective order, or the rank count when not every rank
+    /// arrived within the timeout.
+    pub fn global_sync(&self, vm: &VirtualMachine) -> Result<()> {
+        let local = vm.sync_timeout(self.timeout);
+        let header = Header {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            kind: CollectiveKind::Barrier,
+            dtype: DType::U8,
+            bytes: 0,
+            failure: local
+                .as_ref()
+                .err()
+                .map(|e| format!("rank {}: global_sync: {e}", self.rank())),
+        };
+        let what = Label::new(&header, &*self.comm);
+        let r = exchange(&*self.comm, &self.broken, &header, self.timeout, &what);
+        local?;
+        r.map_err(Error::Collective)
+    }
+
+    fn check_device(&self, t: &Tensor) -> Result<()> {
+        let d = self.comm.device();
+        if t.device() != d {
+            return Err(Error::DeviceMismatch(format!(
+                "{} serves tensors of {d}; a collective was asked to move a tensor of {}",
+                self.comm.transport(),
+                t.device()
+            )));
+        }
+        Ok(())
+    }
+
+    fn submit(
+        &self,
+        b: &mut InstructionsBuilder<'_>,
+        kind: CollectiveKind,
+        dtype: DType,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        bytes: usize,
+    ) -> Result<()> {
+        // Relaxed: a number in build order; the builder's submission publishes it.
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let op = CollectiveOp {
+            comm: self.comm.clone(),
+            broken: self.broken.clone(),
+            header: Header {
+                seq,
+                kind,
+                dtype,
+                bytes: bytes as u64,
+                failure: None,
+            },
+            timeout: self.timeout,
+        };
+        if self.comm.device().kind == ivm_std::DeviceKind::CPU {
+            b.custom_named(kind.name(), &self.stream, inputs, outputs, op)
+        } else {
+            // A device transport enqueues on the device stream the kernel is launched on
+            // (custom instructions run on synchronous streams only). Its only way to fail
+            // is a panic, which the VM catches into the instruction's failure.
+            b.call_named(kind.name(), &self.stream, inputs, outputs, move |k| {
+                if let Err(m) = op.run(k) {
+                    panic!("{m}");
+                }
+            })
+        }
+    }
+}
+
+/// How diagnostics name one collective: `#seq kind of N bytes of T over R ranks (mpi)`.
+struct Label(String);
+
+impl Label {
+    fn new(h: &Header, comm: &dyn Communicator) -> Self {
+        Label(format!(
+            "collective {h} over {} ranks ({})",
+            comm.size(),
+            comm.transport()
+        ))
+    }
+}
+
+/// One collective instruction: its header, and the communicator to run it on.
+#[derive(Debug)]
+struct CollectiveOp {
+    comm: Arc<dyn Communicator>,
+    broken: Arc<AtomicBool>,
+    header: Header,
+    timeout: Duration,
+}
+
+impl CollectiveOp {
+    /// Exchanges headers, then runs the transport call on the operands.
+    fn run(&self, k: &mut KernelCtx<'_>) -> std::result::Result<(), String> {
+        let what = Label::new(&self.header, &*self.comm);
+        exchange(&*self.comm, &self.broken, &self.header, self.timeout, &what)?;
+        let deadline = deadline_after(self.timeout);
+        let stream = k.device_stream();
+        let r = match self.header.kind {
+            CollectiveKind::AllReduceSum => {
+                let dst = dst(k, 0, stream);
+                self.comm.all_reduce_sum(dst, self.header.dtype, deadline)
+            }
+            CollectiveKind::Broadcast { root } => {
+                let dst = dst(k, 0, stream);
+                self.comm.broadcast(dst, root, deadline)
+            }
+            CollectiveKind::AllGather => {
+                let src = match stream {
+                    Some(stream) => Src::Device {
+                        ptr: k.input_device_ptr(0),
+                        len: k.input(0).len(),
+                        stream,
+                    },
+                    None => Src::Host(k.input(0)),
+                };
+                let dst = dst(k, 0, stream);
+                self.comm.all_gather(src, dst, deadline)
+            }
+            CollectiveKind::Barrier => Ok(()),
+        };
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if matches!(e, TransportError::Timeout { abandoned: true }) {
+                    // The transport still references the operands' memory: it must stay
+                    // allocated, and nothing may reuse it, for as long as the process
+                    // lives. Leak one reference to each memory, and refuse later calls.
+                    for i in 0..k.num_inputs() {
+                        std::mem::forget(k.input_memory(i).clone());
+                    }
+                    for i in 0..k.num_outputs() {
+                        std::mem::forget(k.output_memory(i).clone());
+                    }
+                    self.broken.store(true, Ordering::Relaxed);
+                }
+                Err(describe(&what, &e, self.timeout))
+            }
+        }
+    }
+}
+
+fn dst<'a>(
+    k: &'a mut KernelCtx<'_>,
+    i: usize,
+    stream: Option<&'a dyn ivm_std::DeviceStream>,
+) -> Dst<'a> {
+    match stream {
+        Some(stream) => Dst::Device {
+            ptr: k.output_device_ptr(i),
+            len: k.output_memory(i).nbytes(),
+            stream,
+        },
+        None => Dst::Host(k.output(i)),
+    }
+}
+
+fn describe(what: &Label, e: &TransportError, timeout: Duration) -> String {
+    match e {
+        TransportError::Timeout { .. } => {
+            format!("{}: not every rank arrived within {timeout:?}", what.0)
+        }
+        e => format!("{}: {e}", what.0),
+    }
+}
+
+/// Exchanges `mine` with every rank and checks that they agree: the same collective, no
+/// rank failed. The error names the collective, the rank count, and the rank that failed
+/// or disagrees.
+fn exchange(
+    comm: &dyn Communicator,
+    broken: &AtomicBool,
+    mine: &Header,
+    timeout: Duration,
+    what: &Label,
+) -> std::result::Result<(), String> {
+    // Relaxed: a flag this communicator's own earlier call set; the transport's own
+    // state is what it protects, and a late read only delays the refusal by one call.
+    if broken.load(Ordering::Relaxed) {
+        return Err(describe(what, &TransportError::Broken, timeout));
+    }
+    let all = match comm.exchange_headers(&mine.encode(), deadline_after(timeout)) {
+        Ok(all) => all,
+        Err(e) => {
+            if matches!(e, TransportError::Timeout { .. } | TransportError::Broken) {
+                broken.store(true, Ordering::Relaxed);
+            }
+            return Err(describe(what, &e, timeout));
+        }
+    };
+    let me = comm.rank();
+    let mut first_failure = None;
+    for (rank, bytes) in all.iter().enumerate() {
+        let bytes: &[u8; HEADER_BYTES] = bytes;
+        let Some(theirs) = Header::decode(bytes) else {
+            return Err(format!(
+                "{}: rank {rank} sent a header that is not an ivm-ccl header",
+                what.0
+            ));
+        };
+        if let Some(m) = &theirs.failure {
+            first_failure.get_or_insert_with(|| format!("{}: rank {rank} failed: {m}", what.0));
+            continue;
+        }
+        if rank != me && mine.failure.is_none() {
+            let (a, b) = (strip(mine), strip(&theirs));
+            if a != b {
+                return Err(format!(
+                    "{}: the ranks disagree on the collective: rank {me} is at {mine}, \
+                     rank {rank} at {theirs}",
+                    what.0
+                ));
+            }
+        }
+    }
+    match (first_failure, &mine.failure) {
+        (Some(f), _) => Err(f),
+        (None, Some(m)) => Err(m.clone()),
+        (None, None) => Ok(()),
+    }
+}
+
+/// `timeout` from now (a year when that overflows the clock).
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
+}
+
+/// A header without its failure (what ranks must agree on).
+fn strip(h: &Header) -> Header {
+    Header {
+        failure: None,
+        ..h.clone()
+    }
+}
+
+impl InstructionPolicy for CollectiveOp {
+    fn launch(self: Box<Self>, ctx: &mut KernelCtx<'_>, done: Done) {
+        let _ = match self.run(ctx) {
+            Ok(()) => done.complete(),
+            Err(m) => done.fail(m),
+        };
+    }
+
+    /// Fires during `launch`: the transport call has returned when `launch` does.
+    fn completes_during_launch(&self) -> bool {
+        true
+    }
+
+    /// A poisoned operand on this rank: tell the peers (they fail with this error
+    /// instead of waiting in the transport for this rank).
+    fn poisoned(&mut self, error: &Error) {
+        let mut h = self.header.clone();
+        h.failure = Some(error.to_string());
+        let what = Label::new(&h, &*self.comm);
+        let _ = exchange(&*self.comm, &self.broken, &h, self.timeout, &what);
+    }
+}
