@@ -22,9 +22,18 @@ if ! command -v qemu-system-arm >/dev/null 2>&1; then
     $sudo apt-get update && $sudo apt-get install -y qemu-system-arm
 fi
 
+# Open MPI and libclang (rsmpi's bindings) for ivm-ccl's `mpi` feature (.ci/mpi.sh), from
+# Debian.
+if ! dpkg -s libopenmpi-dev openmpi-bin libclang-dev >/dev/null 2>&1; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update && $sudo apt-get install -y libopenmpi-dev openmpi-bin libclang-dev
+fi
+
 # Fail loudly if anything is still missing.
 rustup target list --installed | grep -qx thumbv7em-none-eabihf || { echo "thumbv7em target missing" >&2; exit 1; }
 cargo +nightly miri --version >/dev/null || { echo "miri missing" >&2; exit 1; }
 cargo fuzz --version >/dev/null || { echo "cargo-fuzz missing" >&2; exit 1; }
 cargo clippy --version >/dev/null || { echo "clippy missing" >&2; exit 1; }
 qemu-system-arm --version >/dev/null || { echo "qemu-system-arm missing" >&2; exit 1; }
+mpirun --version >/dev/null || { echo "mpirun missing" >&2; exit 1; }

@@ -1,7 +1,7 @@
 //! The front end: collectives built like any instruction, on the device's collective
 //! stream, in build order; and [`Collectives::global_sync`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// use ivm_std::{Config, VirtualMachine};
 ///
 /// let vm = VirtualMachine::new(Config::default())?;
-/// let comm = LocalGroup::new(1).pop().unwrap();
+/// let comm = LocalGroup::ranks(1).pop().unwrap();
 /// let ccl = Collectives::new(&vm, comm)?;
 /// let s = vm.default_stream();
 /// let t = vm.new_tensor_from(&s, &2.5f32.to_ne_bytes())?;
@@ -56,6 +56,8 @@ pub struct Collectives {
     /// Set when a transport call was abandoned after a timeout: the communicator takes no
     /// further calls (every later collective fails at once, on this rank).
     broken: Arc<AtomicBool>,
+    /// The first collective that failed on this rank since the last `global_sync`.
+    failed: Arc<Mutex<Option<String>>>,
 }
 
 impl Collectives {
@@ -75,6 +77,7 @@ impl Collectives {
             seq: AtomicU64::new(0),
             timeout: DEFAULT_TIMEOUT,
             broken: Arc::new(AtomicBool::new(false)),
+            failed: Arc::default(),
         })
     }
 
@@ -122,7 +125,7 @@ impl Collectives {
         dtype: DType,
     ) -> Result<()> {
         self.check_device(t)?;
-        if t.nbytes() % dtype.size() != 0 {
+        if !t.nbytes().is_multiple_of(dtype.size()) {
             return Err(Error::InvalidArgument(format!(
                 "all_reduce_sum: a {}-byte tensor is not a whole number of {dtype:?} elements",
                 t.nbytes()
@@ -187,20 +190,23 @@ impl Collectives {
     ///
     /// # Errors
     /// This rank's own error from draining its VM (after telling its peers); or
-    /// [`Error::Collective`] naming the first rank that failed and its error, the ranks
-    /// that disagree on the collective order, or the rank count when not every rank
+    /// [`Error::Collective`] naming the first rank that failed (its VM did not drain, or
+    /// one of its collectives failed since the last `global_sync`) and its error, the
+    /// ranks that disagree on the collective order, or the rank count when not every rank
     /// arrived within the timeout.
     pub fn global_sync(&self, vm: &VirtualMachine) -> Result<()> {
         let local = vm.sync_timeout(self.timeout);
+        let failed = first_failure(&self.failed).take();
         let header = Header {
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             kind: CollectiveKind::Barrier,
             dtype: DType::U8,
             bytes: 0,
-            failure: local
-                .as_ref()
-                .err()
-                .map(|e| format!("rank {}: global_sync: {e}", self.rank())),
+            failure: match (&local, failed) {
+                (Err(e), _) => Some(format!("rank {}: global_sync: {e}", self.rank())),
+                (Ok(()), Some(f)) => Some(f),
+                (Ok(()), None) => None,
+            },
         };
         let what = Label::new(&header, &*self.comm);
         let r = exchange(&*self.comm, &self.broken, &header, self.timeout, &what);
@@ -234,6 +240,7 @@ impl Collectives {
         let op = CollectiveOp {
             comm: self.comm.clone(),
             broken: self.broken.clone(),
+            failed: self.failed.clone(),
             header: Header {
                 seq,
                 kind,
@@ -276,6 +283,7 @@ impl Label {
 struct CollectiveOp {
     comm: Arc<dyn Communicator>,
     broken: Arc<AtomicBool>,
+    failed: Arc<Mutex<Option<String>>>,
     header: Header,
     timeout: Duration,
 }
@@ -284,7 +292,8 @@ impl CollectiveOp {
     /// Exchanges headers, then runs the transport call on the operands.
     fn run(&self, k: &mut KernelCtx<'_>) -> std::result::Result<(), String> {
         let what = Label::new(&self.header, &*self.comm);
-        exchange(&*self.comm, &self.broken, &self.header, self.timeout, &what)?;
+        exchange(&*self.comm, &self.broken, &self.header, self.timeout, &what)
+            .map_err(|m| self.record(m))?;
         let deadline = deadline_after(self.timeout);
         let stream = k.device_stream();
         let r = match self.header.kind {
@@ -310,7 +319,7 @@ impl CollectiveOp {
             }
             CollectiveKind::Barrier => Ok(()),
         };
-        match r {
+        let r = match r {
             Ok(()) => Ok(()),
             Err(e) => {
                 if matches!(e, TransportError::Timeout { abandoned: true }) {
@@ -327,8 +336,19 @@ impl CollectiveOp {
                 }
                 Err(describe(&what, &e, self.timeout))
             }
-        }
+        };
+        r.map_err(|m| self.record(m))
     }
+
+    /// Remembers the first failure for `global_sync`, and returns it.
+    fn record(&self, m: String) -> String {
+        first_failure(&self.failed).get_or_insert_with(|| m.clone());
+        m
+    }
+}
+
+fn first_failure(m: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn dst<'a>(
@@ -446,5 +466,6 @@ impl InstructionPolicy for CollectiveOp {
         h.failure = Some(error.to_string());
         let what = Label::new(&h, &*self.comm);
         let _ = exchange(&*self.comm, &self.broken, &h, self.timeout, &what);
+        self.record(format!("{}: {error}", what.0));
     }
 }

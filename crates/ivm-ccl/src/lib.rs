@@ -29,7 +29,7 @@
 //! use ivm_std::{Config, VirtualMachine};
 //!
 //! // Two ranks as two threads, each with its own VM.
-//! let ranks: Vec<_> = LocalGroup::new(2)
+//! let ranks: Vec<_> = LocalGroup::ranks(2)
 //!     .into_iter()
 //!     .map(|comm| {
 //!         thread::spawn(move || -> ivm_std::Result<f32> {

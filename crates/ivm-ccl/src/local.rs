@@ -1,6 +1,6 @@
 //! [`LocalGroup`]: the ranks of a group as threads of one process, each with a VM of its
 //! own — for tests and examples of collective programs on a machine without MPI, and for
-//! a single-rank run (`LocalGroup::new(1)`). Not a transport between processes.
+//! a single-rank run (`LocalGroup::ranks(1)`). Not a transport between processes.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -39,7 +39,7 @@ struct Round {
 impl LocalGroup {
     /// A group of `size` ranks: one communicator per rank, rank `i` at index `i`. Give
     /// each to the thread that plays that rank.
-    pub fn new(size: usize) -> Vec<Arc<dyn Communicator>> {
+    pub fn ranks(size: usize) -> Vec<Arc<dyn Communicator>> {
         let shared = Arc::new(Rendezvous {
             size,
             state: Mutex::new(Round {
