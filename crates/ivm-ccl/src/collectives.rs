@@ -1,8 +1,8 @@
 //! The front end: collectives built like any instruction, on the device's collective
 //! stream, in build order; and [`Collectives::global_sync`].
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ivm_std::{
@@ -10,7 +10,9 @@ use ivm_std::{
     StreamType, Tensor, VirtualMachine,
 };
 
-use crate::comm::{CollectiveKind, Communicator, DType, Dst, HEADER_BYTES, Header, Src, TransportError};
+use crate::comm::{
+    CollectiveKind, Communicator, DType, Dst, HEADER_BYTES, Header, Src, TransportError,
+};
 
 /// How long a collective waits for every rank to arrive by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -131,7 +133,14 @@ impl Collectives {
                 t.nbytes()
             )));
         }
-        self.submit(b, CollectiveKind::AllReduceSum, dtype, &[], &[t], t.nbytes())
+        self.submit(
+            b,
+            CollectiveKind::AllReduceSum,
+            dtype,
+            &[],
+            &[t],
+            t.nbytes(),
+        )
     }
 
     /// Copies rank `root`'s `t` into every other rank's `t`.
@@ -139,7 +148,12 @@ impl Collectives {
     /// # Errors
     /// As [`all_reduce_sum`](Self::all_reduce_sum); [`Error::InvalidArgument`] when `root`
     /// is not a rank.
-    pub fn broadcast(&self, b: &mut InstructionsBuilder<'_>, t: &Tensor, root: usize) -> Result<()> {
+    pub fn broadcast(
+        &self,
+        b: &mut InstructionsBuilder<'_>,
+        t: &Tensor,
+        root: usize,
+    ) -> Result<()> {
         self.check_device(t)?;
         if root >= self.size() {
             return Err(Error::InvalidArgument(format!(

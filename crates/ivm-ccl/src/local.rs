@@ -66,7 +66,11 @@ impl LocalGroup {
     }
 
     /// Every rank's `data`, in rank order, once every rank has contributed.
-    fn gather(&self, data: Vec<u8>, deadline: Instant) -> Result<Arc<Vec<Vec<u8>>>, TransportError> {
+    fn gather(
+        &self,
+        data: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<Arc<Vec<Vec<u8>>>, TransportError> {
         let mut st = self.lock();
         if st.broken {
             return Err(TransportError::Broken);
@@ -154,7 +158,12 @@ impl Communicator for LocalGroup {
             .collect()
     }
 
-    fn all_reduce_sum(&self, buf: Dst<'_>, dtype: DType, deadline: Instant) -> Result<(), TransportError> {
+    fn all_reduce_sum(
+        &self,
+        buf: Dst<'_>,
+        dtype: DType,
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
         let buf = host_mut(buf)?;
         let all = self.gather(buf.to_vec(), deadline)?;
         buf.fill(0);
@@ -167,10 +176,14 @@ impl Communicator for LocalGroup {
             match dtype {
                 DType::U8 => add::<1>(buf, x, |a, b| [a[0].wrapping_add(b[0])]),
                 DType::I32 => add::<4>(buf, x, |a, b| {
-                    i32::from_ne_bytes(a).wrapping_add(i32::from_ne_bytes(b)).to_ne_bytes()
+                    i32::from_ne_bytes(a)
+                        .wrapping_add(i32::from_ne_bytes(b))
+                        .to_ne_bytes()
                 }),
                 DType::I64 => add::<8>(buf, x, |a, b| {
-                    i64::from_ne_bytes(a).wrapping_add(i64::from_ne_bytes(b)).to_ne_bytes()
+                    i64::from_ne_bytes(a)
+                        .wrapping_add(i64::from_ne_bytes(b))
+                        .to_ne_bytes()
                 }),
                 DType::F32 => add::<4>(buf, x, |a, b| {
                     (f32::from_ne_bytes(a) + f32::from_ne_bytes(b)).to_ne_bytes()
@@ -183,14 +196,24 @@ impl Communicator for LocalGroup {
         Ok(())
     }
 
-    fn broadcast(&self, buf: Dst<'_>, root: usize, deadline: Instant) -> Result<(), TransportError> {
+    fn broadcast(
+        &self,
+        buf: Dst<'_>,
+        root: usize,
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
         let buf = host_mut(buf)?;
         let all = self.gather(buf.to_vec(), deadline)?;
         buf.copy_from_slice(&all[root]);
         Ok(())
     }
 
-    fn all_gather(&self, send: Src<'_>, recv: Dst<'_>, deadline: Instant) -> Result<(), TransportError> {
+    fn all_gather(
+        &self,
+        send: Src<'_>,
+        recv: Dst<'_>,
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
         let Src::Host(send) = send else {
             return Err(TransportError::Failed(
                 "the local group moves host memory only".into(),

@@ -199,7 +199,11 @@ fn host<'a>(d: Dst<'a>) -> std::result::Result<&'a mut [u8], TransportError> {
 
 impl MpiCommunicator {
     /// Sums over all ranks `buf`, seen as `T`s, in place (through a copy: the send buffer).
-    fn reduce_typed<T>(&self, buf: &mut [u8], deadline: Instant) -> std::result::Result<(), TransportError>
+    fn reduce_typed<T>(
+        &self,
+        buf: &mut [u8],
+        deadline: Instant,
+    ) -> std::result::Result<(), TransportError>
     where
         T: mpi::datatype::Equivalence + Copy + Default + 'static,
     {
@@ -254,7 +258,10 @@ impl Communicator for MpiCommunicator {
         // SAFETY: each buffer is referenced by this request only; on a timeout neither is
         // reclaimed (they leak with the abandoned request).
         let (s, r) = unsafe { (&*send.get(), recv.get()) };
-        wait(self.world.immediate_all_gather_into(StaticScope, s, r), deadline)?;
+        wait(
+            self.world.immediate_all_gather_into(StaticScope, s, r),
+            deadline,
+        )?;
         // SAFETY: the request completed; `s` and `r` are not used again.
         let (_, all) = unsafe { (send.reclaim(), recv.reclaim()) };
         Ok(all
@@ -318,7 +325,10 @@ impl Communicator for MpiCommunicator {
         let s = Leaked::new(send.to_vec());
         // SAFETY: `s` is referenced by this request only; `recv` as in `broadcast`.
         let (sr, r): (&'static [u8], &'static mut [u8]) = unsafe { (&*s.get(), as_static(recv)) };
-        wait(self.world.immediate_all_gather_into(StaticScope, sr, r), deadline)?;
+        wait(
+            self.world.immediate_all_gather_into(StaticScope, sr, r),
+            deadline,
+        )?;
         // SAFETY: the request completed; `sr` is not used again.
         drop(unsafe { s.reclaim() });
         Ok(())
