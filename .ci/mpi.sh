@@ -11,6 +11,7 @@ mpirun=(mpirun --oversubscribe)
 [ "$(id -u)" -ne 0 ] || mpirun+=(--allow-run-as-root)
 
 cargo clippy -p ivm-ccl --features mpi --all-targets -- -D warnings
+cargo clippy --example train --features mpi -- -D warnings
 # The test binary's path, from cargo itself (not a glob over stale builds).
 bin=$(cargo test -p ivm-ccl --features mpi --test mpi_collectives --no-run --message-format=json \
     | python3 -c 'import json,sys

@@ -1,6 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+/// Collective communication (all-reduce, broadcast, all-gather, barriers) on collective
+/// streams, over MPI behind the `mpi` feature.
+pub use ivm_ccl;
 /// The `no_std` core: intrusive lists, MPSC queue, notifier, counters, blocking-then-busy,
 /// scheduler parking.
 pub use ivm_core;

@@ -38,6 +38,8 @@
 //! VM settings come from the `IVM_*` environment variables (`Config::from_env`).
 
 mod data;
+#[cfg(feature = "mpi")]
+mod dp;
 mod kernels;
 mod modes;
 mod plots;
@@ -108,10 +110,13 @@ struct Args {
     quiet: bool,
     trace: Option<std::path::PathBuf>,
     runs: usize,
+    /// `--data-parallel`: train over MPI ranks (`dp.rs`).
+    data_parallel: bool,
 }
 
 const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
-[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace]";
+[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] \
+[--data-parallel (under mpirun; build with --features mpi)]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -125,6 +130,7 @@ fn parse_args() -> Result<Args, String> {
         quiet: false,
         trace: Some(std::env::temp_dir().join("ivm-train-trace.json")),
         runs: 5,
+        data_parallel: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -150,6 +156,7 @@ fn parse_args() -> Result<Args, String> {
             "--seed" => a.seed = num(&flag, value(&flag)?)?,
             "--runs" => a.runs = num(&flag, value(&flag)?)?,
             "--quiet" | "-q" => a.quiet = true,
+            "--data-parallel" => a.data_parallel = true,
             "--trace" => a.trace = Some(value(&flag)?.into()),
             "--no-trace" => a.trace = None,
             "--device" => {
@@ -505,6 +512,18 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
         lr: args.lr,
         ..Adam::default()
     };
+    if args.data_parallel {
+        #[cfg(feature = "mpi")]
+        return dp::run(args, &data, adam);
+        #[cfg(not(feature = "mpi"))]
+        {
+            eprintln!(
+                "--data-parallel needs MPI: cargo build --release --example train --features mpi, \
+                 then mpirun -np 2 target/release/examples/train --data-parallel"
+            );
+            return Ok(ExitCode::from(2));
+        }
+    }
     let mlp = Arc::new(Program::classifier(
         &[features, args.hidden, classes],
         args.batch,

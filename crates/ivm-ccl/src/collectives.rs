@@ -60,6 +60,24 @@ pub struct Collectives {
     broken: Arc<AtomicBool>,
     /// The first collective that failed on this rank since the last `global_sync`.
     failed: Arc<Mutex<Option<String>>>,
+    /// Where collectives record their spans, while recording is on.
+    spans: Arc<Mutex<Option<Vec<Span>>>>,
+}
+
+/// When one collective ran on this rank: from the start of its header exchange to the
+/// return of its transport call (see [`Collectives::record_spans`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Its number in build order.
+    pub seq: u64,
+    /// What it did.
+    pub kind: CollectiveKind,
+    /// Bytes it moved (its input's size).
+    pub bytes: u64,
+    /// When its header exchange started.
+    pub start: Instant,
+    /// When its transport call returned (for a device transport: when it was enqueued).
+    pub end: Instant,
 }
 
 impl Collectives {
@@ -80,6 +98,7 @@ impl Collectives {
             timeout: DEFAULT_TIMEOUT,
             broken: Arc::new(AtomicBool::new(false)),
             failed: Arc::default(),
+            spans: Arc::default(),
         })
     }
 
@@ -109,6 +128,21 @@ impl Collectives {
     /// The communicator.
     pub fn communicator(&self) -> &Arc<dyn Communicator> {
         &self.comm
+    }
+
+    /// Starts (or stops) recording when each collective runs on this rank, for timelines
+    /// and overlap figures ([`take_spans`](Self::take_spans)). Off by default.
+    pub fn record_spans(&self, on: bool) {
+        *lock(&self.spans) = on.then(Vec::new);
+    }
+
+    /// The spans recorded since recording started or since the last call, in the order the
+    /// collectives finished.
+    pub fn take_spans(&self) -> Vec<Span> {
+        lock(&self.spans)
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Sums `t` (elements of `dtype`) over all ranks, in place: after every earlier writer
@@ -210,7 +244,7 @@ impl Collectives {
     /// arrived within the timeout.
     pub fn global_sync(&self, vm: &VirtualMachine) -> Result<()> {
         let local = vm.sync_timeout(self.timeout);
-        let failed = first_failure(&self.failed).take();
+        let failed = lock(&self.failed).take();
         let header = Header {
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             kind: CollectiveKind::Barrier,
@@ -255,6 +289,7 @@ impl Collectives {
             comm: self.comm.clone(),
             broken: self.broken.clone(),
             failed: self.failed.clone(),
+            spans: self.spans.clone(),
             header: Header {
                 seq,
                 kind,
@@ -298,13 +333,30 @@ struct CollectiveOp {
     comm: Arc<dyn Communicator>,
     broken: Arc<AtomicBool>,
     failed: Arc<Mutex<Option<String>>>,
+    spans: Arc<Mutex<Option<Vec<Span>>>>,
     header: Header,
     timeout: Duration,
 }
 
 impl CollectiveOp {
-    /// Exchanges headers, then runs the transport call on the operands.
+    /// Runs the collective, recording its span when recording is on.
     fn run(&self, k: &mut KernelCtx<'_>) -> std::result::Result<(), String> {
+        let start = Instant::now();
+        let r = self.run_inner(k);
+        if let Some(v) = lock(&self.spans).as_mut() {
+            v.push(Span {
+                seq: self.header.seq,
+                kind: self.header.kind,
+                bytes: self.header.bytes,
+                start,
+                end: Instant::now(),
+            });
+        }
+        r
+    }
+
+    /// Exchanges headers, then runs the transport call on the operands.
+    fn run_inner(&self, k: &mut KernelCtx<'_>) -> std::result::Result<(), String> {
         let what = Label::new(&self.header, &*self.comm);
         exchange(&*self.comm, &self.broken, &self.header, self.timeout, &what)
             .map_err(|m| self.record(m))?;
@@ -356,12 +408,12 @@ impl CollectiveOp {
 
     /// Remembers the first failure for `global_sync`, and returns it.
     fn record(&self, m: String) -> String {
-        first_failure(&self.failed).get_or_insert_with(|| m.clone());
+        lock(&self.failed).get_or_insert_with(|| m.clone());
         m
     }
 }
 
-fn first_failure(m: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -65,7 +65,7 @@ pub mod mpi;
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod nccl;
 
-pub use collectives::{Collectives, DEFAULT_TIMEOUT};
+pub use collectives::{Collectives, DEFAULT_TIMEOUT, Span};
 pub use comm::{
     CollectiveKind, Communicator, DType, Dst, HEADER_BYTES, Header, Src, TransportError,
 };
