@@ -41,7 +41,7 @@ use crate::program::{Program, Role};
 #[derive(Default)]
 struct Spans {
     on: bool,
-    v: Vec<(Instant, Instant)>,
+    v: Vec<(&'static str, Instant, Instant)>,
 }
 
 /// One replica: a VM, its compute stream, the program's tensors, the collectives.
@@ -119,12 +119,13 @@ impl Replica {
                 let reads: Vec<&Tensor> = op.reads.iter().map(|&r| &t[r]).collect();
                 let kernel = op.kernel.clone();
                 let spans = self.spans.clone();
+                let name = op.name;
                 b.call_named(op.name, &self.compute, &reads, &[&t[op.write]], move |k| {
                     let start = Instant::now();
                     run_op(k, &kernel);
                     let mut s = spans.lock().unwrap_or_else(|e| e.into_inner());
                     if s.on {
-                        s.v.push((start, Instant::now()));
+                        s.v.push((name, start, Instant::now()));
                     }
                 })?;
                 // A gradient (or the loss) is reduced over the ranks as soon as it is
@@ -215,12 +216,12 @@ fn gather_u64(comm: &dyn Communicator, value: u64) -> Result<Vec<u64>> {
 }
 
 /// Seconds of `spans` (collective spans) during which a compute kernel ran.
-fn hidden(coll: &[(Instant, Instant)], compute: &[(Instant, Instant)]) -> (f64, f64) {
+fn hidden(coll: &[(Instant, Instant)], compute: &[(&str, Instant, Instant)]) -> (f64, f64) {
     let mut total = 0.0;
     let mut covered = 0.0;
     for &(s, e) in coll {
         total += e.duration_since(s).as_secs_f64();
-        for &(cs, ce) in compute {
+        for &(_, cs, ce) in compute {
             let (a, b) = (s.max(cs), e.min(ce));
             if b > a {
                 covered += b.duration_since(a).as_secs_f64();
@@ -243,12 +244,12 @@ fn median(v: &mut [f64]) -> f64 {
 /// collectives on another.
 fn write_trace(
     path: &std::path::Path,
-    compute: &[(Instant, Instant)],
+    compute: &[(&str, Instant, Instant)],
     coll: &[ivm_ccl::Span],
 ) -> std::io::Result<()> {
     let origin = compute
         .iter()
-        .map(|s| s.0)
+        .map(|s| s.1)
         .chain(coll.iter().map(|s| s.start))
         .min();
     let Some(origin) = origin else { return Ok(()) };
@@ -259,9 +260,9 @@ fn write_trace(
         r#"{"name":"thread_name","ph":"M","pid":1,"tid":2,"args":{"name":"collective stream"}}"#
             .to_string(),
     ];
-    for &(s, e) in compute {
+    for &(name, s, e) in compute {
         ev.push(format!(
-            r#"{{"name":"kernel","ph":"X","pid":1,"tid":1,"ts":{:.3},"dur":{:.3}}}"#,
+            r#"{{"name":"{name}","ph":"X","pid":1,"tid":1,"ts":{:.3},"dur":{:.3}}}"#,
             us(s),
             us(e) - us(s)
         ));

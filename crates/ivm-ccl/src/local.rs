@@ -9,8 +9,11 @@ use ivm_std::Device;
 
 use crate::comm::{Communicator, DType, Dst, HEADER_BYTES, Src, TransportError};
 
-/// One rank of an in-process group (see the [module docs](self)). Serves host (cpu)
-/// tensors. Sums add contributions in rank order, so every rank gets the same bits.
+/// One rank of an in-process group: the ranks are threads of one process, each with a VM
+/// of its own — for tests and examples of collective programs on a machine without MPI,
+/// and for a single-rank run (`LocalGroup::ranks(1)`); not a transport between processes.
+/// Serves host (cpu) tensors. Sums add contributions in rank order, so every rank gets
+/// the same bits.
 #[derive(Debug)]
 pub struct LocalGroup {
     rank: usize,
