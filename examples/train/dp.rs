@@ -231,13 +231,17 @@ fn hidden(coll: &[(Instant, Instant)], compute: &[(&str, Instant, Instant)]) -> 
     (covered, total)
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// Median and interquartile range.
+fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
+    let at = |p: f64| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[((v.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    (at(0.5), at(0.25), at(0.75))
 }
 
 /// A Chrome trace of rank 0's last data-parallel epoch: compute kernels on one track,
@@ -404,7 +408,8 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
         }
         let trace = std::env::temp_dir().join("ivm-train-dp-trace.json");
         let traced = write_trace(&trace, &last_trace.0, &last_trace.1).is_ok();
-        let (m1, m2) = (median(&mut one_rate), median(&mut dp_rate));
+        let (m1, a1, b1) = quartiles(&mut one_rate);
+        let (m2, a2, b2) = quartiles(&mut dp_rate);
         println!(
             "losses: {} steps, bit-identical on all {ranks} ranks: {}; worst relative \
              difference from the single-process run: {worst:.1e}",
@@ -412,8 +417,8 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
             if failed.is_empty() { "yes" } else { "NO" }
         );
         println!(
-            "steps/s (median of {} interleaved epochs): 1 rank {m1:.0}, {ranks} ranks {m2:.0} \
-             ({:.2}x)",
+            "steps/s, median (interquartile range) of {} interleaved epochs: 1 rank {m1:.0} \
+             ({a1:.0} .. {b1:.0}), {ranks} ranks {m2:.0} ({a2:.0} .. {b2:.0}): {:.2}x",
             args.epochs,
             m2 / m1
         );

@@ -29,6 +29,10 @@
 //!   it done and unparks the scheduler).
 //! * **critical section / lazy-job launcher**: run on a thread of their own; their status
 //!   handling is a stub (done at launch) until lazy jobs land.
+//! * **collective**: a thread of its own; dispatched in build order
+//!   ([`StreamPolicy::dispatch_in_build_order`](crate::StreamPolicy::dispatch_in_build_order));
+//!   done at launch, with events on an asynchronous device (a device transport enqueues
+//!   the collective, and readers on other streams wait for an event recorded after it).
 //! * **barrier**: on the scheduler thread.
 
 pub mod alloc_cache;
