@@ -248,6 +248,84 @@ fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
     vm.shutdown().unwrap();
 }
 
+// Finding 4: a launch that failed poisoned its outputs on the host at once, while an
+// earlier reader of them, done at launch, was still queued on the device: when the device
+// reached the reader, it found the poison and failed with the later instruction's error.
+// The poison now reaches the outputs in stream order (here through the fallback: the
+// device refuses the poison's own launch too, so the worker drains the stream first).
+
+#[test]
+fn a_failed_launch_does_not_poison_an_earlier_reader_still_queued() {
+    let sim = sim(SimFaults {
+        kernel_launch_fail: 1,
+        ..SimFaults::NONE
+    });
+    let vm = vm(&sim);
+    let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+    let (t, u, x) = (
+        vm.new_tensor_on(&s, 8).unwrap(),
+        vm.new_tensor_on(&s, 8).unwrap(),
+        vm.new_tensor_on(&s, 8).unwrap(),
+    );
+    vm.write_small(&t, 0, &5u64.to_ne_bytes()).unwrap();
+    // A blocker the device runs until released, then the reader queued behind it.
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    vm.run(|b| {
+        b.call_named("blocker", &s, &[], &[&x], move |_| {
+            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+        })?;
+        b.call_named("reader", &s, &[&t], &[&u], |k| {
+            k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+        })
+    })
+    .unwrap();
+    // Until the reader is launched (queued on the device), not run (the blocker holds it).
+    let launched = |name: &str| {
+        let t0 = Instant::now();
+        while vm
+            .dump_dag()
+            .unwrap()
+            .nodes
+            .iter()
+            .any(|n| n.name.starts_with(name) && !n.launched)
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{name} never launched"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    launched("reader#");
+    // Every launch fails now: the writer's, and the one that would queue its poison.
+    sim.resume_faults();
+    vm.run(|b| b.call_named("writer", &s, &[], &[&t], |k| k.output_u64(0)[0] = 9))
+        .unwrap();
+    // The writer's launch has failed (a moment after it started) while the reader still
+    // waits on the device behind the blocker; then the device runs them.
+    launched("writer#");
+    std::thread::sleep(Duration::from_millis(20));
+    go_tx.send(()).unwrap();
+    bounded("the writer's failure", {
+        let vm = vm.clone();
+        move || vm.sync().unwrap()
+    });
+    sim.heal();
+    let mut out = [0u8; 8];
+    match vm.read_small(&t, 0, &mut out) {
+        Err(Error::Poisoned { instruction, .. }) => {
+            assert!(instruction.starts_with("writer#"), "{instruction}")
+        }
+        other => panic!("the failed writer left its output readable: {other:?}"),
+    }
+    vm.read_small(&u, 0, &mut out)
+        .expect("the earlier reader saw a later writer's failure");
+    assert_eq!(u64::from_ne_bytes(out), 6);
+    drop((t, u, x));
+    vm.shutdown().unwrap();
+}
+
 // ---- the fault campaign ---------------------------------------------------------------
 
 struct SimControl(Arc<SimAdapter>);

@@ -26,6 +26,9 @@
 //! * Soft-sync record events are done at launch, except a host-observed record, done when
 //!   its event completes; device-side waits (stream wait, wait event) complete as the
 //!   stream's policy says (at launch on compute streams, by event on copy streams).
+//! * A launch that fails (the device refused the work, or a sticky failure) poisons the
+//!   instruction's outputs in stream order on a queued device (`poison_in_stream_order`),
+//!   never ahead of earlier work still queued there.
 //! * Sticky failures: a queued kernel that fails sets its stream's sticky failure and
 //!   poisons its outputs; every data instruction launched (or reached on the device) on
 //!   that stream afterwards poisons its outputs with it, until a host-observed completion
@@ -154,7 +157,7 @@ fn done_now(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) 
     if let Some(f) = failure {
         // SAFETY: still the executor (before DONE); no other borrow of the body is alive.
         let body = unsafe { instr.body() };
-        poison_all(body.outputs.as_slice(), &f);
+        poison_in_stream_order(instr, body.outputs.as_slice(), &f);
         // SAFETY: the executor owns `failure` until DONE (and the waiter until `finished`).
         instr.failure.with_mut(|p| unsafe { *p = Some(f) });
         bits |= status::FAILED;
@@ -165,6 +168,41 @@ fn done_now(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) 
         // Release inside: publishes the same to the waiting caller.
         w.finished();
     }
+}
+
+/// Poisons the outputs of `instr`, whose launch on an asynchronous device failed.
+///
+/// On a device whose kernels run in its queue (`KernelMode::Queued`, the sim), a body
+/// checks its operands for poison when the device reaches it. Work launched before this
+/// instruction may still be queued there — an earlier reader of these outputs, done at
+/// launch — and must not see a later instruction's failure: so the poison is queued on
+/// the stream, behind that work, as a kernel's own failure on the device would be. (Soft
+/// sync has put a device-side wait on this stream ahead of it for earlier work of other
+/// streams of the device.) Later work of this stream meets the poison in stream order.
+/// When the device refuses the poison too, the worker waits until the stream has run
+/// what was queued before (bounded by the VM's timeout period: a device that neither takes
+/// work nor finishes it gets the poison late), then poisons, before the instruction is
+/// done and anything after it launches. On devices whose kernels check their operands at
+/// launch (`Launcher`: earlier readers checked theirs when they were launched), the
+/// outputs are poisoned now.
+fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>], f: &Failure) {
+    let dev = &instr.stream.dev;
+    if dev.mode == KernelMode::Queued && !outputs.is_empty() {
+        let mut outs = Operands::default();
+        for b in outputs {
+            outs.push(b.clone());
+        }
+        let f2 = f.clone();
+        let queued = dev
+            .stream
+            .launch_host(Box::new(move || poison_all(outs.as_slice(), &f2)));
+        if queued.is_ok() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + dev.drain_bound;
+        let _ = crate::device::wait_streams(&[&*dev.stream], deadline);
+    }
+    poison_all(outputs, f);
 }
 
 /// The completion callback of an event-completed instruction (adapter thread, or inline).

@@ -203,8 +203,9 @@ struct FaultRun {
     /// A VM call that failed otherwise than the model allows.
     vm_error: Option<(usize, String)>,
     /// Every tensor created, by its creation's root index ([`born_root`]), kept to learn
-    /// after the program whether it was born poisoned.
-    created: Vec<(usize, Arc<crate::model::blob::Blob>)>,
+    /// after the program whether it was born poisoned, with the ids of the instructions
+    /// its creation made (its fill's is among them).
+    created: Vec<(usize, Arc<crate::model::blob::Blob>, std::ops::Range<usize>)>,
     /// Tensors born poisoned (their memory, a reused block, was filled by an
     /// instruction that failed): the fill's label, by creation root.
     born: HashMap<String, usize>,
@@ -323,16 +324,16 @@ impl<K: Kernels> Runner<K> {
         let mut tensors = Vec::with_capacity(TENSORS);
         for t in 0..TENSORS {
             match self.allocate(home(self.topology.homes[t])) {
-                Ok(x) => {
+                (Ok(x), ids) => {
                     run.created
-                        .push((born_root(program, None, t), x.blob().clone()));
+                        .push((born_root(program, None, t), x.blob().clone(), ids));
                     tensors.push(x);
                 }
-                Err(Error::Timeout(d)) => {
+                (Err(Error::Timeout(d)), _) => {
                     run.timeout = Some((0, d, device.stuck_events()));
                     break;
                 }
-                Err(_) => {
+                (Err(_), _) => {
                     run.aborted = true;
                     break;
                 }
@@ -359,9 +360,13 @@ impl<K: Kernels> Runner<K> {
         drop(tensors);
         let _ = vm.sync();
         // Every fill ran by now; a failed one poisoned its tensor first (and first stays).
-        for (root, blob) in std::mem::take(&mut run.created) {
+        // Only a tensor's own fill makes it born poisoned: a fill's poison also spreads
+        // (a copy from a tensor born poisoned), so the fill's id must be one its creation
+        // made.
+        for (root, blob, ids) in std::mem::take(&mut run.created) {
             if let Some(f) = blob.poison()
-                && f.instruction.starts_with("fill_reused_block")
+                && let Some(id) = f.instruction.strip_prefix("fill_reused_block#")
+                && id.parse().is_ok_and(|id: usize| ids.contains(&id))
             {
                 run.born.insert(f.instruction.to_string(), root);
             }
@@ -371,8 +376,9 @@ impl<K: Kernels> Runner<K> {
     }
 
     /// A new 8-byte tensor homed on `s`, with a few tries: an allocation fault should not
-    /// cost the whole program.
-    fn allocate(&self, s: &crate::Stream) -> Result<Tensor> {
+    /// cost the whole program; and the ids of the instructions the tries made.
+    fn allocate(&self, s: &crate::Stream) -> (Result<Tensor>, std::ops::Range<usize>) {
+        let first = crate::model::instruction::peek_next_id();
         let mut r = self.vm.new_tensor_on(s, 8);
         for _ in 0..4 {
             if r.is_ok() || matches!(r, Err(Error::Timeout(_))) {
@@ -380,7 +386,7 @@ impl<K: Kernels> Runner<K> {
             }
             r = self.vm.new_tensor_on(s, 8);
         }
-        r
+        (r, first..crate::model::instruction::peek_next_id())
     }
 
     fn run_ops(
@@ -473,15 +479,15 @@ impl<K: Kernels> Runner<K> {
         for (j, op) in program.ops.iter().enumerate().take(end).skip(start) {
             if let Op::Recreate { home, .. } = op {
                 match self.allocate(&self.streams[usize::from(*home)]) {
-                    Ok(t) => {
-                        run.created.push((j, t.blob().clone()));
+                    (Ok(t), ids) => {
+                        run.created.push((j, t.blob().clone(), ids));
                         fresh.push(t);
                     }
-                    Err(Error::Timeout(d)) => {
+                    (Err(Error::Timeout(d)), _) => {
                         run.timeout = Some((j, d, device.stuck_events()));
                         return false;
                     }
-                    Err(_) => {
+                    (Err(_), _) => {
                         run.cut = Some(start);
                         return false;
                     }
@@ -630,52 +636,6 @@ impl Slot {
     }
 }
 
-impl Slot {
-    /// An output of an op that may have been poisoned by a later op's failure (see
-    /// [`late_failure`]); `before`: the slot before the op (poison already there stays).
-    fn taint(&mut self, before: Slot) {
-        if !matches!(before, Slot::Poison(_)) {
-            *self = Slot::Unknown;
-        }
-    }
-}
-
-/// Whether a failed op after `i` (a kernel, a copy, or a sync write or update that failed
-/// itself) writes one of `touched` (op `i`'s operands). Open finding: a launch that fails
-/// poisons its outputs on the host at once, while op `i`,
-/// an earlier reader or writer of them that is done at launch, may still be queued on
-/// its device; when it runs it finds the poison and fails with the later op's error
-/// (poisoning its own outputs). The model then lets op `i`'s outputs be poisoned by it.
-fn late_failure<K: Kernels>(
-    runner: &Runner<K>,
-    program: &Program,
-    failed: &BTreeSet<usize>,
-    own: &BTreeSet<usize>,
-    i: usize,
-    touched: &[usize],
-) -> bool {
-    let on_device = |stream: u8| runner.topology.device_of(usize::from(stream)) != Device::CPU;
-    let i_queued = match program.ops[i] {
-        Op::Kernel(k) => on_device(k.stream),
-        Op::Copy { stream, .. } => on_device(stream),
-        _ => false,
-    };
-    i_queued
-        && failed.range(i + 1..).chain(own.range(i + 1..)).any(|&j| {
-            let writes: Vec<usize> = match program.ops.get(j) {
-                // A planned panic poisons in order (on the cpu).
-                Some(Op::Kernel(k)) if !k.panic => k.output_slots().collect(),
-                Some(Op::Copy { dst, .. }) => vec![slot(*dst)],
-                // A sync write or update whose launch failed.
-                Some(Op::SyncWrite { tensor, .. } | Op::SyncUpdate { tensor, .. }) => {
-                    vec![slot(*tensor)]
-                }
-                _ => Vec::new(),
-            };
-            writes.iter().any(|t| touched.contains(t))
-        })
-}
-
 impl fmt::Display for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -743,22 +703,11 @@ fn check<K: Kernels>(
         }
         match op {
             Op::Kernel(k) => {
-                let touched: Vec<usize> = k.input_slots().chain(k.output_slots()).collect();
-                let late = late_failure(runner, program, &failed, &own, i, &touched);
-                let before = slots;
                 kernel(runner, i, k, failed.contains(&i), &mut slots);
-                if late {
-                    for t in k.output_slots() {
-                        slots[t].taint(before[t]);
-                    }
-                }
             }
             Op::Copy { src, dst, .. } => {
                 let (s, d) = (slot(src), slot(dst));
-                if late_failure(runner, program, &failed, &own, i, &[s, d]) {
-                    let before = slots[d];
-                    slots[d].taint(before);
-                } else if failed.contains(&i) {
+                if failed.contains(&i) {
                     // Its own failure comes first (at launch, or observed at completion).
                     slots[d].poison(i);
                 } else {

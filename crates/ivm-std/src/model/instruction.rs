@@ -249,6 +249,14 @@ pub(crate) fn next_id() -> usize {
     NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The id the next instruction will get (ids only grow): brackets the instructions a call
+/// creates (the fault harness learns which fill belongs to which new tensor).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn peek_next_id() -> usize {
+    // Relaxed: as above.
+    NEXT_ID.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Instruction {
     pub(crate) fn new(name: &'static str, stream: Arc<StreamShared>, kind: Kind) -> Self {
         Self {

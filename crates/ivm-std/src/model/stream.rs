@@ -87,6 +87,9 @@ pub(crate) struct DeviceCtx {
     /// The VM runs in single-thread mode (callers drive the engine and park on `wake`).
     pub(crate) single_thread: bool,
     pub(crate) sticky: Sticky,
+    /// The longest a worker waits for the stream's queued work before it poisons the
+    /// outputs of a failed launch itself (the VM's timeout period; `execute.rs`).
+    pub(crate) drain_bound: std::time::Duration,
 }
 
 impl DeviceCtx {
@@ -100,6 +103,7 @@ impl DeviceCtx {
             wake,
             single_thread,
             sticky: Sticky::default(),
+            drain_bound: std::time::Duration::ZERO,
         }
     }
 

@@ -245,6 +245,7 @@ impl VmShared {
                 wake: self.core.parking.clone(),
                 single_thread: self.core.single_thread(),
                 sticky: Sticky::default(),
+                drain_bound: self.core.config.timeout_period,
             },
         });
         reg.streams.insert(id, s.clone());
