@@ -179,8 +179,8 @@ fn done_now(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) 
 /// the stream, behind that work, as a kernel's own failure on the device would be. (Soft
 /// sync has put a device-side wait on this stream ahead of it for earlier work of other
 /// streams of the device.) Later work of this stream meets the poison in stream order.
-/// When the device refuses the poison too, the worker waits until the stream has run
-/// what was queued before (bounded by the VM's timeout period: a device that neither takes
+/// When the device refuses the poison too (and on streams done when their device work
+/// is), the worker waits until the stream has run what was queued before (bounded by the VM's timeout period: a device that neither takes
 /// work nor finishes it gets the poison late), then poisons, before the instruction is
 /// done and anything after it launches. On devices whose kernels check their operands at
 /// launch (`Launcher`: earlier readers checked theirs when they were launched), the
@@ -188,16 +188,22 @@ fn done_now(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) 
 fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>], f: &Failure) {
     let dev = &instr.stream.dev;
     if dev.mode == KernelMode::Queued && !outputs.is_empty() {
-        let mut outs = Operands::default();
-        for b in outputs {
-            outs.push(b.clone());
-        }
-        let f2 = f.clone();
-        let queued = dev
-            .stream
-            .launch_host(Box::new(move || poison_all(outs.as_slice(), &f2)));
-        if queued.is_ok() {
-            return;
+        // Only where done means launched (compute streams): a stream whose instructions
+        // are done when their device work is (copy streams) promises its readers that
+        // nothing of it is left on the device once it is done — no soft sync orders them
+        // after it — so its poison must be in place when it is done: drain first.
+        if instr.stream.policy.done_at_launch() {
+            let mut outs = Operands::default();
+            for b in outputs {
+                outs.push(b.clone());
+            }
+            let f2 = f.clone();
+            let queued = dev
+                .stream
+                .launch_host(Box::new(move || poison_all(outs.as_slice(), &f2)));
+            if queued.is_ok() {
+                return;
+            }
         }
         let deadline = std::time::Instant::now() + dev.drain_bound;
         let _ = crate::device::wait_streams(&[&*dev.stream], deadline);

@@ -25,10 +25,13 @@
 //!   allocation back (no live allocation, no double free, no use after free:
 //!   [`FaultControl::check_memory`]).
 //!
-//! Lazy-graph launches are dropped from the programs: a graph run did not propagate
-//! poison from its operands to its outputs (found here). A poisoned parameter now fails
-//! the run's iteration (`JobInstance::param_poison`); launches stay out of fault programs
-//! until the harness has been re-checked with them.
+//! Lazy-graph launches are part of the programs. Two findings of this harness were fixed
+//! on the way: a graph run did not propagate poison from its operands to its outputs (a
+//! poisoned parameter now fails the run's iteration, `JobInstance::param_poison`); and a
+//! launch that failed on a queued device poisoned its outputs ahead of an earlier reader
+//! still queued there, which then failed with the later op's error (the poison now
+//! reaches them in stream order, `engine/execute.rs`). The model accepts nothing else for
+//! either.
 //!
 //! Allocations that fail are retried a few times; a program whose first tensors still
 //! cannot be allocated is not run ([`FaultOutcome::aborted`]), one whose recreate cannot
@@ -238,12 +241,7 @@ impl<K: Kernels> Runner<K> {
         program: &Program,
         device: &dyn FaultControl,
     ) -> std::result::Result<FaultOutcome, Box<Mismatch>> {
-        let mut program = self.topology.fit(program);
-        // Lazy-graph runs are left out (module docs): before the parameter fix their
-        // outputs held values computed from poisoned operands, unpoisoned, and the harness
-        // has not been re-checked with them since.
-        program.ops.retain(|op| !matches!(op, Op::Launch(_)));
-        let program = &program;
+        let program = &self.topology.fit(program);
         let run = self.execute_faulty(program, device);
         let recovered = self.recover(device);
         let mismatch = |at: Point, e: &dyn fmt::Display, g: &dyn fmt::Display| {
