@@ -299,18 +299,9 @@ impl Collectives {
             },
             timeout: self.timeout,
         };
-        if self.comm.device().kind == ivm_std::DeviceKind::CPU {
-            b.custom_named(kind.name(), &self.stream, inputs, outputs, op)
-        } else {
-            // A device transport enqueues on the device stream the kernel is launched on
-            // (custom instructions run on synchronous streams only). Its only way to fail
-            // is a panic, which the VM catches into the instruction's failure.
-            b.call_named(kind.name(), &self.stream, inputs, outputs, move |k| {
-                if let Err(m) = op.run(k) {
-                    panic!("{m}");
-                }
-            })
-        }
+        // On a launcher device (cuda) the policy finds the device stream to enqueue on in
+        // its `KernelCtx`; on the cpu it runs the host transport on the stream's thread.
+        b.custom_named(kind.name(), &self.stream, inputs, outputs, op)
     }
 }
 

@@ -9,10 +9,9 @@
 //! VM's bounded device waits (`sync`, `global_sync`) report as a timeout naming the
 //! collective stream.
 //!
-//! Limitation: a device collective is a kernel (custom instructions run on synchronous
-//! streams only), so a poisoned operand on one rank is not announced to its peers by
-//! [`InstructionPolicy::poisoned`](ivm_std::InstructionPolicy::poisoned): they fail at
-//! the header exchange's deadline instead.
+//! A device collective is a custom instruction like a host one: a poisoned operand on one
+//! rank is announced to its peers ([`InstructionPolicy::poisoned`](ivm_std::InstructionPolicy::poisoned)),
+//! which fail instead of waiting in NCCL.
 
 use std::ffi::c_void;
 use std::sync::Arc;

@@ -177,8 +177,7 @@ impl<'vm> InstructionsBuilder<'vm> {
     /// See [`crate::custom`].
     ///
     /// # Errors
-    /// As [`call`](Self::call); [`Error::UnsupportedStream`] on an asynchronous device
-    /// stream.
+    /// As [`call`](Self::call).
     pub fn custom(
         &mut self,
         stream: &Stream,
@@ -202,13 +201,11 @@ impl<'vm> InstructionsBuilder<'vm> {
         policy: impl InstructionPolicy,
     ) -> Result<()> {
         self.check(stream, inputs, outputs)?;
-        if stream.shared.dev.is_async() {
-            return Err(Error::UnsupportedStream(format!(
-                "{}: custom instructions run on synchronous streams",
-                stream.shared.id
-            )));
-        }
         let during_launch = policy.completes_during_launch();
+        // On a launcher device (cuda) the policy enqueues its device work on the stream's
+        // device stream, lent to it through `KernelCtx::device_stream`.
+        let device_stream = (stream.shared.dev.mode == crate::device::KernelMode::Launcher)
+            .then(|| stream.shared.dev.stream.clone());
         let policy =
             Callback::<dyn InstructionPolicy>::routed(Box::new(policy), self.vm.core.drop_sink());
         let vm = Arc::downgrade(&self.vm.core);
@@ -227,7 +224,8 @@ impl<'vm> InstructionsBuilder<'vm> {
             to.outputs = std::mem::take(&mut from.outputs);
             to.deferred = Some(Deferred {
                 run: Box::new(move |c, _may_block| {
-                    crate::doors::custom::run(policy, ops, c, vm, during_launch)
+                    let stream = device_stream.as_deref();
+                    crate::doors::custom::run(policy, ops, c, vm, during_launch, stream)
                 }),
                 // User code that may block: always on its stream's thread.
                 ready_now: Some(Box::new(|| false)),

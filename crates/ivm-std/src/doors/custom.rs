@@ -18,9 +18,12 @@
 //! Until the instruction completes, later instructions that read or write its operands
 //! wait for it, on its own stream too: it is never prescheduled past
 //! ([`InstructionPolicy::completes_during_launch`] lifts that for a policy that always
-//! fires its handle before `launch` returns). Custom instructions run on synchronous
-//! streams (the cpu device and queued devices such as the sim); an asynchronous device
-//! stream refuses them with [`Error::UnsupportedStream`].
+//! fires its handle before `launch` returns). Custom instructions run on every stream: on
+//! the cpu device on the stream's worker; on a device whose kernels run in its queue (the
+//! sim) in the device's stream order, on the device's thread, seeing the operands' bytes;
+//! on a launcher device (cuda) on the stream's worker, where the policy enqueues its
+//! device work on [`KernelCtx::device_stream`] and fires the handle when that work is
+//! enqueued (then, like a kernel, it is ordered by the device queue) or done.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, Weak};
@@ -195,6 +198,7 @@ pub(crate) fn run(
     completion: Completion,
     vm: Weak<VmCore>,
     during_launch: bool,
+    device_stream: Option<&dyn crate::device::DeviceStream>,
 ) {
     let (inputs, outputs) = ops;
     let label: Arc<str> = completion
@@ -231,7 +235,7 @@ pub(crate) fn run(
         let mut ctx = KernelCtx {
             inputs: ins,
             outputs: outs,
-            stream: None,
+            stream: device_stream,
         };
         catch_unwind(AssertUnwindSafe(|| policy.launch(&mut ctx, done)))
     };

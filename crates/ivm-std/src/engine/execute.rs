@@ -536,6 +536,10 @@ fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) 
         // The launch is traced as a zero-length compute (its device work completes later;
         // recording after `launch` could come after the engine's release record).
         crate::model::trace::record(instr, crate::model::trace::Phase::ComputeEnd);
+        if launch_deferred(instr) {
+            // A custom instruction: completed by whoever holds its completion.
+            return;
+        }
         // The stream policies of asynchronous devices.
         launch(instr);
         return;
@@ -716,6 +720,60 @@ fn finish(instr: &Arc<Instruction>, result: Result<(), Failure>) {
     // After DONE: release it — on this thread when nobody drives the engine (usually a
     // graph runtime's thread: no scheduler wake-up), else by the holder or a helper.
     instr.stream.dev.wake.complete_outside();
+}
+
+/// Launches `instr`'s deferred body (a custom instruction's) on an asynchronous device, if
+/// it has one: on a launcher device on this thread (the body enqueues its device work on
+/// the stream); on a queued device in the device's stream order, as a host closure on the
+/// device's thread (the body sees the operands' bytes after every earlier work item of
+/// the stream). Returns whether it had one; the instruction is then completed by whoever
+/// holds its [`Completion`] — or failed here, naming the device's refusal, when the device
+/// does not take the closure.
+fn launch_deferred(instr: &Arc<Instruction>) -> bool {
+    let run = {
+        // SAFETY: the executor owns the body until DONE (ownership step 3); this borrow
+        // ends before the completion exists.
+        let body = unsafe { instr.body_mut() };
+        match body.deferred.take() {
+            Some(d) => d.run,
+            None => return false,
+        }
+    };
+    // Relaxed: LAUNCHED is diagnostic only.
+    instr.status.fetch_or(status::LAUNCHED, Ordering::Relaxed);
+    let c = Completion {
+        instr: Some(instr.clone()),
+    };
+    let dev = &instr.stream.dev;
+    if dev.mode != KernelMode::Queued {
+        // A panic drops the completion during unwinding, which fails the instruction.
+        let _ = catch_unwind(AssertUnwindSafe(move || run(c, true)));
+        return true;
+    }
+    // The closure and the completion go to the device together; if the device refuses
+    // the closure, the completion comes back out of the shared slot to fail the
+    // instruction with the device's answer (the policy drops unrun).
+    let slot = Arc::new(std::sync::Mutex::new(Some((run, c))));
+    let queued = slot.clone();
+    let host: HostFn = Box::new(move || {
+        let taken = crate::util::lock(&queued).take();
+        if let Some((run, c)) = taken {
+            let _ = catch_unwind(AssertUnwindSafe(move || run(c, true)));
+        }
+    });
+    if let Err(e) = dev.stream.launch_host(host) {
+        let taken = crate::util::lock(&slot).take();
+        if let Some((run, c)) = taken {
+            drop(run);
+            // Its failure poisons its outputs: not ahead of earlier work still queued on
+            // the device (as `poison_in_stream_order`, whose queueing the device would
+            // refuse as well).
+            let deadline = std::time::Instant::now() + dev.drain_bound;
+            let _ = crate::device::wait_streams(&[&*dev.stream], deadline);
+            c.complete(Err(failure(instr, e.to_string())));
+        }
+    }
+    true
 }
 
 /// Runs `instr`'s deferred body, if it has one (the executor, after marking it
