@@ -177,6 +177,40 @@ impl Collectives {
         )
     }
 
+    /// Sums every tensor of `bucket` (elements of `dtype`) over all ranks, in place, in
+    /// one transport call: the tensors side by side in one buffer, as data-parallel
+    /// training buckets its gradients (one header exchange and one all-reduce for the
+    /// bucket instead of one per tensor). Host (cpu) tensors only.
+    ///
+    /// # Errors
+    /// As [`all_reduce_sum`](Self::all_reduce_sum), for each tensor;
+    /// [`Error::InvalidArgument`] for an empty bucket, or a bucket of device tensors.
+    pub fn all_reduce_sum_bucket(
+        &self,
+        b: &mut InstructionsBuilder<'_>,
+        bucket: &[&Tensor],
+        dtype: DType,
+    ) -> Result<()> {
+        if bucket.is_empty() || self.comm.device().kind != ivm_std::DeviceKind::CPU {
+            return Err(Error::InvalidArgument(
+                "all_reduce_sum_bucket: a bucket of one or more host tensors".into(),
+            ));
+        }
+        let mut total = 0;
+        for t in bucket {
+            self.check_device(t)?;
+            if !t.nbytes().is_multiple_of(dtype.size()) {
+                return Err(Error::InvalidArgument(format!(
+                    "all_reduce_sum_bucket: a {}-byte tensor is not a whole number of \
+                     {dtype:?} elements",
+                    t.nbytes()
+                )));
+            }
+            total += t.nbytes();
+        }
+        self.submit(b, CollectiveKind::AllReduceSum, dtype, &[], bucket, total)
+    }
+
     /// Copies rank `root`'s `t` into every other rank's `t`.
     ///
     /// # Errors
@@ -354,6 +388,34 @@ impl CollectiveOp {
         let deadline = deadline_after(self.timeout);
         let stream = k.device_stream();
         let r = match self.header.kind {
+            CollectiveKind::AllReduceSum if k.num_outputs() > 1 => {
+                // A bucket: the tensors side by side in one buffer, one transport call.
+                let total: usize = (0..k.num_outputs()).map(|i| k.output(i).len()).sum();
+                let mut words = vec![0u64; total.div_ceil(8)];
+                let bytes = as_bytes_mut(&mut words, total);
+                let mut at = 0;
+                for i in 0..k.num_outputs() {
+                    let o = k.output(i);
+                    bytes[at..at + o.len()].copy_from_slice(o);
+                    at += o.len();
+                }
+                let r = self
+                    .comm
+                    .all_reduce_sum(Dst::Host(bytes), self.header.dtype, deadline);
+                if matches!(r, Err(TransportError::Timeout { abandoned: true })) {
+                    // The transport still references the bucket.
+                    std::mem::forget(words);
+                } else if r.is_ok() {
+                    let mut at = 0;
+                    for i in 0..k.num_outputs() {
+                        let o = k.output(i);
+                        let n = o.len();
+                        o.copy_from_slice(&as_bytes_mut(&mut words, total)[at..at + n]);
+                        at += n;
+                    }
+                }
+                r
+            }
             CollectiveKind::AllReduceSum => {
                 let dst = dst(k, 0, stream);
                 self.comm.all_reduce_sum(dst, self.header.dtype, deadline)
@@ -366,7 +428,7 @@ impl CollectiveOp {
                 let src = match stream {
                     Some(stream) => Src::Device {
                         ptr: k.input_device_ptr(0),
-                        len: k.input(0).len(),
+                        len: k.input_memory(0).nbytes(),
                         stream,
                     },
                     None => Src::Host(k.input(0)),
@@ -406,6 +468,15 @@ impl CollectiveOp {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The first `len` bytes of `words` (an 8-byte aligned bucket).
+fn as_bytes_mut(words: &mut [u64], len: usize) -> &mut [u8] {
+    let all = words.as_mut_ptr().cast::<u8>();
+    assert!(len <= words.len() * 8);
+    // SAFETY: `len` bytes lie inside `words` (checked), u8 has no alignment or validity
+    // requirement, and the slice borrows `words` mutably for its lifetime.
+    unsafe { std::slice::from_raw_parts_mut(all, len) }
 }
 
 fn dst<'a>(

@@ -42,6 +42,12 @@ fn broadcast_all_gather_and_barrier() {
 }
 
 #[test]
+fn a_bucket_is_summed_in_one_call() {
+    on_ranks(2, scenarios::bucket_all_reduce);
+    on_ranks(3, scenarios::bucket_all_reduce);
+}
+
+#[test]
 fn a_poisoned_operand_fails_the_collective_on_every_rank() {
     on_ranks(2, scenarios::poison_fails_every_rank);
     on_ranks(3, scenarios::poison_fails_every_rank);

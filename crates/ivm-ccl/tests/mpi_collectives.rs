@@ -60,10 +60,11 @@ fn main() {
     let (universe, comm) = ivm_ccl::mpi::init().expect("MPI initialises");
     let (rank, size) = (comm.rank(), comm.size());
     let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
-    let all: [(&str, Scenario); 7] = [
+    let all: [(&str, Scenario); 8] = [
         ("order_across_streams", scenarios::order_across_streams),
         ("racing_compute", scenarios::racing_compute),
         ("broadcast_and_gather", scenarios::broadcast_and_gather),
+        ("bucket_all_reduce", scenarios::bucket_all_reduce),
         (
             "poison_fails_every_rank",
             scenarios::poison_fails_every_rank,

@@ -155,6 +155,38 @@ pub fn broadcast_and_gather(comm: Arc<dyn Communicator>) -> Outcome {
     ccl.global_sync(&vm).map_err(e)
 }
 
+/// A bucket of two tensors of different sizes is summed in one transport call, each in
+/// place.
+pub fn bucket_all_reduce(comm: Arc<dyn Communicator>) -> Outcome {
+    let vm = vm()?;
+    let (rank, size) = (comm.rank(), comm.size());
+    let ccl = Collectives::new(&vm, comm)
+        .map_err(|e| e.to_string())?
+        .with_timeout(Duration::from_secs(30));
+    let e = |e: Error| e.to_string();
+    let s = vm.default_stream();
+    let r = rank as f32;
+    let a = vm.new_tensor_from(&s, &f32s(&[r; 6])).map_err(e)?;
+    let b = vm
+        .new_tensor_from(&s, &f32s(&[10.0 * r + 1.0; 3]))
+        .map_err(e)?;
+    vm.run(|bld| ccl.all_reduce_sum_bucket(bld, &[&a, &b], DType::F32))
+        .map_err(e)?;
+    let n = size as f32;
+    let ranks = n * (n - 1.0) / 2.0;
+    let (ga, gb) = (
+        read_f32(&vm, &a, 5).map_err(e)?,
+        read_f32(&vm, &b, 2).map_err(e)?,
+    );
+    check(ga == ranks && gb == 10.0 * ranks + n, || {
+        format!(
+            "bucket gave a = {ga} (want {ranks}), b = {gb} (want {})",
+            10.0 * ranks + n
+        )
+    })?;
+    ccl.global_sync(&vm).map_err(e)
+}
+
 /// The last rank's operand is poisoned (its producer panics): every rank's all-reduce
 /// fails, naming that rank, and every rank's `global_sync` fails; none hangs.
 pub fn poison_fails_every_rank(comm: Arc<dyn Communicator>) -> Outcome {
