@@ -7,10 +7,9 @@
 //!
 //! Every rank trains a replica of the MLP on its share of every batch (rank `r` of `R`
 //! takes rows `r·B/R .. (r+1)·B/R` of the global batch of `B` rows), eagerly on its own
-//! VM. Each layer's gradients (weight and bias, one bucket) are all-reduced (summed) on
-//! the collective stream as soon as the backward kernels that wrote them are done, and
-//! scaled by `1/R` there, while the compute stream goes on with the rest of the backward
-//! pass; the Adam step of a parameter waits
+//! VM. Each gradient is all-reduced (summed) on the collective stream as soon as the
+//! backward kernel that wrote it is done, and scaled by `1/R` there, while the compute
+//! stream goes on with the rest of the backward pass; the Adam step of a parameter waits
 //! for its gradient's all-reduce (the engine orders it: it reads the tensor the collective
 //! writes). The loss is all-reduced the same way, so every rank reads the global batch's
 //! loss.
@@ -129,30 +128,18 @@ impl Replica {
                         s.v.push((name, start, Instant::now()));
                     }
                 })?;
-                // The loss, and each layer's gradients (one bucket: its weight's and its
-                // bias's, once the backward kernel of the bias has written the second),
-                // are reduced over the ranks as soon as they are written, and averaged on
-                // the collective stream itself.
+                // A gradient (or the loss) is reduced over the ranks as soon as it is
+                // written, and averaged on the collective stream itself.
                 let name = &p.bufs[op.write].name;
-                let bucket: Vec<&Tensor> = if op.write == p.loss {
-                    vec![&t[op.write]]
-                } else if p.bufs[op.write].role == Role::Temp && name.starts_with("db") {
-                    let dw = p
-                        .bufs
-                        .iter()
-                        .position(|b| b.name == format!("dw{}", &name[2..]))
-                        .expect("every bias gradient has its weight gradient");
-                    vec![&t[dw], &t[op.write]]
-                } else {
-                    Vec::new()
-                };
-                if !bucket.is_empty() {
-                    self.ccl.all_reduce_sum_bucket(b, &bucket, DType::F32)?;
-                    b.call_named("average", self.ccl.stream(), &[], &bucket, move |k| {
-                        for i in 0..k.num_outputs() {
-                            for v in f32s_mut(k.output(i)) {
-                                *v /= size;
-                            }
+                let reduce = op.write == p.loss
+                    || (p.bufs[op.write].role == Role::Temp
+                        && (name.starts_with("dw") || name.starts_with("db")));
+                if reduce {
+                    let g = &t[op.write];
+                    self.ccl.all_reduce_sum(b, g, DType::F32)?;
+                    b.call_named("average", self.ccl.stream(), &[], &[g], move |k| {
+                        for v in f32s_mut(k.output(0)) {
+                            *v /= size;
                         }
                     })?;
                 }
