@@ -117,3 +117,49 @@ fn timeout_from_a_kernel_is_reentrant() {
         .unwrap();
     assert!(matches!(r, Err(Error::Reentrant)));
 }
+
+/// A wait with a deadline of its own never runs queued work itself (a waiting caller
+/// otherwise runs what is queued to a sleeping worker): the kernel could outlast the
+/// deadline. Here the kernel waits for a gate the caller opens only after its timed read
+/// returned; run by the caller, it would hang the caller (a watchdog opens the gate after a
+/// while instead, and the test fails naming the thread).
+#[test]
+fn a_timed_wait_never_runs_the_kernel_it_waits_behind() {
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let x = vm.new_tensor(8).unwrap();
+    let me = std::thread::current().id();
+    for round in 0..20 {
+        // Long enough for the worker's poll window to end: it parks.
+        std::thread::sleep(Duration::from_millis(30));
+        let gate = Arc::new(AtomicBool::new(false));
+        let ran_on = Arc::new(std::sync::Mutex::new(None));
+        let (g, r) = (gate.clone(), ran_on.clone());
+        let s = vm.default_stream();
+        vm.run(|b| {
+            b.call_named("gate", &s, &[], &[&x], move |_| {
+                *r.lock().unwrap() = Some(std::thread::current().id());
+                while !g.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        })
+        .unwrap();
+        let watchdog = {
+            let g = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(500));
+                g.store(true, Ordering::Release);
+            })
+        };
+        let mut out = [0u8; 8];
+        let r = vm.read_small_timeout(&x, 0, &mut out, Duration::from_millis(5));
+        gate.store(true, Ordering::Release);
+        watchdog.join().unwrap();
+        vm.sync().unwrap();
+        assert_ne!(
+            *ran_on.lock().unwrap(),
+            Some(me),
+            "round {round}: the timed read ran the kernel it waited behind ({r:?})"
+        );
+    }
+}

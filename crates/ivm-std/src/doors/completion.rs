@@ -311,9 +311,12 @@ impl<T> Completion<T> {
         let mut last = self.vm.core.finished.load(Ordering::Relaxed);
         let mut end = FutexWait::now().saturating_add(period);
         while !slot.is_done() {
-            // Before sleeping: run what is queued to a sleeping worker (`caller_runs`).
+            // Before sleeping: run what is queued to a sleeping worker (`caller_runs`) —
+            // not in `wait_timeout`: a kernel run here could outlast the caller's deadline,
+            // which the caller could then not keep.
             let done = || slot.is_done();
             let ran = match &self.runs {
+                _ if !progress => false,
                 Runs::Stream(w) => caller_runs(&self.vm.core, w, done),
                 Runs::Everything => caller_runs_any(&self.vm.core, done),
                 Runs::Nothing => false,
@@ -524,12 +527,9 @@ pub(crate) fn wait_deadline(
         waiter.btb.skip_blocking();
     }
     let _hook = (!waiter.btb.is_done()).then(|| shared.core.wait_scope());
-    // Before waiting: run it if it is queued to a sleeping worker (`caller_runs`).
-    let done = || waiter.btb.is_done();
-    match instr.stream.thread.as_deref() {
-        Some(w) => caller_runs(&shared.core, w, done),
-        None => caller_runs_any(&shared.core, done),
-    };
+    // No `caller_runs` here: a wait with a deadline of its own only waits. A kernel it ran
+    // itself could outlast the deadline, which it could then not keep (and a kernel that
+    // waits for this very caller's next step, after the timeout, would never end).
     match waiter.btb.wait_until_done(timeout, || true) {
         Ok(()) => Ok(()),
         Err(WaitError::Stopped) => Err(name_device_work(
