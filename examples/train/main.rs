@@ -30,7 +30,8 @@
 //!
 //! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`, `--runs N`,
 //! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy`, `--quiet`,
-//! `--trace PATH` (default: `ivm-train-trace.json` in the temp directory) or `--no-trace`.
+//! `--trace PATH` (default: `ivm-train-trace.json` in the temp directory) or `--no-trace`,
+//! `--data-parallel` (under `mpirun`, built with `--features mpi`: `dp.rs`).
 //!
 //! The last epoch of every mode is recorded as spans (kernels on the threads that ran
 //! them, the graph runtime's actors, the caller's submit and loss read) and written as one
