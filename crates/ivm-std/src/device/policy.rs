@@ -60,12 +60,16 @@ pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
 
     /// Whether the stream's instructions are dispatched in the order they were built,
     /// each after the one built before it, even when a later one's operands are ready
-    /// first. A collective-communication stream needs it: every rank must issue its
-    /// collectives to the transport in the same order, whichever operands become ready
-    /// first on each rank (the engine's stream-sequential order, as OneFlow's transport
-    /// dependence). Default: only [`StreamType::Collective`].
+    /// first (the engine's stream-sequential order). A collective-communication stream
+    /// needs it: every rank must issue its collectives to the transport in the same
+    /// order, whichever operands become ready first on each rank (OneFlow's transport
+    /// dependence); so does a critical-section stream, whose begins publish instances
+    /// into the graph runtime's buffers in launch order. Default: those two types.
     fn dispatch_in_build_order(&self) -> bool {
-        self.stream_type() == StreamType::Collective
+        matches!(
+            self.stream_type(),
+            StreamType::Collective | StreamType::CriticalSection
+        )
     }
 
     /// Whether the stream supports device events (soft sync needs them).

@@ -315,12 +315,12 @@ impl<T> Completion<T> {
             // not in `wait_timeout`: a kernel run here could outlast the caller's deadline,
             // which the caller could then not keep.
             let done = || slot.is_done();
-            let ran = match &self.runs {
-                _ if !progress => false,
-                Runs::Stream(w) => caller_runs(&self.vm.core, w, done),
-                Runs::Everything => caller_runs_any(&self.vm.core, done),
-                Runs::Nothing => false,
-            };
+            let ran = progress
+                && match &self.runs {
+                    Runs::Stream(w) => caller_runs(&self.vm.core, w, done),
+                    Runs::Everything => caller_runs_any(&self.vm.core, done),
+                    Runs::Nothing => false,
+                };
             if ran {
                 continue;
             }

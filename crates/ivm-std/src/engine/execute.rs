@@ -180,11 +180,10 @@ fn done_now(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) 
 /// sync has put a device-side wait on this stream ahead of it for earlier work of other
 /// streams of the device.) Later work of this stream meets the poison in stream order.
 /// When the device refuses the poison too (and on streams done when their device work
-/// is), the worker waits until the stream has run what was queued before (bounded by the VM's timeout period: a device that neither takes
-/// work nor finishes it gets the poison late), then poisons, before the instruction is
-/// done and anything after it launches. On devices whose kernels check their operands at
-/// launch (`Launcher`: earlier readers checked theirs when they were launched), the
-/// outputs are poisoned now.
+/// is), the worker drains the stream first ([`drain`]), then poisons, before the
+/// instruction is done and anything after it launches. On devices whose kernels check
+/// their operands at launch (`Launcher`: earlier readers checked theirs when they were
+/// launched), the outputs are poisoned now.
 fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>], f: &Failure) {
     let dev = &instr.stream.dev;
     if dev.mode == KernelMode::Queued && !outputs.is_empty() {
@@ -205,10 +204,17 @@ fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>], f: &Failur
                 return;
             }
         }
-        let deadline = std::time::Instant::now() + dev.drain_bound;
-        let _ = crate::device::wait_streams(&[&*dev.stream], deadline);
+        drain(dev);
     }
     poison_all(outputs, f);
+}
+
+/// Waits until `dev`'s stream has run what was queued on it so far, at most the VM's
+/// timeout period (a device that neither takes work nor finishes it gets what follows
+/// late, never a hung worker).
+fn drain(dev: &DeviceCtx) {
+    let deadline = std::time::Instant::now() + dev.drain_bound;
+    let _ = crate::device::wait_streams(&[&*dev.stream], deadline);
 }
 
 /// The completion callback of an event-completed instruction (adapter thread, or inline).
@@ -768,8 +774,7 @@ fn launch_deferred(instr: &Arc<Instruction>) -> bool {
             // Its failure poisons its outputs: not ahead of earlier work still queued on
             // the device (as `poison_in_stream_order`, whose queueing the device would
             // refuse as well).
-            let deadline = std::time::Instant::now() + dev.drain_bound;
-            let _ = crate::device::wait_streams(&[&*dev.stream], deadline);
+            drain(dev);
             c.complete(Err(failure(instr, e.to_string())));
         }
     }

@@ -256,8 +256,9 @@ fn new_instr(
     outputs: &[&Arc<Blob>],
     deferred: Deferred,
 ) -> Arc<Instruction> {
-    let mut instr = Instruction::new(name, stream.clone(), Kind::Noop);
-    instr.stream_sequential = stream.id.stream_type == StreamType::CriticalSection;
+    // Stream-sequential on the critical-section stream (its policy dispatches in build
+    // order: `Instruction::new`).
+    let instr = Instruction::new(name, stream.clone(), Kind::Noop);
     {
         // SAFETY: not shared yet; the builder owns the body (ownership step 1).
         let body = unsafe { instr.body_mut() };
