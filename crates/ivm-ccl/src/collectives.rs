@@ -290,7 +290,7 @@ impl Collectives {
                 (Ok(()), None) => None,
             },
         };
-        let what = Label::new(&header, &*self.comm);
+        let what = Label(&header, &*self.comm);
         let r = exchange(&*self.comm, &self.broken, &header, self.timeout, &what);
         local?;
         r.map_err(Error::Collective)
@@ -339,16 +339,19 @@ impl Collectives {
     }
 }
 
-/// How diagnostics name one collective: `#seq kind of N bytes of T over R ranks (mpi)`.
-struct Label(String);
+/// How diagnostics name one collective: `collective #seq kind of N bytes of T over R ranks
+/// (mpi)`. Formatted only when an error needs it.
+struct Label<'a>(&'a Header, &'a dyn Communicator);
 
-impl Label {
-    fn new(h: &Header, comm: &dyn Communicator) -> Self {
-        Label(format!(
+impl std::fmt::Display for Label<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Label(h, comm) = self;
+        write!(
+            f,
             "collective {h} over {} ranks ({})",
             comm.size(),
             comm.transport()
-        ))
+        )
     }
 }
 
@@ -382,7 +385,7 @@ impl CollectiveOp {
 
     /// Exchanges headers, then runs the transport call on the operands.
     fn run_inner(&self, k: &mut KernelCtx<'_>) -> std::result::Result<(), String> {
-        let what = Label::new(&self.header, &*self.comm);
+        let what = Label(&self.header, &*self.comm);
         exchange(&*self.comm, &self.broken, &self.header, self.timeout, &what)
             .map_err(|m| self.record(m))?;
         let deadline = deadline_after(self.timeout);
@@ -494,12 +497,12 @@ fn dst<'a>(
     }
 }
 
-fn describe(what: &Label, e: &TransportError, timeout: Duration) -> String {
+fn describe(what: &Label<'_>, e: &TransportError, timeout: Duration) -> String {
     match e {
         TransportError::Timeout { .. } => {
-            format!("{}: not every rank arrived within {timeout:?}", what.0)
+            format!("{what}: not every rank arrived within {timeout:?}")
         }
-        e => format!("{}: {e}", what.0),
+        e => format!("{what}: {e}"),
     }
 }
 
@@ -511,7 +514,7 @@ fn exchange(
     broken: &AtomicBool,
     mine: &Header,
     timeout: Duration,
-    what: &Label,
+    what: &Label<'_>,
 ) -> std::result::Result<(), String> {
     // Relaxed: a flag this communicator's own earlier call set; the transport's own
     // state is what it protects, and a late read only delays the refusal by one call.
@@ -533,23 +536,18 @@ fn exchange(
         let bytes: &[u8; HEADER_BYTES] = bytes;
         let Some(theirs) = Header::decode(bytes) else {
             return Err(format!(
-                "{}: rank {rank} sent a header that is not an ivm-ccl header",
-                what.0
+                "{what}: rank {rank} sent a header that is not an ivm-ccl header"
             ));
         };
         if let Some(m) = &theirs.failure {
-            first_failure.get_or_insert_with(|| format!("{}: rank {rank} failed: {m}", what.0));
+            first_failure.get_or_insert_with(|| format!("{what}: rank {rank} failed: {m}"));
             continue;
         }
-        if rank != me && mine.failure.is_none() {
-            let (a, b) = (strip(mine), strip(&theirs));
-            if a != b {
-                return Err(format!(
-                    "{}: the ranks disagree on the collective: rank {me} is at {mine}, \
-                     rank {rank} at {theirs}",
-                    what.0
-                ));
-            }
+        if rank != me && mine.failure.is_none() && !same_collective(mine, &theirs) {
+            return Err(format!(
+                "{what}: the ranks disagree on the collective: rank {me} is at {mine}, \
+                 rank {rank} at {theirs}"
+            ));
         }
     }
     match (first_failure, &mine.failure) {
@@ -566,12 +564,10 @@ fn deadline_after(timeout: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
 }
 
-/// A header without its failure (what ranks must agree on).
-fn strip(h: &Header) -> Header {
-    Header {
-        failure: None,
-        ..h.clone()
-    }
+/// Whether two headers name the same collective (what ranks must agree on: all but the
+/// failure).
+fn same_collective(a: &Header, b: &Header) -> bool {
+    (a.seq, a.kind, a.dtype, a.bytes) == (b.seq, b.kind, b.dtype, b.bytes)
 }
 
 impl InstructionPolicy for CollectiveOp {
@@ -592,8 +588,8 @@ impl InstructionPolicy for CollectiveOp {
     fn poisoned(&mut self, error: &Error) {
         let mut h = self.header.clone();
         h.failure = Some(error.to_string());
-        let what = Label::new(&h, &*self.comm);
+        let what = Label(&h, &*self.comm);
         let _ = exchange(&*self.comm, &self.broken, &h, self.timeout, &what);
-        self.record(format!("{}: {error}", what.0));
+        self.record(format!("{what}: {error}"));
     }
 }

@@ -169,13 +169,10 @@ impl Communicator for LocalGroup {
     ) -> Result<(), TransportError> {
         let buf = host_mut(buf)?;
         let all = self.gather(buf.to_vec(), deadline)?;
-        buf.fill(0);
-        if dtype == DType::F32 || dtype == DType::F64 {
-            // Start from the first contribution, not from zero: -0.0 + 0.0 is +0.0.
-            buf.copy_from_slice(&all[0]);
-        }
-        let skip = usize::from(dtype == DType::F32 || dtype == DType::F64);
-        for x in all.iter().skip(skip) {
+        // From rank 0's contribution, adding the others in rank order (starting from the
+        // first contribution, not from zero, keeps a float sum of -0.0 values -0.0).
+        buf.copy_from_slice(&all[0]);
+        for x in &all[1..] {
             match dtype {
                 DType::U8 => add::<1>(buf, x, |a, b| [a[0].wrapping_add(b[0])]),
                 DType::I32 => add::<4>(buf, x, |a, b| {

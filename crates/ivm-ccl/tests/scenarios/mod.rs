@@ -15,8 +15,13 @@ pub type Outcome = Result<(), String>;
 /// A scenario: what every rank runs with its communicator.
 pub type Scenario = fn(Arc<dyn Communicator>) -> Outcome;
 
-fn vm() -> Result<VirtualMachine, String> {
-    VirtualMachine::new(Config::default()).map_err(|e| e.to_string())
+/// A VM and the collectives of `comm` on it (a 30 s timeout: a hang is a failure).
+fn setup(comm: Arc<dyn Communicator>) -> Result<(VirtualMachine, Collectives), String> {
+    let vm = VirtualMachine::new(Config::default()).map_err(|e| e.to_string())?;
+    let ccl = Collectives::new(&vm, comm)
+        .map_err(|e| e.to_string())?
+        .with_timeout(Duration::from_secs(30));
+    Ok((vm, ccl))
 }
 
 fn read_f32(vm: &VirtualMachine, t: &Tensor, i: usize) -> Result<f32, Error> {
@@ -38,11 +43,8 @@ fn check(cond: bool, what: impl FnOnce() -> String) -> Outcome {
 /// streams): the transport still sees them in build order on every rank — a mismatch
 /// would fail the header check (or, without it, sum the wrong tensors).
 pub fn order_across_streams(comm: Arc<dyn Communicator>) -> Outcome {
-    let vm = vm()?;
-    let (rank, size) = (comm.rank(), comm.size());
-    let ccl = Collectives::new(&vm, comm)
-        .map_err(|e| e.to_string())?
-        .with_timeout(Duration::from_secs(30));
+    let (vm, ccl) = setup(comm)?;
+    let (rank, size) = (ccl.rank(), ccl.size());
     let s0 = vm.default_stream();
     let s1 = vm
         .stream(StreamId::compute(Device::CPU, 1))
@@ -87,11 +89,8 @@ pub fn order_across_streams(comm: Arc<dyn Communicator>) -> Outcome {
 /// Compute writes a tensor, the collective reduces it in place, compute reads it, many
 /// times over: the engine orders the three on the one tensor.
 pub fn racing_compute(comm: Arc<dyn Communicator>) -> Outcome {
-    let vm = vm()?;
-    let (rank, size) = (comm.rank(), comm.size());
-    let ccl = Collectives::new(&vm, comm)
-        .map_err(|e| e.to_string())?
-        .with_timeout(Duration::from_secs(30));
+    let (vm, ccl) = setup(comm)?;
+    let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
     let s = vm.default_stream();
     let t = vm.new_tensor(8).map_err(e)?;
@@ -123,11 +122,8 @@ pub fn racing_compute(comm: Arc<dyn Communicator>) -> Outcome {
 
 /// Broadcast and all-gather move the right bytes; a barrier and `global_sync` pass.
 pub fn broadcast_and_gather(comm: Arc<dyn Communicator>) -> Outcome {
-    let vm = vm()?;
-    let (rank, size) = (comm.rank(), comm.size());
-    let ccl = Collectives::new(&vm, comm)
-        .map_err(|e| e.to_string())?
-        .with_timeout(Duration::from_secs(30));
+    let (vm, ccl) = setup(comm)?;
+    let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
     let s = vm.default_stream();
     let root = size - 1;
@@ -158,11 +154,8 @@ pub fn broadcast_and_gather(comm: Arc<dyn Communicator>) -> Outcome {
 /// A bucket of two tensors of different sizes is summed in one transport call, each in
 /// place.
 pub fn bucket_all_reduce(comm: Arc<dyn Communicator>) -> Outcome {
-    let vm = vm()?;
-    let (rank, size) = (comm.rank(), comm.size());
-    let ccl = Collectives::new(&vm, comm)
-        .map_err(|e| e.to_string())?
-        .with_timeout(Duration::from_secs(30));
+    let (vm, ccl) = setup(comm)?;
+    let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
     let s = vm.default_stream();
     let r = rank as f32;
@@ -190,11 +183,8 @@ pub fn bucket_all_reduce(comm: Arc<dyn Communicator>) -> Outcome {
 /// The last rank's operand is poisoned (its producer panics): every rank's all-reduce
 /// fails, naming that rank, and every rank's `global_sync` fails; none hangs.
 pub fn poison_fails_every_rank(comm: Arc<dyn Communicator>) -> Outcome {
-    let vm = vm()?;
-    let (rank, size) = (comm.rank(), comm.size());
-    let ccl = Collectives::new(&vm, comm)
-        .map_err(|e| e.to_string())?
-        .with_timeout(Duration::from_secs(30));
+    let (vm, ccl) = setup(comm)?;
+    let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
     let s = vm.default_stream();
     let t = vm.new_tensor(16).map_err(e)?;
@@ -246,11 +236,8 @@ pub fn poison_fails_every_rank(comm: Arc<dyn Communicator>) -> Outcome {
 /// Rank 0 reduces 16 bytes, the others 32: every rank fails with an error naming both
 /// sides, before the transport is touched.
 pub fn size_mismatch(comm: Arc<dyn Communicator>) -> Outcome {
-    let vm = vm()?;
-    let rank = comm.rank();
-    let ccl = Collectives::new(&vm, comm)
-        .map_err(|e| e.to_string())?
-        .with_timeout(Duration::from_secs(30));
+    let (vm, ccl) = setup(comm)?;
+    let rank = ccl.rank();
     let e = |e: Error| e.to_string();
     let t = vm.new_tensor(if rank == 0 { 16 } else { 32 }).map_err(e)?;
     vm.run(|b| ccl.all_reduce_sum(b, &t, DType::F32))
