@@ -20,10 +20,12 @@
 //! epochs) to a relative 1e-5 — not bit for bit, since the sum over the batch is split.
 //! Printed: steps/s with 1 rank and with `R`, and the share of all-reduce time hidden
 //! behind compute (the part of each collective's span during which the compute stream was
-//! running a kernel), measured on rank 0.
+//! running a kernel), measured on rank 0, and writes rank 0's data-parallel epochs as a
+//! Perfetto trace through `trace.rs` (kernels on the threads that ran them, collectives on
+//! the collective stream's lane).
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ivm::ivm_ccl::{self, Collectives, Communicator, DType, Dst, LocalGroup, Src};
@@ -36,13 +38,11 @@ use crate::data::{self, Data};
 use crate::kernels::Adam;
 use crate::modes::{f32s, f32s_mut};
 use crate::program::{Program, Role};
+use crate::runs::Spread;
+use crate::trace::{self, Cat};
 
-/// Kernel spans of the compute stream, recorded while `on`.
-#[derive(Default)]
-struct Spans {
-    on: bool,
-    v: Vec<(&'static str, Instant, Instant)>,
-}
+/// The trace's process id of the data-parallel run.
+const TRACE_PID: u32 = 1;
 
 /// One replica: a VM, its compute stream, the program's tensors, the collectives.
 struct Replica {
@@ -54,7 +54,6 @@ struct Replica {
     rows: Arc<Vec<f32>>,
     labels: Arc<Vec<f32>>,
     width: usize,
-    spans: Arc<Mutex<Spans>>,
 }
 
 impl Replica {
@@ -85,7 +84,6 @@ impl Replica {
             rows: Arc::new(data.train.x.clone()),
             labels: Arc::new(data.train.y.clone()),
             width: data.features,
-            spans: Arc::default(),
         })
     }
 
@@ -118,15 +116,9 @@ impl Replica {
             for op in &p.ops {
                 let reads: Vec<&Tensor> = op.reads.iter().map(|&r| &t[r]).collect();
                 let kernel = op.kernel.clone();
-                let spans = self.spans.clone();
                 let name = op.name;
                 b.call_named(op.name, &self.compute, &reads, &[&t[op.write]], move |k| {
-                    let start = Instant::now();
-                    run_op(k, &kernel);
-                    let mut s = spans.lock().unwrap_or_else(|e| e.into_inner());
-                    if s.on {
-                        s.v.push((name, start, Instant::now()));
-                    }
+                    trace::span(name, Cat::Kernel, || run_op(k, &kernel));
                 })?;
                 // A gradient (or the loss) is reduced over the ranks as soon as it is
                 // written, and averaged on the collective stream itself.
@@ -215,73 +207,18 @@ fn gather_u64(comm: &dyn Communicator, value: u64) -> Result<Vec<u64>> {
         .collect())
 }
 
-/// Seconds of `spans` (collective spans) during which a compute kernel ran.
-fn hidden(coll: &[(Instant, Instant)], compute: &[(&str, Instant, Instant)]) -> (f64, f64) {
+/// Microseconds of `coll` (collective spans, start and end) during which a compute
+/// kernel ran (`compute`: kernel spans of the same clock), and the total.
+fn hidden(coll: &[(f64, f64)], compute: &[(f64, f64)]) -> (f64, f64) {
     let mut total = 0.0;
     let mut covered = 0.0;
     for &(s, e) in coll {
-        total += e.duration_since(s).as_secs_f64();
-        for &(_, cs, ce) in compute {
-            let (a, b) = (s.max(cs), e.min(ce));
-            if b > a {
-                covered += b.duration_since(a).as_secs_f64();
-            }
+        total += e - s;
+        for &(cs, ce) in compute {
+            covered += (e.min(ce) - s.max(cs)).max(0.0);
         }
     }
     (covered, total)
-}
-
-/// Median and interquartile range.
-fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |p: f64| {
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            v[((v.len() - 1) as f64 * p).round() as usize]
-        }
-    };
-    (at(0.5), at(0.25), at(0.75))
-}
-
-/// A Chrome trace of rank 0's last data-parallel epoch: compute kernels on one track,
-/// collectives on another.
-fn write_trace(
-    path: &std::path::Path,
-    compute: &[(&str, Instant, Instant)],
-    coll: &[ivm_ccl::Span],
-) -> std::io::Result<()> {
-    let origin = compute
-        .iter()
-        .map(|s| s.1)
-        .chain(coll.iter().map(|s| s.start))
-        .min();
-    let Some(origin) = origin else { return Ok(()) };
-    let us = |t: Instant| t.duration_since(origin).as_secs_f64() * 1e6;
-    let mut ev = vec![
-        r#"{"name":"thread_name","ph":"M","pid":1,"tid":1,"args":{"name":"compute stream"}}"#
-            .to_string(),
-        r#"{"name":"thread_name","ph":"M","pid":1,"tid":2,"args":{"name":"collective stream"}}"#
-            .to_string(),
-    ];
-    for &(name, s, e) in compute {
-        ev.push(format!(
-            r#"{{"name":"{name}","ph":"X","pid":1,"tid":1,"ts":{:.3},"dur":{:.3}}}"#,
-            us(s),
-            us(e) - us(s)
-        ));
-    }
-    for c in coll {
-        ev.push(format!(
-            r#"{{"name":"{} #{} ({} B)","ph":"X","pid":1,"tid":2,"ts":{:.3},"dur":{:.3}}}"#,
-            c.kind.name(),
-            c.seq,
-            c.bytes,
-            us(c.start),
-            us(c.end) - us(c.start)
-        ));
-    }
-    std::fs::write(path, format!("[{}]\n", ev.join(",\n")))
 }
 
 /// The `--data-parallel` run (see the module docs).
@@ -334,8 +271,9 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
     }
     let (mut dp_losses, mut ref_losses) = (Vec::new(), Vec::new());
     let (mut dp_rate, mut one_rate) = (Vec::new(), Vec::new());
-    let (mut covered, mut total) = (0.0, 0.0);
-    let mut last_trace = (Vec::new(), Vec::new());
+    // Rank 0's data-parallel epochs are traced (`trace.rs`): compute kernels on the
+    // worker's lane, collectives on the collective stream's.
+    let mut grads = Vec::new();
     for e in 0..args.epochs {
         let order = data::epoch_order(data.train.rows, args.seed, e);
         // Interleaved: the single-process epoch first on even epochs, second on odd ones
@@ -354,24 +292,18 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
         }
         dp.ccl.global_sync(&dp.vm)?;
         dp.ccl.record_spans(true);
-        dp.spans.lock().unwrap_or_else(|e| e.into_inner()).on = true;
+        trace::start(TRACE_PID);
         let (l, t) = epoch(&dp, &order, args.batch, steps, (rank, ranks))?;
         dp.ccl.global_sync(&dp.vm)?;
-        let coll = dp.ccl.take_spans();
-        let compute = {
-            let mut s = dp.spans.lock().unwrap_or_else(|e| e.into_inner());
-            s.on = false;
-            std::mem::take(&mut s.v)
-        };
-        let grads: Vec<_> = coll
-            .iter()
-            .filter(|c| c.bytes > 4)
-            .map(|c| (c.start, c.end))
-            .collect();
-        let (c, tt) = hidden(&grads, &compute);
-        covered += c;
-        total += tt;
-        last_trace = (compute, coll);
+        for c in dp.ccl.take_spans() {
+            let name = format!("{} #{} ({} B)", c.kind.name(), c.seq, c.bytes);
+            trace::record_at("collective stream", name, Cat::Collective, c.start, c.end);
+            if c.bytes > 4 {
+                // A gradient's (the loss is 4 bytes).
+                grads.push((c.start, c.end));
+            }
+        }
+        trace::stop();
         dp_losses.extend(l);
         dp_rate.push(steps as f64 / t.as_secs_f64());
         if !single_first {
@@ -406,10 +338,24 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
                  {worst:e} (more than 1e-5)"
             ));
         }
-        let trace = std::env::temp_dir().join("ivm-train-dp-trace.json");
-        let traced = write_trace(&trace, &last_trace.0, &last_trace.1).is_ok();
-        let (m1, a1, b1) = quartiles(&mut one_rate);
-        let (m2, a2, b2) = quartiles(&mut dp_rate);
+        let path = std::env::temp_dir().join("ivm-train-dp-trace.json");
+        let traced = trace::write(&path, &[(TRACE_PID, "data parallel, rank 0")]).is_ok();
+        let kernels: Vec<(f64, f64)> = trace::spans_of(TRACE_PID)
+            .into_iter()
+            .filter(|s| s.1 == Cat::Kernel)
+            .map(|(_, _, ts, dur)| (ts, ts + dur))
+            .collect();
+        let grads: Vec<(f64, f64)> = grads
+            .iter()
+            .map(|&(s, e)| (trace::us_at(s), trace::us_at(e)))
+            .collect();
+        let (covered, total) = hidden(&grads, &kernels);
+        let spread = |v: &[f64]| {
+            let s = Spread::of(v.to_vec());
+            s.map_or((f64::NAN, f64::NAN, f64::NAN), |s| (s.median, s.q1, s.q3))
+        };
+        let (m1, a1, b1) = spread(&one_rate);
+        let (m2, a2, b2) = spread(&dp_rate);
         println!(
             "losses: {} steps, bit-identical on all {ranks} ranks: {}; worst relative \
              difference from the single-process run: {worst:.1e}",
@@ -425,10 +371,13 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
         println!(
             "all-reduce of gradients hidden behind compute (rank 0): {:.0} % of {:.1} ms",
             100.0 * covered / total.max(f64::MIN_POSITIVE),
-            total * 1e3
+            total * 1e-3
         );
         if traced {
-            println!("trace of the last epoch on rank 0: {}", trace.display());
+            println!(
+                "trace of the data-parallel epochs on rank 0: {}",
+                path.display()
+            );
         }
     }
     if failed.is_empty() {

@@ -79,7 +79,8 @@ fn cat_color(c: Cat) -> RGBColor {
         Cat::Protocol => PALETTE[1],
         Cat::Submit => PALETTE[2],
         Cat::Read => PALETTE[3],
-        Cat::Copy => PALETTE[4],
+        // Data moving, as copies do.
+        Cat::Copy | Cat::Collective => PALETTE[4],
     }
 }
 

@@ -41,6 +41,9 @@ pub enum Cat {
     Read,
     /// Host-to-device copies of a batch (between markers on the copy stream).
     Copy,
+    /// Collectives across processes (`--data-parallel`), on the collective stream.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Collective,
 }
 
 /// One recorded span.
@@ -57,6 +60,14 @@ pub struct Span {
 /// Microseconds since the first trace call.
 pub fn now_us() -> f64 {
     T0.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e6
+}
+
+/// `t` on the [`now_us`] clock.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub fn us_at(t: Instant) -> f64 {
+    t.saturating_duration_since(*T0.get_or_init(Instant::now))
+        .as_secs_f64()
+        * 1e6
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -105,6 +116,23 @@ fn record(name: Arc<str>, cat: Cat, ts_us: f64, end_us: f64) {
         dur_us: end_us - ts_us,
     };
     lock(&EVENTS).push(span);
+}
+
+/// Records, when recording is on, a span that ran on `thread` from `start` to `end` and
+/// was measured there by someone else (ivm-ccl reports its collectives' spans).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub fn record_at(thread: &str, name: String, cat: Cat, start: Instant, end: Instant) {
+    if !is_on() {
+        return;
+    }
+    lock(&EVENTS).push(Span {
+        pid: PID.load(Ordering::Relaxed),
+        thread: thread.to_string(),
+        name: name.into(),
+        cat,
+        ts_us: us_at(start),
+        dur_us: us_at(end) - us_at(start),
+    });
 }
 
 /// Runs `f`, recording it as a span when recording is on.
@@ -211,6 +239,7 @@ pub fn write(path: &std::path::Path, processes: &[(u32, &str)]) -> std::io::Resu
             Cat::Submit => "submit",
             Cat::Read => "read",
             Cat::Copy => "copy",
+            Cat::Collective => "collective",
         };
         let _ = writeln!(
             out,
