@@ -52,11 +52,14 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Collectives {
     comm: Arc<dyn Communicator>,
     stream: Stream,
-    /// The next collective's number in build order (the header's `seq`).
+    /// The next collective's number in build order (the header's `seq`). Relaxed: a
+    /// number, published to the collective's thread by the instruction's submission.
     seq: AtomicU64,
     timeout: Duration,
     /// Set when a transport call was abandoned after a timeout: the communicator takes no
-    /// further calls (every later collective fails at once, on this rank).
+    /// further calls (every later collective fails at once, on this rank). Relaxed: it
+    /// guards the transport's own state, not memory; a late read delays the refusal by
+    /// one call.
     broken: Arc<AtomicBool>,
     /// The first collective that failed on this rank since the last `global_sync`.
     failed: Arc<Mutex<Option<String>>>,
