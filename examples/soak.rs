@@ -27,6 +27,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ivm::ivm_std::fuzzing::{Program, Runner};
+use ivm::ivm_std::graph::fuzzing::launch_graphs;
 use ivm::ivm_std::graph::{Graph, GraphBuilder};
 use ivm::ivm_std::{
     Config, Device, Error, StreamId, Tensor, VirtualMachine, fuzzing::silence_planned_panics,
@@ -84,7 +85,7 @@ fn plus_one() -> Graph {
 
 /// Random programs against the interpreter until `stop`.
 fn equivalence(config: Config, seed0: u64, stop: &AtomicBool, ops: &Ops, errs: &Errors) {
-    let runner = match Runner::new(config) {
+    let runner = match Runner::new(config).and_then(|r| r.with_launch_graphs(launch_graphs()?)) {
         Ok(r) => r,
         Err(e) => return errs.fail("runner start", e),
     };

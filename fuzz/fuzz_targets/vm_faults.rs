@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, SimFaults, sim_device};
 use ivm_std::fuzzing::{FaultCampaign, FaultControl, HashKernels, Program, Runner, Topology};
+use ivm_std::graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DeviceAdapter};
 use libfuzzer_sys::fuzz_target;
 
@@ -81,6 +82,7 @@ fn state() -> (Runner, Sim) {
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,
     )
+    .and_then(|r| r.with_launch_graphs(launch_graphs()?))
     .expect("start the VM");
     (runner, Sim(sim))
 }

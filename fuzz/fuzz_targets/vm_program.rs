@@ -18,12 +18,17 @@ use std::sync::OnceLock;
 
 use ivm_std::Config;
 use ivm_std::fuzzing::{Program, Runner};
+use ivm_std::graph::fuzzing::launch_graphs;
 use libfuzzer_sys::fuzz_target;
 
 static RUNNER: OnceLock<Runner> = OnceLock::new();
 
 fuzz_target!(|program: Program| {
-    let runner = RUNNER.get_or_init(|| Runner::new(Config::default()).expect("start the VM"));
+    let runner = RUNNER.get_or_init(|| {
+        Runner::new(Config::default())
+            .and_then(|r| r.with_launch_graphs(launch_graphs()?))
+            .expect("start the VM")
+    });
     let program = program.without_panics();
     match runner.run(&program) {
         Ok(o) => stats::record(&program, &o),

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, sim_device};
 use ivm_std::fuzzing::{HashKernels, Program, Runner, Topology};
+use ivm_std::graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DeviceAdapter};
 use libfuzzer_sys::fuzz_target;
 
@@ -37,6 +38,7 @@ fn runner() -> Runner {
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,
     )
+    .and_then(|r| r.with_launch_graphs(launch_graphs()?))
     .expect("start the VM")
 }
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, sim_device};
 use ivm_std::fuzzing::{self, HashKernels, Program, Runner, Topology};
+use ivm_std::graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DebugCounters, DeviceAdapter, Mode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
@@ -45,6 +46,7 @@ fn runner(config: Config, sim: &Arc<SimAdapter>) -> Runner {
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,
     )
+    .and_then(|r| r.with_launch_graphs(launch_graphs()?))
     .unwrap()
 }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, SimFaults, sim_device};
 use ivm_std::fuzzing::{self, FaultCampaign, FaultControl, HashKernels, Program, Runner, Topology};
+use ivm_std::graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DebugCounters, DeviceAdapter, Diagnostic, Error, StreamId, VirtualMachine};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
@@ -381,6 +382,7 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,
     )
+    .and_then(|r| r.with_launch_graphs(launch_graphs()?))
     .unwrap();
     let ctl = SimControl(sim.clone());
     let mut prop = TestRunner::new(PropConfig {

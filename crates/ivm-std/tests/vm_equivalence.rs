@@ -11,6 +11,7 @@ use std::time::Instant;
 use ivm_std::fuzzing::{
     self, Delay, HashKernels, KernelOp, Observed, Op, PlantedBug, Program, Runner,
 };
+use ivm_std::graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DebugCounters, Mode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
@@ -28,7 +29,9 @@ fn cases() -> u32 {
 #[test]
 fn vm_matches_interpreter_proptest_with_kernel_panics() {
     fuzzing::silence_planned_panics();
-    let runner = Runner::new(Config::default()).unwrap();
+    let runner = Runner::new(Config::default())
+        .and_then(|r| r.with_launch_graphs(launch_graphs()?))
+        .unwrap();
     assert_eq!(runner.vm().config().mode, Mode::MultiThread);
     let mut prop = TestRunner::new(PropConfig {
         cases: cases(),
@@ -133,7 +136,9 @@ fn seeded_programs_match_on_fresh_vms() {
 #[test]
 fn single_thread_mode_matches_too() {
     fuzzing::silence_planned_panics();
-    let runner = Runner::new(Config::single_thread()).unwrap();
+    let runner = Runner::new(Config::single_thread())
+        .and_then(|r| r.with_launch_graphs(launch_graphs()?))
+        .unwrap();
     for seed in 100..132 {
         if let Err(m) = runner.run(&Program::from_seed(seed)) {
             panic!("seed {seed}: {m}");

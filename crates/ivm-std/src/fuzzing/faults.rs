@@ -241,7 +241,7 @@ impl<K: Kernels> Runner<K> {
         program: &Program,
         device: &dyn FaultControl,
     ) -> std::result::Result<FaultOutcome, Box<Mismatch>> {
-        let program = &self.topology.fit(program);
+        let program = &self.prepare(program);
         let run = self.execute_faulty(program, device);
         let recovered = self.recover(device);
         let mismatch = |at: Point, e: &dyn fmt::Display, g: &dyn fmt::Display| {

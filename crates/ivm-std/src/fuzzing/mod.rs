@@ -98,7 +98,7 @@ pub use arbitrary;
 use arbitrary::{Arbitrary, Unstructured};
 
 use crate::device::DeviceAdapter;
-use crate::graph::{Graph, GraphBuilder};
+use crate::doors::lazy::LazyGraph;
 use crate::model::stream::Stream;
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
@@ -119,7 +119,7 @@ pub const MAX_OPS: usize = 128;
 /// Most streams a [`Topology`] may have (stream indices in ops range over `0..MAX_STREAMS`
 /// and are taken modulo the topology's length).
 pub const MAX_STREAMS: usize = 16;
-/// Lazy graphs every [`Runner`] builds (see [`LaunchOp`]).
+/// Lazy graphs a [`Runner`] launches (see [`LaunchOp`], [`LaunchGraphs`]).
 pub const GRAPHS: usize = 2;
 /// Every planned kernel panic's message starts with this.
 pub const PANIC_MARKER: &str = "ivm-fuzz: planned panic";
@@ -481,7 +481,8 @@ impl KernelOp {
     }
 }
 
-/// A lazy-job launch of one of the [`GRAPHS`] graphs every [`Runner`] builds, over a
+/// A lazy-job launch of one of the [`GRAPHS`] graphs a [`Runner`] is given
+/// ([`LaunchGraphs`]), over a
 /// permutation `p` of the tensor slots ([`slots`](Self::slots)):
 ///
 /// * graph 0 (`fuzz_a`): input `a = p[3]`, outputs `o0 = p[0]`, `o1 = p[1]`, parameter
@@ -519,6 +520,16 @@ impl LaunchOp {
     pub fn graph_index(&self) -> usize {
         usize::from(self.graph) % GRAPHS
     }
+}
+
+/// The lazy graphs a [`Runner`] launches for [`Op::Launch`]
+/// ([`Runner::with_launch_graphs`]): graph `i` must compute what [`LaunchOp`] documents
+/// for graph `i`, with [`launch_mix`]. Any graph runtime that serves the lazy-job
+/// protocol may provide them; `ivm_graph::fuzzing::launch_graphs` builds them with
+/// ivm-graph's. The runner keeps them until after its VM has drained.
+pub trait LaunchGraphs: Send + Sync {
+    /// Graph `index`'s lazy graph (`index < GRAPHS`).
+    fn lazy(&self, index: usize) -> &LazyGraph;
 }
 
 /// The mixing function of the runner's lazy graphs (non-commutative).
@@ -570,7 +581,8 @@ pub enum Op {
         /// Destination slot.
         dst: u8,
     },
-    /// Launches a run of one of the runner's lazy graphs (queued into the current batch).
+    /// Launches a run of one of the runner's lazy graphs (queued into the current batch;
+    /// left out by a runner without [`LaunchGraphs`]).
     Launch(LaunchOp),
     /// A barrier (queued into the current batch); its callback records that it ran.
     Barrier,
@@ -613,6 +625,13 @@ impl Program {
                 k.panic = false;
             }
         }
+        self
+    }
+
+    /// The program without its [`Op::Launch`]es (what a runner without
+    /// [`LaunchGraphs`] runs).
+    pub fn without_launches(mut self) -> Self {
+        self.ops.retain(|op| !matches!(op, Op::Launch(_)));
         self
     }
 
@@ -995,47 +1014,6 @@ fn run_graph(l: LaunchOp, value: &mut [u64; TENSORS]) {
     }
 }
 
-/// The runner's lazy graphs (see [`LaunchOp`]).
-fn build_graphs() -> Result<Vec<Graph>> {
-    let m = launch_mix;
-    let mut a = GraphBuilder::new("fuzz_a");
-    let x = a.input("a", 8);
-    let w = a.param("w", 8);
-    let h = a.blob("h", 8);
-    let (o0, o1) = (a.blob("o0", 8), a.blob("o1", 8));
-    a.param_kernel("fwd", &[x], &[h], move |k| {
-        let v = m(m(k.input_u64(0)[0], k.param_u64(w)[0]), 1);
-        k.output_u64(0)[0] = v;
-    });
-    a.kernel("out", &[h], &[o0, o1], move |k| {
-        let v = k.input_u64(0)[0];
-        k.output_u64(0)[0] = v;
-        k.output_u64(1)[0] = m(v, 2);
-    });
-    a.param_kernel("upd", &[h], &[], move |k| {
-        let v = k.input_u64(0)[0];
-        let p = &mut k.param_u64_mut(w)[0];
-        *p = m(*p, v);
-    });
-    a.output("o0", o0);
-    a.output("o1", o1);
-
-    let mut b = GraphBuilder::new("fuzz_b");
-    let b0 = b.input("b0", 8);
-    let b1 = b.input("b1", 8);
-    b.input_with("unused", 8, false);
-    let w = b.param("w", 8);
-    let q = b.blob("q", 8);
-    b.param_kernel("fwd_upd", &[b0, b1], &[q], move |k| {
-        let (x, y) = (k.input_u64(0)[0], k.input_u64(1)[0]);
-        let p = k.param_u64(w)[0];
-        k.output_u64(0)[0] = m(m(x, y), p);
-        k.param_u64_mut(w)[0] = m(p, m(x, 7));
-    });
-    b.output("q", q);
-    Ok(vec![a.build()?, b.build()?])
-}
-
 /// Where the VM and the interpreter first disagreed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Point {
@@ -1125,8 +1103,10 @@ pub struct Runner<K: Kernels = HashKernels> {
     topology: Topology,
     streams: Vec<Stream>,
     kernels: Arc<K>,
-    /// Built once, bound to `vm` by the first launch; dropped after the VM drained.
-    graphs: Vec<Graph>,
+    /// The graphs [`Op::Launch`] launches ([`with_launch_graphs`](Self::with_launch_graphs));
+    /// without them launches are left out of programs. Declared after `vm`, so dropped
+    /// after the VM drained.
+    graphs: Option<Box<dyn LaunchGraphs>>,
 }
 
 impl<K: Kernels> fmt::Debug for Runner<K> {
@@ -1190,8 +1170,46 @@ impl<K: Kernels> Runner<K> {
             topology,
             streams,
             kernels: Arc::new(kernels),
-            graphs: build_graphs()?,
+            graphs: None,
         })
+    }
+
+    /// This runner, launching `graphs` for the programs' [`Op::Launch`]es. Without it a
+    /// runner leaves launches out of every program (ivm-std has no graph runtime of its
+    /// own; `ivm_graph::fuzzing::launch_graphs` builds these with ivm-graph's).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when a graph's interface is not the one [`LaunchOp`]
+    /// documents (inputs, outputs and parameters, by count and size).
+    pub fn with_launch_graphs(mut self, graphs: impl LaunchGraphs + 'static) -> Result<Self> {
+        for (index, (inputs, outputs, params)) in [(1, 2, 1), (3, 1, 1)].into_iter().enumerate() {
+            let g = graphs.lazy(index);
+            let sizes = g.inputs().iter().chain(g.outputs()).map(|i| i.nbytes);
+            let ok = g.inputs().len() == inputs
+                && g.outputs().len() == outputs
+                && g.params().len() == params
+                && sizes
+                    .chain(g.params().iter().map(|p| p.nbytes))
+                    .all(|b| b == 8);
+            if !ok {
+                return Err(Error::InvalidArgument(format!(
+                    "launch graph {index} ({}) must have {inputs} inputs, {outputs} outputs and \
+                     {params} parameter of 8 bytes each (see LaunchOp)",
+                    g.job_name()
+                )));
+            }
+        }
+        self.graphs = Some(Box::new(graphs));
+        Ok(self)
+    }
+
+    /// `program` as this runner runs it: fitted to the topology ([`Topology::fit`]), its
+    /// launches left out when the runner has no [`LaunchGraphs`].
+    pub(crate) fn prepare(&self, program: &Program) -> Program {
+        match self.graphs {
+            Some(_) => self.topology.fit(program),
+            None => self.topology.fit(&program.clone().without_launches()),
+        }
     }
 
     /// The VM.
@@ -1211,10 +1229,11 @@ impl<K: Kernels> Runner<K> {
         Ok(self.vm.debug_counters())
     }
 
-    /// Fits `program` to the topology ([`Topology::fit`]), runs it on the VM and compares
+    /// Fits `program` to the topology ([`Topology::fit`]; launches left out without
+    /// [`LaunchGraphs`]), runs it on the VM and compares
     /// every sync access, every final value and the barrier order with [`interpret`].
     pub fn run(&self, program: &Program) -> Result<Outcome, Box<Mismatch>> {
-        let program = &self.topology.fit(program);
+        let program = &self.prepare(program);
         let expected = interpret(program, &*self.kernels);
         let got = self.execute(program).map_err(|(op, e)| {
             Box::new(Mismatch {
@@ -1405,7 +1424,10 @@ impl<K: Kernels> Runner<K> {
             Op::Launch(l) => {
                 let p = l.slots();
                 let t = |i: usize| &tensors[p[i]];
-                let g = self.graphs[l.graph_index()].lazy();
+                let graphs = self.graphs.as_deref().ok_or_else(|| {
+                    Error::InvalidArgument("a launch on a runner without launch graphs".into())
+                })?;
+                let g = graphs.lazy(l.graph_index());
                 match l.graph_index() {
                     0 => b.launch_lazy_job(&[t(3)], &[t(0), t(1)], &[t(2)], g),
                     _ => b.launch_lazy_job(&[t(2), t(3), t(3)], &[t(0)], &[t(1)], g),

@@ -72,6 +72,8 @@
 //! # Ok::<(), ivm_std::Error>(())
 //! ```
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod runtime;
 #[cfg(all(test, not(loom)))]
 mod tests;
