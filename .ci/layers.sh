@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The layer check (ARCHITECTURE.md, "Layers"). Fails when
-#   1. a crate depends on a crate above it (ivm-core < ivm-engine < ivm-std < ivm-device
-#      < ivm-ccl);
+#   1. a crate depends on a crate above it (ivm-core < ivm-engine < ivm-std < ivm-graph
+#      < ivm-device < ivm-ccl);
 #   2. ivm-core or ivm-engine uses `std` outside cfg(test|loom): they must build for a
 #      target that has no `std`, and `extern crate std` may appear only under such a cfg;
 #   3. a crate other than ivm-core keeps a list implementation of its own (a type with both
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 echo "--- 1. crate dependencies point down"
 python3 - <<'EOF'
 import re, sys
-order = ["ivm-core", "ivm-engine", "ivm-std", "ivm-device", "ivm-ccl"]
+order = ["ivm-core", "ivm-engine", "ivm-std", "ivm-graph", "ivm-device", "ivm-ccl"]
 bad = []
 for i, crate in enumerate(order):
     text = open(f"crates/{crate}/Cargo.toml").read()

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # AddressSanitizer, then ThreadSanitizer, over ivm-std's concurrency tests (stress,
-# equivalence, lazy jobs, the public surface, inline accesses, shutdown under load,
-# single-thread waits), on nightly with the standard library rebuilt under the sanitizer
+# equivalence, the public surface, inline accesses) and ivm-graph's (lazy jobs, the
+# equivalence fuzzer with launches, shutdown under load, single-thread waits), on nightly with the standard library rebuilt under the sanitizer
 # (-Zbuild-std: an uninstrumented std hides its own atomics from TSan and its allocations
 # from ASan). Prints each step's wall time; fails on any report.
 #
 # ThreadSanitizer does not model standalone fences (`fence(SeqCst)` in `engine/drive.rs`'s
-# `Helpers`, `engine/shared.rs`'s backpressure; the Acquire fence in `graph/runtime.rs`),
+# `Helpers`, `engine/shared.rs`'s backpressure; the Acquire fence in ivm-graph's `runtime.rs`),
 # nor the futex as synchronisation. None of the covered tests reports a race there: those
 # fences order liveness (who sees whose mark), while data is published through
 # Release/Acquire atomics, which TSan sees. A report that does come from a fence-based
@@ -16,20 +16,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TARGET=x86_64-unknown-linux-gnu
-TESTS=(--test vm_stress --test vm_equivalence --test lazy_basic --test lazy_order
-    --test lazy_equivalence --test 'surface_*' --test inline_access_stress
+STD_TESTS=(--test vm_stress --test vm_equivalence --test 'surface_*' --test inline_access_stress)
+GRAPH_TESTS=(--test lazy_basic --test lazy_order --test lazy_equivalence --test vm_equivalence_lazy
     --test shutdown_under_load --test single_thread_waits)
 # The tests plan kernel and graph panics; symbolising a backtrace of an instrumented debug
 # binary takes ~20 s on a loaded 2-core machine, long enough for a waiting caller's
 # timeout_period to fire. Sanitizer reports carry their own stacks.
 export RUST_BACKTRACE=0
 
-# cargo test under sanitizer $1 (address | thread) with the rest of the arguments.
+# cargo test of package $2 under sanitizer $1 (address | thread) with the rest of the
+# arguments.
 san_test() {
-    local san=$1
-    shift
+    local san=$1 pkg=$2
+    shift 2
     RUSTFLAGS="-Zsanitizer=$san" cargo +nightly test -Zbuild-std --target "$TARGET" \
-        --target-dir "target/${san:0:1}san" -p ivm-std --features fuzzing "$@"
+        --target-dir "target/${san:0:1}san" -p "$pkg" --features fuzzing "$@"
 }
 
 timed() {
@@ -42,15 +43,18 @@ timed() {
 
 # ASan (with LeakSanitizer): any report aborts the test binary, which fails the step.
 asan() {
-    ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" san_test address --no-fail-fast "${TESTS[@]}"
+    export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1"
+    san_test address ivm-std --no-fail-fast "${STD_TESTS[@]}"
+    san_test address ivm-graph --no-fail-fast "${GRAPH_TESTS[@]}"
 }
 
 # TSan: every report is printed (halt_on_error=0) and the binary then exits 66, which
 # fails the step. The planted-bug tests are skipped here: they drop an edge or release out
 # of order on purpose, which *is* a data race (see `tsan_teeth`).
 tsan() {
-    TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/.ci/tsan.supp" \
-        san_test thread --no-fail-fast "${TESTS[@]}" -- --skip planted_
+    export TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/.ci/tsan.supp"
+    san_test thread ivm-std --no-fail-fast "${STD_TESTS[@]}" -- --skip planted_
+    san_test thread ivm-graph --no-fail-fast "${GRAPH_TESTS[@]}"
 }
 
 # TSan must see the VM's ordering: each planted engine bug (ivm_std::fuzzing) runs kernels
@@ -63,7 +67,7 @@ tsan_teeth() {
     for t in planted_dropped_read_write_edge_is_caught planted_out_of_order_release_is_caught; do
         rc=0
         TSAN_OPTIONS="halt_on_error=0:exitcode=66:suppressions=$PWD/.ci/tsan.supp" \
-            san_test thread --test vm_equivalence -- --exact "$t" >"$log" 2>&1 || rc=$?
+            san_test thread ivm-std --test vm_equivalence -- --exact "$t" >"$log" 2>&1 || rc=$?
         if [ "$rc" -eq 0 ] || ! grep -q 'WARNING: ThreadSanitizer: data race' "$log"; then
             cat "$log"
             echo "ThreadSanitizer did not report the race of planted bug $t (status $rc)" >&2

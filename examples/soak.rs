@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use ivm::graph::fuzzing::launch_graphs;
+use ivm::graph::{Graph, GraphBuilder};
 use ivm::ivm_std::fuzzing::{Program, Runner};
-use ivm::ivm_std::graph::fuzzing::launch_graphs;
-use ivm::ivm_std::graph::{Graph, GraphBuilder};
 use ivm::ivm_std::{
     Config, Device, Error, StreamId, Tensor, VirtualMachine, fuzzing::silence_planned_panics,
 };

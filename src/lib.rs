@@ -15,8 +15,9 @@ pub use ivm_engine;
 /// The VM on std.
 pub use ivm_std;
 
-/// The graph runtime that lazy jobs run on.
-pub use ivm_std::graph;
+/// The graph runtime that lazy jobs run on (the crate `ivm-graph`, written against
+/// ivm-std's public lazy-job protocol only).
+pub use ivm_graph as graph;
 pub use ivm_std::{
     Config, Done, Error, ForeignHooks, InstructionPolicy, InstructionsBuilder, KernelCtx,
     LazyGraph, Mode, Result, Stream, StreamId, StreamType, Tensor, VirtualMachine,

@@ -6,7 +6,7 @@
 //! 2. **eager**: every op (gather, matmul, bias add, ReLU, softmax cross-entropy, their
 //!    gradients, Adam) is an ivm instruction naming what it reads and writes; the loss is
 //!    read after every step with `read_small` (the `.item()` of a training loop);
-//! 3. **lazy**: forward, backward and update are one compiled graph (`ivm_std::graph`)
+//! 3. **lazy**: forward, backward and update are one compiled graph (`ivm::graph`, ivm-graph)
 //!    launched every step through critical sections (inputs: the batch; outputs: the
 //!    loss; parameters: weights and optimiser state), the loss read every step.
 //!

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ivm::ivm_std::graph::{BlobId, Graph, GraphBuilder, GraphCtx};
+use ivm::graph::{BlobId, Graph, GraphBuilder, GraphCtx};
 use ivm::ivm_std::{Error, Result, Stream, Tensor, VirtualMachine};
 
 use crate::kernels;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use ivm::ivm_std::graph::{GraphEvent, Phase};
+use ivm::graph::{GraphEvent, Phase};
 
 /// Recording on or off. Relaxed everywhere: the spans themselves go through the mutex,
 /// and a span recorded just before or after the switch is harmless.

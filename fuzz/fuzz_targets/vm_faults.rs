@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, SimFaults, sim_device};
 use ivm_std::fuzzing::{FaultCampaign, FaultControl, HashKernels, Program, Runner, Topology};
-use ivm_std::graph::fuzzing::launch_graphs;
+use ivm_graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DeviceAdapter};
 use libfuzzer_sys::fuzz_target;
 

@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 use ivm_std::Config;
 use ivm_std::fuzzing::{Program, Runner};
-use ivm_std::graph::fuzzing::launch_graphs;
+use ivm_graph::fuzzing::launch_graphs;
 use libfuzzer_sys::fuzz_target;
 
 static RUNNER: OnceLock<Runner> = OnceLock::new();

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ivm_device::{SimAdapter, SimConfig};
-use ivm_std::graph::{GraphBuilder, Phase};
+use ivm_graph::{GraphBuilder, Phase};
 use ivm_std::{Config, DebugCounters, Device, StreamId, Tensor, VirtualMachine};
 
 const SIM: Device = Device {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, sim_device};
+use ivm_graph::fuzzing::launch_graphs;
 use ivm_std::fuzzing::{self, HashKernels, Program, Runner, Topology};
-use ivm_std::graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DebugCounters, DeviceAdapter, Mode};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};

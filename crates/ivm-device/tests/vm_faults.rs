@@ -17,8 +17,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, SimFaults, sim_device};
+use ivm_graph::fuzzing::launch_graphs;
 use ivm_std::fuzzing::{self, FaultCampaign, FaultControl, HashKernels, Program, Runner, Topology};
-use ivm_std::graph::fuzzing::launch_graphs;
 use ivm_std::{Config, DebugCounters, DeviceAdapter, Diagnostic, Error, StreamId, VirtualMachine};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};

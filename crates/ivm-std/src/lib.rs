@@ -43,7 +43,6 @@ mod engine;
 #[cfg(feature = "fuzzing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
-pub mod graph;
 mod model;
 mod runtime;
 mod util;

@@ -155,7 +155,7 @@ pub enum Error {
     /// the collective, the ranks involved and the rank count.
     #[error("ivm: collective failed: {0}")]
     Collective(String),
-    /// A lazy graph description (or a graph built by `ivm_std::graph`) is invalid.
+    /// A lazy graph description (or a graph built by a graph runtime, e.g. ivm-graph) is invalid.
     #[error("ivm: invalid lazy graph `{job}`: {message}")]
     InvalidGraph {
         /// The job name.

@@ -57,11 +57,6 @@ pub(crate) const PRESIZE: u32 = 256;
 /// How often registered probes are polled when the scheduler has no work window.
 pub(crate) const PROBE_POLL: Duration = Duration::from_micros(100);
 
-// The graph runtime (`graph/runtime.rs`).
-/// How long an idle graph thread polls with spin-loop hints only before it starts
-/// yielding (see `thread_loop`).
-pub(crate) const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
-
 // Sync small accesses (`sync_access.rs`).
 /// Most reusable instructions per ring slot (`Config::sync_ring_capacity` ≤ this).
 pub const RING_MAX: usize = 16;

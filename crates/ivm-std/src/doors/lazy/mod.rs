@@ -14,7 +14,8 @@
 //! | `{job}/source-tick` | launch lazy job | the source tick (starts an iteration) |
 //! | `{job}/callback-notifier` | launch lazy job | the callback notifier (finishes the launch) |
 //!
-//! [`crate::graph`] is a graph runtime that serves these buffers;
+//! The crate `ivm-graph` is a graph runtime that serves these buffers (through this public
+//! protocol only);
 //! [`InstructionsBuilder::launch_lazy_job`](crate::InstructionsBuilder::launch_lazy_job)
 //! emits the instructions of one run.
 
@@ -154,7 +155,7 @@ pub(crate) struct LazyInner {
 
 /// The description of a lazy job that the VM launches: job name, interface ops, parameters
 /// and the job's named buffers. Cheap to clone (shared). Build one with
-/// [`LazyGraph::builder`], or get the one of a [`crate::graph::Graph`].
+/// [`LazyGraph::builder`], or get the one of a graph runtime's graph (`ivm_graph::Graph::lazy`).
 ///
 /// # Examples
 ///

@@ -4,7 +4,7 @@
 //! a tensor is often an input of one run and an output of the next with nothing in
 //! between (critical-section hazards the engine must order).
 
-use ivm_std::graph::{Graph, GraphBuilder};
+use ivm_graph::{Graph, GraphBuilder};
 use ivm_std::{Config, DebugCounters, Device, Stream, StreamId, Tensor, VirtualMachine};
 
 /// Non-commutative mixing: any reordering of dependent steps changes the result.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ivm_std::graph::{Graph, GraphBuilder};
+use ivm_graph::{Graph, GraphBuilder};
 use ivm_std::{Config, DebugCounters, Device, Error, StreamId, Tensor, VirtualMachine};
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {

@@ -11,7 +11,7 @@
 //! cargo run --release -p ivm-std --example lazy_training
 //! ```
 
-use ivm_std::graph::GraphBuilder;
+use ivm_graph::GraphBuilder;
 use ivm_std::{Config, Tensor, VirtualMachine};
 
 const BATCH: usize = 8;

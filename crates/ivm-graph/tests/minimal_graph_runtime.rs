@@ -2,7 +2,7 @@
 //! (`ivm_std::lazy`): one thread that serves a job's buffers in order — source tick, the
 //! input critical section, the wait, the kernel (which reads and updates a parameter in
 //! place), the output critical section, the callbacks, the callback notifier. The VM
-//! launches it through critical sections exactly as it launches `ivm_std::graph`: eager
+//! launches it through critical sections exactly as it launches ivm-graph's: eager
 //! reads see each run's output, the parameter's updates are ordered with eager work, and
 //! closing the graph ends the runtime's thread. Both modes.
 

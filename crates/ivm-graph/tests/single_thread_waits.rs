@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ivm_std::graph::{Graph, GraphBuilder};
+use ivm_graph::{Graph, GraphBuilder};
 use ivm_std::{Config, Error, Tensor, VirtualMachine};
 
 fn configs(period: Duration) -> [(&'static str, Config); 2] {

@@ -1,11 +1,11 @@
 //! The equivalence fuzzer's lazy graphs (feature `fuzzing`): [`launch_graphs`] builds,
-//! with this graph runtime, the two graphs that `ivm_std::fuzzing::LaunchOp` documents,
+//! with ivm-graph's runtime, the two graphs that [`LaunchOp`](ivm_std::fuzzing::LaunchOp) documents,
 //! for [`Runner::with_launch_graphs`].
 //!
 //! ```
 //! use ivm_std::Config;
 //! use ivm_std::fuzzing::{Program, Runner};
-//! use ivm_std::graph::fuzzing::launch_graphs;
+//! use ivm_graph::fuzzing::launch_graphs;
 //!
 //! let runner = Runner::new(Config::default())?.with_launch_graphs(launch_graphs()?)?;
 //! for seed in 0..4 {
@@ -16,15 +16,15 @@
 //! # Ok::<(), ivm_std::Error>(())
 //! ```
 
-use crate::doors::lazy::LazyGraph;
+use ivm_std::Result;
 #[cfg(doc)]
-use crate::fuzzing::Runner;
-use crate::fuzzing::{LaunchGraphs, launch_mix};
-use crate::util::error::Result;
+use ivm_std::fuzzing::Runner;
+use ivm_std::fuzzing::{LaunchGraphs, launch_mix};
+use ivm_std::lazy::LazyGraph;
 
-use super::{Graph, GraphBuilder};
+use crate::{Graph, GraphBuilder};
 
-/// The two graphs of `ivm_std::fuzzing::LaunchOp`, each on its own graph runtime.
+/// The two graphs of [`LaunchOp`](ivm_std::fuzzing::LaunchOp), each on its own graph runtime.
 #[derive(Debug)]
 pub struct FuzzGraphs([Graph; 2]);
 

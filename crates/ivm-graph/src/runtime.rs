@@ -25,11 +25,34 @@ use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 
 use super::{GraphBuilder, GraphCtx, GraphEvent, KernelBody, Phase, TraceFn, describe};
-use crate::doors::lazy::{CriticalSectionInstance, JobInstance, LazyGraph, TryPop};
-use crate::util::error::{Error, Result};
-use crate::util::futex::FutexWait;
-use crate::util::lock;
-use crate::util::tuning::POLL_PURE_SPIN;
+use ivm_std::futex::FutexWait;
+use ivm_std::lazy::{CriticalSectionInstance, JobInstance, LazyGraph, TryPop};
+use ivm_std::{Error, Result};
+
+/// How long an idle graph thread polls with spin-loop hints only before it starts
+/// yielding (see `thread_loop`).
+const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
+
+/// Locks `m`, taking the data of a poisoned mutex as it is: every mutex here guards data
+/// that a panicking holder leaves consistent (a kernel panic is caught outside them).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `words` zero words, or why the host cannot provide them (sizes come from the user: an
+/// error, never an abort).
+fn try_zeroed_words(words: usize) -> std::result::Result<Box<[u64]>, String> {
+    let mut w = Vec::new();
+    w.try_reserve_exact(words).map_err(|_| {
+        format!(
+            "the host allocator refused {words} words ({} bytes)",
+            words.saturating_mul(8)
+        )
+    })?;
+    // Within the reserved capacity: no reallocation.
+    w.resize(words, 0);
+    Ok(w.into_boxed_slice())
+}
 
 /// A graph blob: `depth` register slots if an actor produces it, one (zero, read-only)
 /// slot otherwise.
@@ -51,9 +74,7 @@ impl GBlob {
         v.try_reserve_exact(slots)
             .map_err(|_| format!("{slots} register slots do not fit in memory"))?;
         for _ in 0..slots {
-            v.push(UnsafeCell::new(crate::device::cpu::try_zeroed_words(
-                words,
-            )?));
+            v.push(UnsafeCell::new(try_zeroed_words(words)?));
         }
         Ok(Self {
             nbytes,
@@ -167,7 +188,7 @@ pub(crate) struct Shared {
 }
 
 /// A running graph: its actors' threads and its [`LazyGraph`]. Launch it with
-/// [`InstructionsBuilder::launch_lazy_job`](crate::InstructionsBuilder::launch_lazy_job)
+/// [`InstructionsBuilder::launch_lazy_job`](ivm_std::InstructionsBuilder::launch_lazy_job)
 /// passing [`Graph::lazy`]. See the [module docs](super).
 pub struct Graph {
     shared: Arc<Shared>,
@@ -564,7 +585,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
 }
 
 fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
-    crate::doors::lazy::mark_graph_thread();
+    ivm_std::lazy::mark_graph_thread();
     let notifier = &s.notifiers[t];
     let (mut compute, mut protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
         .into_iter()
@@ -678,7 +699,7 @@ impl Shared {
 
 /// Pops one item of `buf` into `held` until it holds `n`; whether it does.
 fn fill(
-    buf: &crate::doors::lazy::Buffer<Arc<CriticalSectionInstance>>,
+    buf: &ivm_std::lazy::Buffer<Arc<CriticalSectionInstance>>,
     held: &mut Vec<Arc<CriticalSectionInstance>>,
     n: usize,
 ) -> bool {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::thread;
 use std::time::Duration;
 
-use ivm_std::graph::{Graph, GraphBuilder};
+use ivm_graph::{Graph, GraphBuilder};
 use ivm_std::{Config, DebugCounters, Device, Error, Stream, StreamId, Tensor, VirtualMachine};
 
 const SUBMITTERS: usize = 4;

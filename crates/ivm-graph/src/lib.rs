@@ -1,5 +1,8 @@
-//! A graph runtime for lazy jobs: a compiled graph of kernels over its own blobs, run as
-//! actors on several threads, served through a [`LazyGraph`]'s named buffers.
+//! A graph runtime for ivm's lazy jobs: a compiled graph of kernels over its own blobs,
+//! run as actors on several threads, served through a [`LazyGraph`]'s named buffers.
+//!
+//! It is written against ivm-std's public lazy-job protocol ([`ivm_std::lazy`]) only, as
+//! any other graph runtime may be; the `ivm` facade re-exports it as `ivm::graph`.
 //!
 //! A [`Graph`] is built from interface ops (inputs copied in from eager tensors, outputs
 //! copied out to eager tensors), intermediate blobs, parameters (eager tensors used in
@@ -49,7 +52,7 @@
 //! # Examples
 //!
 //! ```
-//! use ivm_std::graph::GraphBuilder;
+//! use ivm_graph::GraphBuilder;
 //! use ivm_std::{Config, VirtualMachine};
 //!
 //! let mut g = GraphBuilder::new("double");
@@ -71,19 +74,26 @@
 //! assert_eq!(u64::from_ne_bytes(out), 42);
 //! # Ok::<(), ivm_std::Error>(())
 //! ```
+//!
+//! # Features
+//!
+//! * `fuzzing`: the [`fuzzing`] module — the two lazy graphs that ivm-std's equivalence
+//!   fuzzer launches (`ivm_std::fuzzing::Runner::with_launch_graphs`). Off by default.
+#![warn(missing_docs, unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "fuzzing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fuzzing")))]
 pub mod fuzzing;
 mod runtime;
-#[cfg(all(test, not(loom)))]
-mod tests;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::doors::lazy::{DEFAULT_BUFFER_RUNS, JobInstance, LazyGraph};
-use crate::util::error::{Error, Result};
+use ivm_std::lazy::{DEFAULT_BUFFER_RUNS, JobInstance, LazyGraph};
+use ivm_std::{Error, Result};
 
 pub use runtime::Graph;
 
@@ -320,7 +330,7 @@ impl GraphBuilder {
     }
 
     /// How many runs each of the job's buffers holds (see
-    /// [`LazyGraphBuilder::buffer_runs`](crate::doors::lazy::LazyGraphBuilder::buffer_runs)).
+    /// [`LazyGraphBuilder::buffer_runs`](ivm_std::lazy::LazyGraphBuilder::buffer_runs)).
     pub fn buffer_runs(&mut self, runs: usize) -> &mut Self {
         self.buffer_runs = runs.max(1);
         self
@@ -490,7 +500,7 @@ impl<'a> GraphCtx<'a> {
     /// # Examples
     ///
     /// ```
-    /// use ivm_std::graph::GraphBuilder;
+    /// use ivm_graph::GraphBuilder;
     ///
     /// let mut g = GraphBuilder::new("axpy");
     /// let x = g.input("x", 16);

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use ivm_std::graph::{Graph, GraphBuilder, Phase};
+use ivm_graph::{Graph, GraphBuilder, Phase};
 use ivm_std::{Config, Tensor, VirtualMachine};
 
 const N: usize = 4;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ivm_std::graph::{Graph, GraphBuilder, Phase};
+use ivm_graph::{Graph, GraphBuilder, Phase};
 use ivm_std::{Config, DebugCounters, Device, StreamId, Tensor, VirtualMachine};
 
 type Log = Arc<Mutex<Vec<String>>>;
