@@ -318,7 +318,7 @@ fn new_vm(device: DeviceArg) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Op
                 kernel_latency: Latency::ZERO,
                 copy_latency: Latency::fixed(latency),
                 seed: 7,
-                faults: ivm::ivm_device::sim::SimFaults::NONE,
+                ..SimConfig::default()
             });
             let vm = VirtualMachine::with_adapters(config, vec![sim])?;
             let dev = Device {

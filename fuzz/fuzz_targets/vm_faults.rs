@@ -74,6 +74,7 @@ fn state() -> (Runner, Sim) {
             alloc_fail: 8,
             slow_copy: 8,
         },
+        ..SimConfig::default()
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
     let runner = Runner::with_topology(

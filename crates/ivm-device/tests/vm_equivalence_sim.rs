@@ -34,7 +34,7 @@ fn sim(seed: u64) -> Arc<SimAdapter> {
         kernel_latency: Latency::between(us(1), us(300)),
         copy_latency: Latency::between(us(1), us(150)),
         seed,
-        faults: ivm_device::sim::SimFaults::NONE,
+        ..SimConfig::default()
     })
 }
 

@@ -374,6 +374,7 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
             alloc_fail: 8,
             slow_copy: 6,
         },
+        ..SimConfig::default()
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
     let runner = Runner::with_topology(

@@ -92,6 +92,8 @@ impl Stats {
 pub struct SimMemory {
     host: HostMemory,
     device: Device,
+    /// `false`: device-only ([`SimConfig::host_visible`](super::SimConfig::host_visible)).
+    host_visible: bool,
     /// `FREED` bit | 2 × accesses in progress.
     state: AtomicUsize,
     stats: Arc<Stats>,
@@ -147,7 +149,11 @@ unsafe impl DeviceMemory for SimMemory {
         self.host.nbytes()
     }
     fn host_ptr(&self) -> Option<NonNull<u8>> {
-        self.host.host_ptr()
+        if self.host_visible {
+            self.host.host_ptr()
+        } else {
+            None
+        }
     }
     fn device_ptr(&self) -> u64 {
         self.host.device_ptr()
@@ -177,6 +183,16 @@ unsafe impl DeviceMemory for SimMemory {
     }
 }
 
+/// The bytes the sim's copies move for `m`: host memory, or a sim allocation (device-only
+/// ones included: the sim is the device, so its copy engine reaches them).
+pub(crate) fn bytes_of(m: &dyn DeviceMemory) -> Option<NonNull<u8>> {
+    m.host_ptr().or_else(|| {
+        m.as_any()
+            .downcast_ref::<SimMemory>()
+            .and_then(|s| s.host.host_ptr())
+    })
+}
+
 /// The allocator of one sim device: zero-filled host memory; frees are queued on a sim
 /// stream and poison the bytes when the stream reaches them. A capacity
 /// ([`SimAdapter::set_memory_capacity`](super::SimAdapter::set_memory_capacity)) bounds the
@@ -190,10 +206,15 @@ pub struct SimAllocator {
     pub(crate) capacity: AtomicUsize,
     faults: Arc<super::faults::FaultState>,
     fault_rng: Mutex<super::SplitMix>,
+    host_visible: bool,
 }
 
 impl SimAllocator {
-    pub(crate) fn new(device: Device, faults: Arc<super::faults::FaultState>) -> Self {
+    pub(crate) fn new(
+        device: Device,
+        faults: Arc<super::faults::FaultState>,
+        host_visible: bool,
+    ) -> Self {
         let fault_rng = Mutex::new(faults.rng(!u64::from(device.index)));
         Self {
             device,
@@ -201,6 +222,7 @@ impl SimAllocator {
             capacity: AtomicUsize::new(usize::MAX),
             faults,
             fault_rng,
+            host_visible,
         }
     }
 
@@ -269,6 +291,7 @@ impl DeviceAllocator for SimAllocator {
         Ok(Arc::new(SimMemory {
             host,
             device: self.device,
+            host_visible: self.host_visible,
             state: AtomicUsize::new(0),
             stats: self.stats.clone(),
         }))

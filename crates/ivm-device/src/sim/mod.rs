@@ -113,6 +113,12 @@ pub struct SimConfig {
     pub seed: u64,
     /// Injected faults (none by default).
     pub faults: SimFaults,
+    /// Whether the host may touch the devices' memory (default `true`). With `false` the
+    /// memory is *device-only*, like a discrete GPU's: `DeviceMemory::host_ptr` is `None`,
+    /// so the VM reaches it only through the sim's copies (small reads and writes, sync
+    /// callbacks, lazy-job interfaces and parameters stage through host memory), and a
+    /// host kernel on it fails. The sim's own copies still move the bytes.
+    pub host_visible: bool,
 }
 
 impl Default for SimConfig {
@@ -126,6 +132,7 @@ impl Default for SimConfig {
             copy_latency: Latency::ZERO,
             seed: 0x1b4d_5eed,
             faults: SimFaults::NONE,
+            host_visible: true,
         }
     }
 }
@@ -143,6 +150,7 @@ impl SimConfig {
             copy_latency: Latency::between(us(20), us(1000)),
             seed,
             faults: SimFaults::NONE,
+            host_visible: true,
         }
     }
 }
@@ -176,7 +184,13 @@ impl SimAdapter {
     pub fn new(config: SimConfig) -> Arc<Self> {
         let faults = Arc::new(faults::FaultState::new(config.faults));
         let allocators = (0..config.devices)
-            .map(|i| Arc::new(SimAllocator::new(sim_device(i), faults.clone())))
+            .map(|i| {
+                Arc::new(SimAllocator::new(
+                    sim_device(i),
+                    faults.clone(),
+                    config.host_visible,
+                ))
+            })
             .collect();
         Arc::new(Self {
             config,
@@ -465,7 +479,7 @@ impl SimStream {
         let d = m.device();
         // Another sim device's memory: a peer copy (`supports_peer_copy`).
         if d == self.state.device || d == Device::CPU || d.kind == SIM {
-            if m.host_ptr().is_none() {
+            if memory::bytes_of(m).is_none() {
                 return Err(Error::DeviceMismatch(format!(
                     "memory of {d} is not host-accessible; the sim cannot copy it"
                 )));
@@ -589,7 +603,7 @@ fn copy_now(
         src.end_access();
         return Err(e);
     }
-    if let (Some(s), Some(d)) = (src.host_ptr(), dst.host_ptr()) {
+    if let (Some(s), Some(d)) = (memory::bytes_of(src), memory::bytes_of(dst)) {
         // SAFETY: ranges checked at enqueue; both memories are alive (we hold their Arcs)
         // and not freed (begin_access succeeded); the enqueuer guaranteed nothing else
         // touches the ranges until this copy completes; `copy` allows overlap.

@@ -31,8 +31,9 @@
 //! polled again at once (a busy future): prefer multi-thread mode under an async runtime.
 //!
 //! Async small accesses and callbacks run on the tensor's device default stream, after its
-//! last writer (as their blocking forms), as a callback on its bytes: they need
-//! host-accessible memory (cpu, sim); device-only memory is an [`Error::DeviceMismatch`].
+//! last writer (as their blocking forms), as a callback on its bytes; on device-only
+//! memory the callback gets a host staging copy, filled and written back by the device's
+//! own copies in stream order.
 //!
 //! ```
 //! use ivm_std::{Config, VirtualMachine};
@@ -445,12 +446,6 @@ pub(crate) fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> 
 pub(crate) fn async_target(shared: &Arc<VmShared>, t: &Tensor) -> Result<Arc<StreamShared>> {
     shared.core.check_caller()?;
     shared.check_tensor(t)?;
-    if t.blob().mem.host_ptr().is_none() {
-        return Err(Error::DeviceMismatch(format!(
-            "async access to a tensor on {} needs host-accessible memory; use the blocking form",
-            t.device()
-        )));
-    }
     shared.default_stream_of(t.device())
 }
 

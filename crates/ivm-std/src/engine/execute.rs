@@ -63,10 +63,45 @@ enum Outcome {
 }
 
 /// Work that runs inside the device queue (kernel bodies on a queued device, callbacks).
+/// A callback on device-only memory gets the bytes of its host staging copy
+/// ([`stage`]) instead of the operand's.
 enum Queued {
     Kernel(KernelFn),
-    Read(ReadFn),
-    Write(WriteFn),
+    Read(ReadFn, Option<Arc<dyn DeviceMemory>>),
+    Write(WriteFn, Option<Arc<dyn DeviceMemory>>),
+}
+
+/// A host staging copy of `mem` for a sync callback on device-only memory (ARCHITECTURE.md,
+/// "Device-only memory through the doors"): zeroed host memory of the same size, filled
+/// from `mem` by a copy enqueued on `stream` now, so that the callback queued after it
+/// sees the device's bytes in stream order. `None` for host-accessible memory.
+fn stage(
+    stream: &dyn DeviceStream,
+    mem: &Arc<dyn DeviceMemory>,
+) -> crate::Result<Option<Arc<dyn DeviceMemory>>> {
+    if mem.host_ptr().is_some() || mem.nbytes() == 0 {
+        return Ok(None);
+    }
+    let host: Arc<dyn DeviceMemory> = Arc::new(crate::HostMemory::try_zeroed(mem.nbytes())?);
+    // SAFETY: the engine orders this instruction after the tensor's last writer (soft
+    // sync: after its device work) and before its next access; the staging memory is
+    // new, and touched only by work this instruction enqueues, in stream order.
+    unsafe { stream.copy(mem, 0, &host, 0, mem.nbytes()) }?;
+    Ok(Some(host))
+}
+
+/// The bytes of a staging copy.
+///
+/// # Safety
+/// Nothing else accesses `staging` while the returned slice lives (stream order: the copy
+/// that fills it completed, the copy that empties it has not started).
+unsafe fn staged_bytes<'a>(staging: &'a Arc<dyn DeviceMemory>) -> &'a mut [u8] {
+    let p = staging
+        .host_ptr()
+        .expect("ivm: a staging buffer is host memory");
+    // SAFETY: `host_ptr` is valid for `nbytes` bytes (the `DeviceMemory` contract); the
+    // caller guarantees exclusive access.
+    unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), staging.nbytes()) }
 }
 
 fn failure(instr: &Instruction, message: impl Into<Arc<str>>) -> Failure {
@@ -333,8 +368,22 @@ fn launch_kind(
             }
         }
         Kind::Kernel(f) => queue(instr, inputs, outputs, Queued::Kernel(f)).map_err(err)?,
-        Kind::Read(f) => queue(instr, inputs, outputs, Queued::Read(f)).map_err(err)?,
-        Kind::Write(f) => queue(instr, inputs, outputs, Queued::Write(f)).map_err(err)?,
+        Kind::Read(f) => {
+            let staging = stage(stream, &inputs.as_slice()[0].mem).map_err(err)?;
+            queue(instr, inputs, outputs, Queued::Read(f, staging)).map_err(err)?;
+        }
+        Kind::Write(f) => {
+            let dst = &outputs.as_slice()[0].mem;
+            let staging = stage(stream, dst).map_err(err)?;
+            queue(instr, inputs, outputs, Queued::Write(f, staging.clone())).map_err(err)?;
+            if let Some(host) = staging {
+                // SAFETY: stream order: the callback queued above is done with the staging
+                // copy before this copy starts; the engine gives this instruction the
+                // tensor exclusively. A refused or failed callback leaves the staging copy
+                // as the device's bytes (or the output poisoned).
+                unsafe { stream.copy(&host, 0, dst, 0, host.nbytes()) }.map_err(err)?;
+            }
+        }
         Kind::SmallRead { offset, len } => {
             let src = &inputs.as_slice()[0].mem;
             let pinned = stream.pinned_buffer().clone();
@@ -486,11 +535,16 @@ fn queue(
                 outputs: outs,
                 stream: None,
             }),
+            // SAFETY: stream order: the staging copy was filled by the copy enqueued before
+            // this closure and is emptied (if at all) by one enqueued after it.
+            Queued::Read(cb, Some(h)) => cb.take()(unsafe { staged_bytes(&h) }),
+            // SAFETY: as above.
+            Queued::Write(cb, Some(h)) => cb.take()(unsafe { staged_bytes(&h) }),
             // SAFETY: stream order plus the engine order give this callback the input
             // (no concurrent writer); the builder always gives it its operand.
-            Queued::Read(cb) => cb.take()(unsafe { ins[0].bytes() }),
+            Queued::Read(cb, None) => cb.take()(unsafe { ins[0].bytes() }),
             // SAFETY: as above, exclusive access to the output.
-            Queued::Write(cb) => cb.take()(unsafe { outs[0].bytes_mut() }),
+            Queued::Write(cb, None) => cb.take()(unsafe { outs[0].bytes_mut() }),
         }));
         for b in &all {
             b.mem.end_access();

@@ -13,6 +13,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use crate::device::DeviceMemory;
+use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::lazy::{
     CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
@@ -20,8 +22,9 @@ use crate::doors::lazy::{
 use crate::engine::core::NEXT_BLOB_ID;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Deferred, Instruction, Kind};
+use crate::model::stream::Stream;
 use crate::model::stream::StreamShared;
-use crate::runtime::tensor::Tensor;
+use crate::runtime::tensor::{Tensor, TensorInner};
 use crate::util::error::{Error, Failure, Result};
 use crate::util::ids::{Device, StreamId, StreamType};
 use crate::util::lock;
@@ -307,6 +310,7 @@ impl InstructionsBuilder<'_> {
     ) -> Result<()> {
         let g = &graph.inner;
         let job = g.job.to_string();
+        let (orig_outputs, orig_parameters) = (outputs, parameters);
         for (what, expected, got) in [
             ("inputs", g.inputs.len(), inputs.len()),
             ("outputs", g.outputs.len(), outputs.len()),
@@ -362,6 +366,65 @@ impl InstructionsBuilder<'_> {
                 return Err(Error::AliasedOperand);
             }
         }
+
+        // Device-only tensors reach the graph through host staging tensors (ARCHITECTURE.md,
+        // "Device-only memory through the doors"): each is copied in on its device's
+        // device-to-host stream before the run, and outputs and parameters are copied back
+        // on its host-to-device stream after their critical-section ends. The launch below
+        // sees only host memory.
+        let stage = |t: &Tensor, used: bool| -> Result<Option<Tensor>> {
+            if !used || t.nbytes() == 0 || t.blob().mem.host_ptr().is_some() {
+                return Ok(None);
+            }
+            staging_tensor(vm, t.nbytes()).map(Some)
+        };
+        let staged_in = g
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|(i, t)| stage(t, i.valid))
+            .collect::<Result<Vec<_>>>()?;
+        let staged_out = g
+            .outputs
+            .iter()
+            .zip(outputs)
+            .map(|(i, t)| stage(t, i.valid))
+            .collect::<Result<Vec<_>>>()?;
+        let staged_params = parameters
+            .iter()
+            .map(|t| stage(t, true))
+            .collect::<Result<Vec<_>>>()?;
+        let copy_stream = |t: &Tensor, stream_type| -> Result<Stream> {
+            let id = StreamId {
+                device: t.device(),
+                stream_type,
+                thread_id: 0,
+            };
+            Ok(Stream {
+                shared: vm.stream(id)?,
+            })
+        };
+        for (t, s) in inputs
+            .iter()
+            .chain(parameters)
+            .zip(staged_in.iter().chain(&staged_params))
+        {
+            if let Some(s) = s {
+                let d2h = copy_stream(t, StreamType::DeviceToHost)?;
+                self.copy_named("lazy_job_stage_in", &d2h, t, s)?;
+            }
+        }
+        fn swap<'t>(ts: &[&'t Tensor], staged: &'t [Option<Tensor>]) -> Vec<&'t Tensor> {
+            ts.iter()
+                .zip(staged)
+                .map(|(&t, s)| s.as_ref().unwrap_or(t))
+                .collect()
+        }
+        let (inputs, outputs, parameters) = (
+            &swap(inputs, &staged_in)[..],
+            &swap(outputs, &staged_out)[..],
+            &swap(parameters, &staged_params)[..],
+        );
 
         let cs = vm.stream(StreamId {
             device: Device::CPU,
@@ -513,8 +576,45 @@ impl InstructionsBuilder<'_> {
                 })),
             ));
         }
+
+        // 5. Staged outputs and parameters go back to their devices; the staging tensors
+        // are released after this batch's instructions (a handle dropped here would free
+        // them before the batch is received).
+        let back = orig_outputs
+            .iter()
+            .chain(orig_parameters)
+            .zip(staged_out.iter().chain(&staged_params));
+        for (t, s) in back {
+            if let Some(s) = s {
+                let h2d = copy_stream(t, StreamType::HostToDevice)?;
+                self.copy_named("lazy_job_stage_out", &h2d, s, t)?;
+            }
+        }
+        for s in staged_in
+            .into_iter()
+            .chain(staged_out)
+            .chain(staged_params)
+            .flatten()
+        {
+            self.release_tensor(s)?;
+        }
         Ok(())
     }
+}
+
+/// A zero-filled host tensor of `nbytes` for staging a device-only tensor, homed on the
+/// cpu default stream (its release, like any cpu tensor's, just drops the memory).
+fn staging_tensor(vm: &Arc<crate::runtime::shared::VmShared>, nbytes: usize) -> Result<Tensor> {
+    let mem: Arc<dyn DeviceMemory> = Arc::new(HostMemory::try_zeroed(nbytes)?);
+    let blob = Blob::with_memory(
+        vm.id,
+        NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        mem,
+    );
+    let home = vm.default_stream_of(Device::CPU)?;
+    Ok(Tensor {
+        inner: Arc::new(TensorInner::new(Arc::new(blob), vm.clone(), home)),
+    })
 }
 
 impl crate::runtime::shared::VmShared {

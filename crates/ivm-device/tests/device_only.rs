@@ -1,0 +1,256 @@
+//! Device-only memory through the doors: the sim with `host_visible: false` behaves like a
+//! discrete GPU (no host pointer), and every door that hands bytes to host code — small
+//! reads and writes, sync callbacks (`access`, `access_mut`), lazy-job interfaces and
+//! parameters — stages through host memory with the device's own copies. Each scenario
+//! runs the same work on cpu tensors and on device-only sim tensors and compares the
+//! results bit for bit.
+
+use std::sync::Arc;
+
+use ivm_device::sim::sim_device;
+use ivm_device::{SimAdapter, SimConfig};
+use ivm_graph::{Graph, GraphBuilder};
+use ivm_std::{
+    Config, DebugCounters, DeviceAdapter, Error, Stream, StreamId, Tensor, VirtualMachine,
+};
+
+/// A VM with one device-only sim device (random latencies from `seed`), and its compute
+/// stream.
+fn vm(seed: u64) -> (VirtualMachine, Stream) {
+    let sim: Arc<dyn DeviceAdapter> = SimAdapter::new(SimConfig {
+        host_visible: false,
+        ..SimConfig::random(1, seed)
+    });
+    let vm = VirtualMachine::with_adapters(Config::default(), vec![sim]).unwrap();
+    let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+    (vm, s)
+}
+
+fn read(vm: &VirtualMachine, t: &Tensor) -> Result<Vec<u8>, Error> {
+    let mut b = vec![0u8; t.nbytes()];
+    // Small reads take at most 16 bytes at a time.
+    for (i, chunk) in b.chunks_mut(16).enumerate() {
+        vm.read_small(t, i * 16, chunk)?;
+    }
+    Ok(b)
+}
+
+fn u64s(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks(8)
+        .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn bytes_of(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+}
+
+fn assert_drained(vm: VirtualMachine) {
+    vm.shutdown().unwrap();
+    assert_eq!(vm.debug_counters(), DebugCounters::default());
+}
+
+#[test]
+fn sim_memory_is_device_only_and_host_kernels_on_it_fail_cleanly() {
+    let (vm, s) = vm(1);
+    let t = vm.new_tensor_from(&s, &bytes_of(&[5, 6])).unwrap();
+    assert_eq!(u64s(&read(&vm, &t).unwrap()), [5, 6]);
+    // A host kernel cannot touch device-only memory: the instruction fails, naming it,
+    // and the VM goes on.
+    vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+        .unwrap();
+    let err = read(&vm, &t).unwrap_err();
+    assert!(matches!(&err, Error::Poisoned { .. }), "{err}");
+    let t2 = vm.new_tensor_from(&s, &bytes_of(&[7])).unwrap();
+    assert_eq!(u64s(&read(&vm, &t2).unwrap()), [7]);
+    drop((t, t2));
+    assert_drained(vm);
+}
+
+/// `access` and `access_mut` on a device-only tensor: the callback sees the device's bytes
+/// and its writes land on the device, in stream order with the copies around it.
+#[test]
+fn sync_callbacks_stage_device_only_memory() {
+    for seed in [1u64, 2, 3] {
+        let (vm, s) = vm(seed);
+        let cpu = vm.default_stream();
+        let mut results = Vec::new();
+        for stream in [&cpu, &s] {
+            let t = vm
+                .new_tensor_from(stream, &bytes_of(&[1, 2, 3, 4]))
+                .unwrap();
+            let src = vm
+                .new_tensor_from(&cpu, &bytes_of(&[10, 20, 30, 40]))
+                .unwrap();
+            let mut seen = Vec::new();
+            for round in 0..20u64 {
+                // An eager copy into the tensor, then a read-modify-write through the
+                // callback, then a read through the callback.
+                vm.run(|b| b.copy(stream, &src, &t)).unwrap();
+                vm.access_mut(&t, move |b: &mut [u8]| {
+                    for (i, w) in b.chunks_mut(8).enumerate() {
+                        let v = u64::from_ne_bytes(w.try_into().unwrap());
+                        w.copy_from_slice(&(v * 3 + round + i as u64).to_ne_bytes());
+                    }
+                })
+                .unwrap();
+                vm.run(|b| b.copy(stream, &t, &src)).unwrap();
+                seen.push(vm.access(&t, |b: &[u8]| u64s(b)).unwrap());
+            }
+            seen.push(u64s(&read(&vm, &src).unwrap()));
+            results.push(seen);
+        }
+        assert_eq!(
+            results[0], results[1],
+            "seed {seed}: cpu and device-only sim differ"
+        );
+        assert_drained(vm);
+    }
+}
+
+/// y = x * w + i (per word), w += x: a graph with an input, an output and a parameter.
+fn graph() -> Graph {
+    let mut g = GraphBuilder::new("device_only_affine");
+    let x = g.input("x", 32);
+    let w = g.param("w", 32);
+    let y = g.blob("y", 32);
+    g.param_kernel("fwd", &[x], &[y], move |k| {
+        for i in 0..4 {
+            let xv = k.input_u64(0)[i];
+            let v = xv.wrapping_mul(k.param_u64(w)[i]).wrapping_add(i as u64);
+            k.output_u64(0)[i] = v;
+            k.param_u64_mut(w)[i] = k.param_u64(w)[i].wrapping_add(xv);
+        }
+    });
+    g.output("y", y);
+    g.build().unwrap()
+}
+
+/// Lazy launches whose input, output and parameter are device-only sim tensors give the
+/// cpu tensors' results, with eager copies and small writes between launches.
+#[test]
+fn lazy_interfaces_and_parameters_stage_device_only_memory() {
+    for seed in [1u64, 2, 3] {
+        let (vm, s) = vm(seed);
+        let cpu = vm.default_stream();
+        let g = graph();
+        let mut results = Vec::new();
+        for stream in [&cpu, &s] {
+            let x = vm
+                .new_tensor_from(stream, &bytes_of(&[1, 2, 3, 4]))
+                .unwrap();
+            let w = vm
+                .new_tensor_from(stream, &bytes_of(&[5, 6, 7, 8]))
+                .unwrap();
+            let y = vm.new_tensor_on(stream, 32).unwrap();
+            let acc = vm.new_tensor_on(&cpu, 32).unwrap();
+            let mut seen = Vec::new();
+            for round in 0..15u64 {
+                vm.write_small(&x, 8, &round.to_ne_bytes()).unwrap();
+                vm.run(|b| {
+                    b.launch_lazy_job(&[&x], &[&y], &[&w], g.lazy())?;
+                    // Eager work on the output right after the launch: copied to the cpu,
+                    // then fed back as the next input (copies run on the device's stream).
+                    b.copy(stream, &y, &acc)?;
+                    b.copy(stream, &acc, &x)
+                })
+                .unwrap();
+                if round % 5 == 4 {
+                    seen.push(u64s(&read(&vm, &y).unwrap()));
+                }
+            }
+            for t in [&x, &w, &y, &acc] {
+                seen.push(u64s(&read(&vm, t).unwrap()));
+            }
+            results.push(seen);
+        }
+        assert_eq!(
+            results[0], results[1],
+            "seed {seed}: cpu and device-only sim differ"
+        );
+        assert_drained(vm);
+    }
+}
+
+/// The async forms stage too: a write, a callback and a read, each completed, give the
+/// cpu tensor's results.
+#[test]
+fn async_accesses_stage_device_only_memory() {
+    let (vm, s) = vm(4);
+    let cpu = vm.default_stream();
+    let mut results = Vec::new();
+    for stream in [&cpu, &s] {
+        let t = vm.new_tensor_on(stream, 24).unwrap();
+        vm.write_small_async(&t, 8, &9u64.to_ne_bytes())
+            .wait()
+            .unwrap();
+        let sum = vm
+            .access_async(&t, |b: &[u8]| u64s(b).iter().sum::<u64>())
+            .wait()
+            .unwrap();
+        let mut out = [0u8; 8];
+        vm.read_small_async(&t, 8, &mut out)
+            .wait_timeout(std::time::Duration::from_secs(30))
+            .unwrap();
+        results.push((sum, u64::from_ne_bytes(out), u64s(&read(&vm, &t).unwrap())));
+    }
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0].0, 9);
+    assert_drained(vm);
+}
+
+/// A graph kernel that panics poisons a device-only output and parameter like cpu ones
+/// (through the copy back), an invalid output is never touched, and the graph and the
+/// device keep serving.
+#[test]
+fn graph_failures_reach_device_only_tensors() {
+    let (vm, s) = vm(5);
+    let mut g = GraphBuilder::new("device_only_boom");
+    let x = g.input("x", 8);
+    let w = g.param("w", 8);
+    let y = g.blob("y", 8);
+    g.param_kernel("boom", &[x], &[y], move |k| {
+        let v = k.input_u64(0)[0];
+        if v == 13 {
+            panic!("unlucky input");
+        }
+        k.output_u64(0)[0] = v + k.param_u64(w)[0];
+        k.param_u64_mut(w)[0] += 1;
+    });
+    g.output("y", y);
+    g.output_with("unused", y, false);
+    let graph = g.build().unwrap();
+    let cpu = vm.default_stream();
+    for stream in [&cpu, &s] {
+        let x = vm.new_tensor_from(stream, &13u64.to_ne_bytes()).unwrap();
+        let w = vm.new_tensor_from(stream, &100u64.to_ne_bytes()).unwrap();
+        let (y, unused) = (
+            vm.new_tensor_on(stream, 8).unwrap(),
+            vm.new_tensor_from(stream, &7u64.to_ne_bytes()).unwrap(),
+        );
+        vm.run(|b| b.launch_lazy_job(&[&x], &[&y, &unused], &[&w], graph.lazy()))
+            .unwrap();
+        for t in [&y, &w] {
+            match read(&vm, t) {
+                Err(Error::Poisoned { message, .. }) => {
+                    assert!(message.contains("unlucky input"), "{message}")
+                }
+                other => panic!("expected the graph's failure, got {other:?}"),
+            }
+        }
+        assert_eq!(u64s(&read(&vm, &unused).unwrap()), [7]);
+        // Fresh tensors: the next run succeeds.
+        let (x2, w2, y2) = (
+            vm.new_tensor_from(stream, &1u64.to_ne_bytes()).unwrap(),
+            vm.new_tensor_from(stream, &100u64.to_ne_bytes()).unwrap(),
+            vm.new_tensor_on(stream, 8).unwrap(),
+        );
+        vm.run(|b| b.launch_lazy_job(&[&x2], &[&y2, &unused], &[&w2], graph.lazy()))
+            .unwrap();
+        assert_eq!(u64s(&read(&vm, &y2).unwrap()), [101]);
+        assert_eq!(u64s(&read(&vm, &w2).unwrap()), [101]);
+    }
+    drop(graph);
+    assert_drained(vm);
+}
