@@ -95,7 +95,8 @@ fn stage(
 /// # Safety
 /// Nothing else accesses `staging` while the returned slice lives (stream order: the copy
 /// that fills it completed, the copy that empties it has not started).
-unsafe fn staged_bytes<'a>(staging: &'a Arc<dyn DeviceMemory>) -> &'a mut [u8] {
+#[allow(clippy::mut_from_ref)]
+unsafe fn staged_bytes(staging: &Arc<dyn DeviceMemory>) -> &mut [u8] {
     let p = staging
         .host_ptr()
         .expect("ivm: a staging buffer is host memory");
