@@ -4,5 +4,6 @@
 set -euo pipefail
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 RUSTFLAGS="--cfg loom" cargo test --release --target-dir target/loom -p ivm-core --test 'loom_*'
+RUSTFLAGS="--cfg loom" cargo test --release --target-dir target/loom -p ivm-engine --test 'loom_*'
 RUSTFLAGS="--cfg loom" cargo test --release --target-dir target/loom -p ivm-core-loom-downstream
 RUSTFLAGS="--cfg loom" cargo test --release --target-dir target/loom -p ivm-std --test 'loom_*'

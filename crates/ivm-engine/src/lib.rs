@@ -105,10 +105,12 @@ extern crate std;
 #[cfg(any(feature = "check", test))]
 #[cfg_attr(docsrs, doc(cfg(feature = "check")))]
 pub mod check;
+mod completer;
 mod dependence;
 mod engine;
 pub mod pool;
 
+pub use completer::{ArmError, CellState, Completer, CompletionCell, FireError};
 pub use dependence::{AccessMode, Dependence};
 #[cfg(feature = "planted-bugs")]
 #[cfg_attr(docsrs, doc(cfg(feature = "planted-bugs")))]
@@ -156,7 +158,8 @@ pub enum Completion {
     /// Done once its body returned (an in-order queue orders the rest).
     AtLaunch,
     /// Done later, when an event fires (a device event, an interrupt, a foreign runtime):
-    /// [`Instruction::is_done`] turns true from another thread or an interrupt handler.
+    /// [`Instruction::is_done`] turns true from another thread or an interrupt handler —
+    /// for instance through a [`CompletionCell`] that whoever finishes the work fires once.
     Later,
 }
 

@@ -13,14 +13,18 @@
 //!   every read-after-write, write-after-read and write-after-write between them, and a
 //!   DMA transfer that reads what the previous transfer wrote is started before that one
 //!   finished (the channel is in order, so the engine preschedules it).
-//! * **ivm-core's lock-free MPSC queue between thread mode and an interrupt**, in both
-//!   directions, with intrusive nodes in `static`s: the main loop pushes transfer requests
-//!   that the handler pops (when the handler preempts a push half done it sees
-//!   `Pop::Inconsistent` and retries at the next tick instead of spinning), and the handler
-//!   pushes completions that the main loop drains. Draining a completion is what marks
-//!   its instruction done, so a transfer slot is reused only once it is out of both queues.
+//! * **ivm-core's lock-free MPSC queue from thread mode to an interrupt**, with intrusive
+//!   nodes in `static`s: the main loop pushes transfer requests that the handler pops
+//!   (when the handler preempts a push half done it sees `Pop::Inconsistent` and retries
+//!   at the next tick instead of spinning).
+//! * **Completion from the interrupt with ivm-engine's [`CompletionCell`]**: the executor
+//!   arms the transfer's cell at dispatch, the handler fires it after the copy (one
+//!   compare-and-swap, Release), and the instruction is done when the main loop sees the
+//!   cell fired (Acquire) — so the engine orders every later reader after the copy. The
+//!   executor resets the cell when the engine releases the instruction, and the slot is
+//!   reused then (the handler popped it from the request queue before firing).
 //! * **Sleeping instead of spinning**: when a step makes no progress, the main loop sleeps
-//!   in `WFE` through ivm-core's [`WfeWait`] until the handler has posted a completion,
+//!   in `WFE` through ivm-core's [`WfeWait`] until the handler has fired a completion,
 //!   with a deadline on a clock the SysTick handler advances (a missing completion fails
 //!   the run instead of hanging it).
 //!
@@ -37,7 +41,6 @@
 use core::cell::Cell;
 use core::panic::PanicInfo;
 use core::ptr::NonNull;
-use core::sync::atomic::AtomicBool;
 use core::sync::atomic::AtomicU32;
 use core::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use core::time::Duration;
@@ -45,11 +48,11 @@ use core::time::Duration;
 use cortex_m::peripheral::syst::SystClkSource;
 use cortex_m_rt::{ExceptionFrame, entry, exception};
 use cortex_m_semihosting::{debug, hprintln};
-use ivm_core::mpsc::{self, DrainEnd, MpscQueue, Pop};
+use ivm_core::mpsc::{self, MpscQueue, Pop};
 use ivm_core::wait::{Clock, Instant, Wait, WaitResult, WfeWait};
 use ivm_engine::{
-    AccessMode, Completion, Dependence, DispatchCtx, Dispatched, Engine, Executor, Fixed, Full,
-    Instruction, StreamPolicy, run_until_idle,
+    AccessMode, CellState, Completion, CompletionCell, Dependence, DispatchCtx, Dispatched,
+    Engine, Executor, Fixed, Full, Instruction, StreamPolicy, run_until_idle,
 };
 
 // ---- the board ------------------------------------------------------------------------
@@ -88,8 +91,8 @@ const OUT: usize = 4;
 const ACC: usize = 5;
 
 /// The buffers. Atomics (relaxed) because thread mode and the SysTick handler both touch
-/// them; the engine's order, published through the queues' release/acquire, decides who
-/// touches which buffer when.
+/// them; the engine's order, published through the request queue's and the completion
+/// cells' release/acquire, decides who touches which buffer when.
 static DATA: [[AtomicU32; WORDS]; BUFFERS] =
     [const { [const { AtomicU32::new(0) }; WORDS] }; BUFFERS];
 
@@ -189,66 +192,54 @@ fn apply(op: Op, mem: &mut impl Memory) {
     }
 }
 
-// ---- the DMA channel: transfer slots and the two queues -------------------------------
+// ---- the DMA channel: transfer slots, the request queue, completion cells ------------
 
 /// A DMA transfer descriptor. It sits in [`REQUESTS`] from its dispatch until the handler
-/// takes it, then in [`COMPLETIONS`] until the main loop drains it; the main loop reuses it
-/// once the engine released its instruction (after the drain).
+/// takes it; the handler then copies and fires its cell; the main loop reuses it once the
+/// engine released its instruction.
 struct DmaSlot {
     /// Hook of the request queue (thread mode → handler).
     request: mpsc::Links<DmaSlot>,
-    /// Hook of the completion queue (handler → thread mode).
-    completion: mpsc::Links<DmaSlot>,
     src: AtomicU32,
     dst: AtomicU32,
     /// Transfer number, in dispatch order: completions must come back in this order.
     seq: AtomicU32,
-    /// Set by the main loop when it drains the completion; read by `is_done`.
-    done: AtomicBool,
+    /// Armed at dispatch, fired by the handler, reset at release; read by `is_done`.
+    done: CompletionCell,
 }
 
 impl DmaSlot {
     const fn new() -> Self {
         Self {
             request: mpsc::Links::new(),
-            completion: mpsc::Links::new(),
             src: AtomicU32::new(0),
             dst: AtomicU32::new(0),
             seq: AtomicU32::new(0),
-            done: AtomicBool::new(false),
+            done: CompletionCell::new(),
         }
     }
 }
 
 /// Tag of the request hook.
 enum Request {}
-/// Tag of the completion hook.
-enum Completed {}
 
-macro_rules! static_linked {
-    ($tag:ty, $field:ident) => {
-        // SAFETY: slots live in a `static` (never move, never freed), so a `&'static`
-        // handle turned into a pointer and back is the same handle; `links` projects the
-        // hook named by this tag without creating a reference; each tag has its own hook.
-        unsafe impl mpsc::Linked<$tag> for DmaSlot {
-            type Handle = &'static DmaSlot;
-            fn into_ptr(slot: &'static DmaSlot) -> NonNull<DmaSlot> {
-                NonNull::from(slot)
-            }
-            unsafe fn from_ptr(ptr: NonNull<DmaSlot>) -> &'static DmaSlot {
-                // SAFETY: `ptr` came from `into_ptr` of a `&'static DmaSlot`.
-                unsafe { ptr.as_ref() }
-            }
-            unsafe fn links(ptr: NonNull<DmaSlot>) -> NonNull<mpsc::Links<DmaSlot>> {
-                // SAFETY: `ptr` points to a live `DmaSlot`, so the field address is
-                // non-null.
-                unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).$field) }
-            }
-        }
-    };
+// SAFETY: slots live in a `static` (never move, never freed), so a `&'static` handle turned
+// into a pointer and back is the same handle; `links` projects the request hook without
+// creating a reference.
+unsafe impl mpsc::Linked<Request> for DmaSlot {
+    type Handle = &'static DmaSlot;
+    fn into_ptr(slot: &'static DmaSlot) -> NonNull<DmaSlot> {
+        NonNull::from(slot)
+    }
+    unsafe fn from_ptr(ptr: NonNull<DmaSlot>) -> &'static DmaSlot {
+        // SAFETY: `ptr` came from `into_ptr` of a `&'static DmaSlot`.
+        unsafe { ptr.as_ref() }
+    }
+    unsafe fn links(ptr: NonNull<DmaSlot>) -> NonNull<mpsc::Links<DmaSlot>> {
+        // SAFETY: `ptr` points to a live `DmaSlot`, so the field address is non-null.
+        unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).request) }
+    }
 }
-static_linked!(Request, request);
-static_linked!(Completed, completion);
 
 /// Transfer slots: as many as the engine holds instructions, so a dispatch always finds
 /// one (a slot is taken at dispatch and given back at release).
@@ -257,10 +248,12 @@ static SLOT: [DmaSlot; SLOTS] = [const { DmaSlot::new() }; SLOTS];
 
 /// Started transfers, oldest first: the DMA channel's queue (consumer: the handler).
 static REQUESTS: MpscQueue<DmaSlot, Request> = MpscQueue::new();
-/// Finished transfers, oldest first (consumer: the main loop).
-static COMPLETIONS: MpscQueue<DmaSlot, Completed> = MpscQueue::new();
-/// Completions posted by the handler: the word the main loop sleeps on.
+/// Completions fired by the handler: the word the main loop sleeps on.
 static EVENTS: AtomicU32 = AtomicU32::new(0);
+/// The transfer number the handler's next completion must carry.
+static NEXT_DONE: AtomicU32 = AtomicU32::new(0);
+/// Completions the handler fired out of dispatch order, or that its cell refused.
+static BAD_FIRES: AtomicU32 = AtomicU32::new(0);
 /// Ticks on which the handler found a request push half done (it retried a tick later).
 static HALF_PUSHES: AtomicU32 = AtomicU32::new(0);
 
@@ -282,8 +275,12 @@ fn SysTick() {
             for (to, from) in DATA[dst].iter().zip(&DATA[src]) {
                 to.store(from.load(Relaxed), Relaxed);
             }
-            // The push (Release) publishes the copy to the main loop's drain.
-            COMPLETIONS.push(slot);
+            // Only this handler touches NEXT_DONE: Relaxed.
+            let seq = NEXT_DONE.fetch_add(1, Relaxed);
+            // The fire (Release) publishes the copy to the main loop's `is_done` (Acquire).
+            if slot.seq.load(Relaxed) != seq || slot.done.fire(true).is_err() {
+                BAD_FIRES.fetch_add(1, Relaxed);
+            }
             // Changed before the wake, as the wait protocol asks. The return from this
             // handler wakes a `WFE` too; the SEV makes the wake explicit.
             EVENTS.fetch_add(1, Release);
@@ -380,8 +377,8 @@ unsafe impl Instruction for Instr {
 
     fn is_done(&self) -> bool {
         match self.slot.get() {
-            // Set by the main loop itself when it drained the completion.
-            Some(s) => SLOT[s].done.load(Relaxed),
+            // Fired by the handler (Acquire inside `state`: the copy is visible).
+            Some(s) => SLOT[s].done.state().is_done(),
             None => self.ran.get(),
         }
     }
@@ -395,6 +392,8 @@ struct Mcu {
     computed: u32,
     transfers: u32,
     released: u32,
+    /// Transfers released as fired successfully.
+    completions: u32,
 }
 
 impl Executor<Instr> for Mcu {
@@ -411,7 +410,10 @@ impl Executor<Instr> for Mcu {
                 slot.src.store(src as u32, Relaxed);
                 slot.dst.store(dst as u32, Relaxed);
                 slot.seq.store(self.next_seq, Relaxed);
-                slot.done.store(false, Relaxed);
+                // The handler fires it through the `static` slot: no completer handle.
+                slot.done
+                    .arm_detached()
+                    .expect("a slot is reset at its release, before its reuse");
                 self.next_seq += 1;
                 self.transfers += 1;
                 instr.slot.set(Some(s));
@@ -434,6 +436,10 @@ impl Executor<Instr> for Mcu {
     fn released(&mut self, instr: Instr) {
         self.released += 1;
         if let Some(s) = instr.slot.get() {
+            match SLOT[s].done.reset() {
+                Ok(CellState::Done) => self.completions += 1,
+                other => panic!("transfer slot {s} released as {other:?}"),
+            }
             self.free |= 1 << s;
         }
     }
@@ -441,43 +447,28 @@ impl Executor<Instr> for Mcu {
 
 // ---- the main loop --------------------------------------------------------------------
 
-/// The main loop's side of the completion queue, and its sleep.
+/// The main loop's sleep.
 struct Waiter {
-    /// [`EVENTS`] as read before the last drain: the value the next sleep waits to change.
+    /// [`EVENTS`] as read at the end of the last wait: a completion fired since then has
+    /// changed it.
     seen: u32,
-    /// The transfer number the next completion must carry.
-    next_seq: u32,
-    completions: u32,
-    out_of_order: bool,
     sleeps: u32,
 }
 
 impl Waiter {
-    /// Takes every posted completion: marks its instruction done.
-    fn drain(&mut self) -> DrainEnd {
-        COMPLETIONS.consume().drain(|slot| {
-            self.out_of_order |= slot.seq.load(Relaxed) != self.next_seq;
-            self.next_seq += 1;
-            self.completions += 1;
-            slot.done.store(true, Relaxed);
-        })
-    }
-
     /// A step made no progress: everything runnable ran, the rest waits for transfers.
-    /// Takes completions already posted, else sleeps until the handler posts one.
+    /// Sleeps until the handler fires a completion; not at all if it fired one since the
+    /// last wait (the steps since may have run before that fire).
     fn wait(&mut self) {
-        let before = self.completions;
-        // `seen` was read before the previous drain, so a completion posted after that
-        // drain has changed EVENTS and the sleep below returns at once: none is lost.
-        if self.drain().may_sleep() && self.completions == before {
+        // Acquire: pairs with the handler's Release increment, which follows its fire, so
+        // the steps after this wait see every cell fired before the value read here.
+        if EVENTS.load(Acquire) == self.seen {
             self.sleeps += 1;
             let deadline = Ticks::now().saturating_add(Duration::from_secs(1));
             let woke = Sleep::wait(&EVENTS, self.seen, Some(deadline));
             assert_eq!(woke, WaitResult::Woken, "no DMA completion for 1 s");
         }
         self.seen = EVENTS.load(Acquire);
-        // Only the handler pushes completions and it runs to completion: never half done.
-        let _ = self.drain();
     }
 }
 
@@ -500,12 +491,10 @@ fn main() -> ! {
         computed: 0,
         transfers: 0,
         released: 0,
+        completions: 0,
     };
     let mut waiter = Waiter {
         seen: EVENTS.load(Acquire),
-        next_seq: 0,
-        completions: 0,
-        out_of_order: false,
         sleeps: 0,
     };
 
@@ -550,10 +539,11 @@ fn main() -> ! {
         && mcu.released as usize == PROGRAM.len()
         && mcu.computed as usize + dma_ops == PROGRAM.len()
         && mcu.transfers as usize == dma_ops
-        && waiter.completions == mcu.transfers
-        && !waiter.out_of_order
+        && mcu.completions == mcu.transfers
+        && EVENTS.load(Relaxed) == mcu.transfers
+        && BAD_FIRES.load(Relaxed) == 0
         && REQUESTS.is_empty()
-        && COMPLETIONS.is_empty();
+        && SLOT.iter().all(|s| s.done.state() == CellState::Idle);
 
     hprintln!("ivm-engine on a Cortex-M4 (QEMU mps2-an386)");
     hprintln!(
@@ -564,10 +554,10 @@ fn main() -> ! {
         mcu.transfers
     );
     hprintln!(
-        "  DMA completions through the MPSC queue: {} ({})",
-        waiter.completions,
-        if waiter.out_of_order {
-            "OUT OF ORDER"
+        "  DMA completions fired by the handler through CompletionCells: {} ({})",
+        mcu.completions,
+        if BAD_FIRES.load(Relaxed) != 0 {
+            "OUT OF ORDER OR REFUSED"
         } else {
             "in order"
         }
