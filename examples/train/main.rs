@@ -36,7 +36,9 @@
 //! The last epoch of every mode is recorded as spans (kernels on the threads that ran
 //! them, the graph runtime's actors, the caller's submit and loss read) and written as one
 //! Chrome/Perfetto trace, with a per-step breakdown of where the time went.
-//! VM settings come from the `IVM_*` environment variables (`Config::from_env`).
+//! VM settings come from the `IVM_*` environment variables (`Config::from_env`);
+//! `IVM_GRAPH_ON_CALLER=1` makes the lazy mode's graph run on the caller that waits for its
+//! loss (`GraphBuilder::run_on_caller`).
 
 mod data;
 #[cfg(feature = "mpi")]

@@ -536,6 +536,11 @@ pub fn compile(prog: &Program) -> Result<Graph> {
     // One register slot per blob: with one thread nothing runs ahead, and a second copy of
     // every activation would only double the working set (out of the L2 cache).
     g.pipeline_depth(1);
+    // `IVM_GRAPH_ON_CALLER=1`: the caller waiting for the loss runs the graph's ready work
+    // itself (`GraphBuilder::run_on_caller`) instead of waiting for the graph's thread.
+    if std::env::var_os("IVM_GRAPH_ON_CALLER").is_some_and(|v| v == "1") {
+        g.run_on_caller(true);
+    }
     g.trace(trace::graph_event);
     let slots: Vec<Slot> = prog
         .bufs

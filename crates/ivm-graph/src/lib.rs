@@ -167,6 +167,7 @@ pub struct GraphBuilder {
     pub(crate) depth: usize,
     pub(crate) buffer_runs: usize,
     pub(crate) poll: Duration,
+    pub(crate) on_caller: bool,
     pub(crate) trace: Option<TraceFn>,
 }
 
@@ -194,6 +195,7 @@ impl GraphBuilder {
             depth: 2,
             buffer_runs: DEFAULT_BUFFER_RUNS,
             poll: DEFAULT_POLL_WINDOW,
+            on_caller: false,
             trace: None,
         }
     }
@@ -319,6 +321,21 @@ impl GraphBuilder {
     /// between runs that come faster than the window never sleeps.
     pub fn poll_window(&mut self, window: Duration) -> &mut Self {
         self.poll = window;
+        self
+    }
+
+    /// Whether a VM caller that waits for the VM while runs of this graph are in flight
+    /// runs the graph's ready actors itself (default `false`): every actor, protocol and
+    /// kernels, of any graph thread it finds not scanning
+    /// ([`LazyGraph::set_caller_helper`](ivm_std::lazy::LazyGraph::set_caller_helper)).
+    /// For graphs of short kernels on few cores: a run then costs no hand-over to the
+    /// graph's thread while the caller would only wait. An actor still fires once per
+    /// iteration and never on two threads at once (each graph thread's actors are behind
+    /// one lock, held for a scan). Kernels run on the caller's thread then, inside its VM
+    /// call: a kernel that calls into the VM gets [`Error::Reentrant`]. In single-thread
+    /// mode the caller drives the VM's engine instead and leaves the graph to its threads.
+    pub fn run_on_caller(&mut self, on: bool) -> &mut Self {
+        self.on_caller = on;
         self
     }
 

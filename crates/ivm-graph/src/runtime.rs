@@ -166,6 +166,43 @@ struct LocalActor {
     kind: Local,
 }
 
+/// What one graph thread runs: its actors, split into kernels and protocol actors, and the
+/// scan's job cache. Behind a lock in [`Shared::threads`], held for one scan by the thread,
+/// or by a VM caller running the graph ([`GraphBuilder::run_on_caller`]).
+#[derive(Default)]
+struct ThreadActors {
+    compute: Vec<LocalActor>,
+    protocol: Vec<LocalActor>,
+    /// Per compute actor: the positions in `protocol` of its protocol successors (the
+    /// outputs copying what it writes, the callback notifier).
+    proto_succs: Vec<Vec<usize>>,
+    job: JobCache,
+}
+
+impl ThreadActors {
+    fn new(s: &Shared, actors: Vec<LocalActor>) -> Self {
+        let (compute, protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
+            .into_iter()
+            .partition(|a| matches!(a.kind, Local::Compute { .. }));
+        let proto_succs = compute
+            .iter()
+            .map(|k| {
+                s.actors[k.id]
+                    .succs
+                    .iter()
+                    .filter_map(|&c| protocol.iter().position(|p| p.id == c))
+                    .collect()
+            })
+            .collect();
+        Self {
+            compute,
+            protocol,
+            proto_succs,
+            job: None,
+        }
+    }
+}
+
 pub(crate) struct Shared {
     job: Arc<str>,
     lazy: LazyGraph,
@@ -173,6 +210,8 @@ pub(crate) struct Shared {
     blobs: Vec<GBlob>,
     actors: Vec<ActorShared>,
     notifiers: Vec<Arc<Notifier<FutexWait>>>,
+    /// Each graph thread's actors (see [`ThreadActors`]).
+    threads: Vec<Mutex<ThreadActors>>,
     param_kernels: usize,
     /// `iteration * param_kernels + position` of the parameter kernel whose turn it is.
     param_turn: AtomicUsize,
@@ -557,6 +596,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         blobs,
         actors,
         notifiers,
+        threads: (0..nthreads).map(|_| Mutex::default()).collect(),
         param_kernels,
         param_turn: AtomicUsize::new(0),
         jobs: Mutex::new(VecDeque::new()),
@@ -569,88 +609,59 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
     for (id, kind) in locals.into_iter().enumerate() {
         per_thread[shared.actors[id].thread].push(LocalActor { id, kind });
     }
+    for (t, actors) in per_thread.into_iter().enumerate() {
+        *lock(&shared.threads[t]) = ThreadActors::new(&shared, actors);
+    }
     let graph = Graph {
         shared: shared.clone(),
         handles: Mutex::new(Vec::new()),
     };
-    for (t, actors) in per_thread.into_iter().enumerate() {
+    for t in 0..nthreads {
         let s = shared.clone();
         let h = std::thread::Builder::new()
             .name(format!("graph-{}-t{t}", shared.job))
-            .spawn(move || thread_loop(&s, t, actors))
+            .spawn(move || thread_loop(&s, t))
             .map_err(|e| Error::Spawn(e.to_string()))?;
         lock(&graph.handles).push(h);
+    }
+    if b.on_caller {
+        // A weak reference: the VM keeps the helper as long as it lives, the graph's
+        // state goes with the graph.
+        let weak = Arc::downgrade(&shared);
+        shared
+            .lazy
+            .set_caller_helper(move || weak.upgrade().is_some_and(|s| s.help()));
     }
     Ok(graph)
 }
 
-fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
+fn thread_loop(s: &Shared, t: usize) {
     ivm_std::lazy::mark_graph_thread();
     let notifier = &s.notifiers[t];
-    let (mut compute, mut protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
-        .into_iter()
-        .partition(|a| matches!(a.kind, Local::Compute { .. }));
-    // Per compute actor of this thread: the positions in `protocol` of its protocol
-    // successors (the outputs copying what it writes, the callback notifier).
-    let proto_succs: Vec<Vec<usize>> = compute
-        .iter()
-        .map(|k| {
-            s.actors[k.id]
-                .succs
-                .iter()
-                .filter_map(|&c| protocol.iter().position(|p| p.id == c))
-                .collect()
-        })
-        .collect();
     // Polling: spin-loop hints for a moment (the next firing of a busy graph comes within
     // microseconds), then yield the CPU (few cores: do not starve the threads that feed
     // us) until the poll window ends.
     let backoff = ivm_core::sync::Backoff::new();
     let mut idle_since: Option<Instant> = None;
-    let mut job: JobCache = None;
     loop {
         // Acquire: pairs with `shutdown`'s Release store.
         if s.stop.load(Ordering::Acquire) {
             break;
         }
-        let mut any = false;
-        for (k, succs) in compute.iter_mut().zip(&proto_succs) {
-            if try_fire(s, k, &mut job) {
-                any = true;
-                // Protocol actors first after every kernel: an output copies its blob out
-                // as soon as it is produced (the eager side may go on while later kernels
-                // run); and if anything was pushed to the job's buffers (their listeners
-                // notify this thread), the next run's actors get their turn before more
-                // kernels.
-                for &p in succs {
-                    try_fire(s, &mut protocol[p], &mut job);
-                }
-                if notifier.pending() > 0 {
-                    // Consumes the notifications: the Acquire fence after the clearing RMW
-                    // (which reads the notifiers' Release RMWs) makes what they published
-                    // before notifying — a buffer push, another thread's `done` — visible
-                    // to every scan from here on, so no notification the final sleep
-                    // would have relied on is lost.
-                    notifier.clear();
-                    ivm_core::sync::fence(Ordering::Acquire);
-                    for p in protocol.iter_mut() {
-                        try_fire(s, p, &mut job);
-                    }
-                }
+        let any = {
+            let mut actors = lock(&s.threads[t]);
+            let any = scan(s, t, &mut actors);
+            if !any {
+                // Idle: let go of the last job instance (its parameter tensors) meanwhile.
+                actors.job = None;
             }
-        }
-        for p in protocol.iter_mut() {
-            if try_fire(s, p, &mut job) {
-                any = true;
-            }
-        }
+            any
+        };
         if any {
             idle_since = None;
             backoff.reset();
             continue;
         }
-        // Idle: let go of the last job instance (its parameter tensors) meanwhile.
-        job = None;
         if !s.poll.is_zero() {
             let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
             if idle < s.poll {
@@ -671,11 +682,77 @@ fn thread_loop(s: &Shared, t: usize, actors: Vec<LocalActor>) {
         }
     }
     // Held critical-section instances drop here: unfinished ones fail their records.
-    drop(protocol);
-    drop(compute);
+    drop(std::mem::take(&mut *lock(&s.threads[t])));
+}
+
+/// One scan of graph thread `t`'s actors (by the thread, or by a VM caller running the
+/// graph): fires every ready actor once or more; whether any fired.
+fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
+    let notifier = &s.notifiers[t];
+    let ThreadActors {
+        compute,
+        protocol,
+        proto_succs,
+        job,
+    } = st;
+    let mut any = false;
+    for (k, succs) in compute.iter_mut().zip(proto_succs.iter()) {
+        if try_fire(s, k, job) {
+            any = true;
+            // Protocol actors first after every kernel: an output copies its blob out
+            // as soon as it is produced (the eager side may go on while later kernels
+            // run); and if anything was pushed to the job's buffers (their listeners
+            // notify this thread), the next run's actors get their turn before more
+            // kernels.
+            for &p in succs {
+                try_fire(s, &mut protocol[p], job);
+            }
+            if notifier.pending() > 0 {
+                // Consumes the notifications: the Acquire fence after the clearing RMW
+                // (which reads the notifiers' Release RMWs) makes what they published
+                // before notifying — a buffer push, another thread's `done` — visible
+                // to every scan from here on, so no notification the final sleep
+                // would have relied on is lost.
+                notifier.clear();
+                ivm_core::sync::fence(Ordering::Acquire);
+                for p in protocol.iter_mut() {
+                    try_fire(s, p, job);
+                }
+            }
+        }
+    }
+    for p in protocol.iter_mut() {
+        if try_fire(s, p, job) {
+            any = true;
+        }
+    }
+    any
 }
 
 impl Shared {
+    /// A VM caller runs the graph ([`GraphBuilder::run_on_caller`]): scans each graph
+    /// thread whose actors nobody is scanning now until a scan finds nothing ready — the
+    /// thread's own condition for sleeping, so no actor made ready by a notification the
+    /// scans consumed is left for a thread that sleeps. Never waits for a lock.
+    fn help(&self) -> bool {
+        let mut any = false;
+        for (t, actors) in self.threads.iter().enumerate() {
+            // Acquire: as in `thread_loop`; a stopped graph's actors are gone or going.
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let mut actors = match actors.try_lock() {
+                Ok(a) => a,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            while scan(self, t, &mut actors) {
+                any = true;
+            }
+        }
+        any
+    }
+
     fn notify(&self, actor: usize) {
         let _ = self.notifiers[self.actors[actor].thread].notify();
     }

@@ -398,3 +398,57 @@ fn io_refuses_the_parameter_it_lends_mutably() {
     drop(param);
     assert_drained(vm);
 }
+
+/// `run_on_caller`: a caller waiting for a run does the graph's ready work itself. Results
+/// are the sequential ones in both modes, and in multi-thread mode kernels run on the
+/// caller's thread (seen within the first few runs: the caller looks before the graph's
+/// sleeping thread has woken).
+#[test]
+fn a_waiting_caller_runs_an_on_caller_graph() {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let caller = std::thread::current().id();
+    for config in [Config::default(), Config::single_thread()] {
+        let on_caller = Arc::new(AtomicUsize::new(0));
+        let seen = on_caller.clone();
+        let mut g = GraphBuilder::new("on_caller");
+        let x = g.input("x", 8);
+        let w = g.param("w", 8);
+        let y = g.blob("y", 8);
+        g.param_kernel("fwd", &[x], &[y], move |k| {
+            if std::thread::current().id() == caller {
+                seen.fetch_add(1, Relaxed);
+            }
+            let v = k.input_u64(0)[0] * 2 + k.param_u64(w)[0];
+            k.output_u64(0)[0] = v;
+            k.param_u64_mut(w)[0] += 1;
+        });
+        g.output("y", y);
+        g.threads(1).poll_window(Duration::ZERO).run_on_caller(true);
+        let graph = g.build().unwrap();
+        // The graph offered its helper already: a second one is refused.
+        assert!(!graph.lazy().set_caller_helper(|| false));
+        // Single-thread mode: the caller drives the engine and leaves the graph to its
+        // thread (values only).
+        let multi = config.mode == ivm_std::Mode::MultiThread;
+        let vm = VirtualMachine::new(config).unwrap();
+        let (xt, wt, yt) = (
+            tensor(&vm, &[0; 8]),
+            tensor(&vm, &[0; 8]),
+            tensor(&vm, &[0; 8]),
+        );
+        let mut runs = 0u64;
+        while runs < 20 || (multi && on_caller.load(Relaxed) == 0 && runs < 2000) {
+            vm.write_small(&xt, 0, &runs.to_ne_bytes()).unwrap();
+            launch(&vm, &graph, &[&xt], &[&yt], &[&wt]);
+            // w was `runs` before this run (one increment per run, from 0).
+            assert_eq!(u64_of(&vm, &yt).unwrap(), runs * 3, "run {runs}");
+            runs += 1;
+        }
+        assert!(
+            !multi || on_caller.load(Relaxed) > 0,
+            "no kernel ran on the waiting caller in {runs} runs"
+        );
+        drop((xt, wt, yt));
+        assert_drained(vm);
+    }
+}

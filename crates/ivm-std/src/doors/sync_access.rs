@@ -375,7 +375,9 @@ fn wait_small(
                 looks % 16 == 1 && caller_runs_any(&shared.core, finished)
             }
         };
-        ran && finished()
+        // Lazy graphs that run on their caller (`LazyGraph::set_caller_helper`) do their
+        // ready work here rather than on their own thread.
+        (ran | help_graphs(shared)) && finished()
     };
     if done() {
         return Ok(());
@@ -415,6 +417,22 @@ fn wait_small(
         )),
         Err(WaitError::Closed) => Err(Error::ShutDown),
     }
+}
+
+/// Runs the caller helpers of the lazy graphs this VM launched, as user code runs on a
+/// worker (a call into this VM from them is refused), and has the engine take what they
+/// completed (driving here when nobody holds it). Whether they ran anything.
+fn help_graphs(shared: &VmShared) -> bool {
+    let ran = {
+        let _reentry = crate::engine::core::ReentryGuard::enter(shared.id);
+        shared.lazy().help()
+    };
+    if ran {
+        shared
+            .core
+            .after_push(true, crate::engine::drive::Claim::NONE);
+    }
+    ran
 }
 
 /// A wait for `instr` that timed out: if it was launched on an asynchronous device, the

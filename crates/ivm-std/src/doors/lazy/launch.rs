@@ -17,7 +17,8 @@ use crate::device::DeviceMemory;
 use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::lazy::{
-    CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph, SharedEventRecord,
+    CallerHelper, CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph,
+    SharedEventRecord,
 };
 use crate::engine::core::NEXT_BLOB_ID;
 use crate::model::blob::Blob;
@@ -154,7 +155,16 @@ impl LauncherQueue {
 pub(crate) struct VmLazy {
     pub(crate) queue: Arc<LauncherQueue>,
     pub(crate) transport: Arc<Blob>,
+    /// The caller helpers of the graphs this VM launched ([`LazyGraph::set_caller_helper`]),
+    /// registered at each graph's first launch (a graph serves one VM). At most
+    /// [`HELPERS`]; more are not registered (those graphs run on their own threads only).
+    helpers: Mutex<heapless::Vec<CallerHelper, HELPERS>>,
+    /// Whether `helpers` is non-empty: a wait looks at it without the lock.
+    has_helpers: std::sync::atomic::AtomicBool,
 }
+
+/// Most caller helpers one VM keeps.
+const HELPERS: usize = 8;
 
 impl VmLazy {
     pub(crate) fn new(vm_id: usize) -> Self {
@@ -166,7 +176,28 @@ impl VmLazy {
                 Device::CPU,
                 0,
             )),
+            helpers: Mutex::new(heapless::Vec::new()),
+            has_helpers: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    fn register(&self, helper: &CallerHelper) {
+        if lock(&self.helpers).push(helper.clone()).is_ok() {
+            // Relaxed: a hint for waits; the helpers themselves are read under the lock.
+            self.has_helpers
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Runs the caller helpers (a caller about to wait, outside the engine): whether any
+    /// ran something. Allocates nothing; the helpers run without the lock.
+    pub(crate) fn help(&self) -> bool {
+        // Relaxed: see `register`.
+        if !self.has_helpers.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let helpers = lock(&self.helpers).clone();
+        helpers.iter().fold(false, |any, h| h() | any)
     }
 }
 
@@ -329,7 +360,11 @@ impl InstructionsBuilder<'_> {
         for t in inputs.iter().chain(outputs).chain(parameters) {
             vm.check_tensor(t)?;
         }
-        graph.bind(vm.id)?;
+        if graph.bind(vm.id)?
+            && let Some(h) = g.helper.get()
+        {
+            vm.lazy().register(h);
+        }
         let sizes = g
             .inputs
             .iter()

@@ -151,7 +151,13 @@ pub(crate) struct LazyInner {
     pub(crate) outputs: Vec<Interface>,
     pub(crate) params: Vec<Param>,
     pub(crate) buffers: JobBuffers,
+    /// The graph runtime's offer to run on a waiting caller ([`LazyGraph::set_caller_helper`]).
+    pub(crate) helper: std::sync::OnceLock<CallerHelper>,
 }
+
+/// A graph runtime's offer to make progress on a thread of the VM's caller: runs what of
+/// the graph is ready, returns whether anything ran.
+pub type CallerHelper = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// The description of a lazy job that the VM launches: job name, interface ops, parameters
 /// and the job's named buffers. Cheap to clone (shared). Build one with
@@ -237,25 +243,46 @@ impl LazyGraph {
         &self.inner.buffers
     }
 
+    /// Offers the VM a way to run this graph's work on its caller's thread: a caller that
+    /// is about to wait for the VM (a sync read or write, a callback, `sync`) while the
+    /// graph has launches in flight calls `helper` instead of sleeping, as long as it
+    /// returns `true` (it ran something) and the wait is not over. For graphs of short
+    /// kernels on few cores, where handing each run to the graph's thread costs more than
+    /// the run (ivm-graph's `GraphBuilder::run_on_caller`).
+    ///
+    /// `helper` runs inside the VM call: a call into the same VM from it is refused with
+    /// [`Error::Reentrant`], and it must not block on anything the VM's caller holds. It
+    /// may complete critical sections and runs (the caller then drives the engine for
+    /// them). Set once, before the first launch; returns `false` (and drops `helper`)
+    /// when a helper was set before or the graph was launched already.
+    pub fn set_caller_helper(&self, helper: impl Fn() -> bool + Send + Sync + 'static) -> bool {
+        // Relaxed: a check that the VM has not bound (and so registered) the graph yet.
+        if self.inner.vm.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        self.inner.helper.set(Arc::new(helper)).is_ok()
+    }
+
     /// Closes the job's buffers (graph runtime shutdown): later runs fail with
     /// [`Error::GraphClosed`] instead of waiting.
     pub fn close(&self) {
         self.inner.buffers.close();
     }
 
-    /// Binds the graph to VM `vm` on its first launch.
+    /// Binds the graph to VM `vm` on its first launch; returns whether this was the first
+    /// (the caller then registers the graph's helper, if any).
     ///
     /// # Errors
     /// [`Error::InvalidGraph`] if another VM launched it before.
-    pub(crate) fn bind(&self, vm: usize) -> Result<()> {
+    pub(crate) fn bind(&self, vm: usize) -> Result<bool> {
         // Relaxed: an identity check; nothing is published through it.
         match self
             .inner
             .vm
             .compare_exchange(0, vm, Ordering::Relaxed, Ordering::Relaxed)
         {
-            Ok(_) => Ok(()),
-            Err(v) if v == vm => Ok(()),
+            Ok(_) => Ok(true),
+            Err(v) if v == vm => Ok(false),
             Err(_) => Err(Error::InvalidGraph {
                 job: self.inner.job.to_string(),
                 message: "the graph is launched by another virtual machine (a graph serves one)"
@@ -370,6 +397,7 @@ impl LazyGraphBuilder {
                 outputs: self.outputs,
                 params: self.params,
                 buffers,
+                helper: std::sync::OnceLock::new(),
             }),
         })
     }
