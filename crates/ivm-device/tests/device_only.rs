@@ -254,3 +254,25 @@ fn graph_failures_reach_device_only_tensors() {
     drop(graph);
     assert_drained(vm);
 }
+
+/// An empty device-only tensor has no bytes to stage: callbacks see an empty slice, and
+/// nothing fails on the device's stream (a failure there would poison later work).
+#[test]
+fn empty_device_only_tensors_need_no_staging() {
+    let (vm, s) = vm(6);
+    let empty = vm.new_tensor_on(&s, 0).unwrap();
+    assert_eq!(vm.access(&empty, |b: &[u8]| b.len()).unwrap(), 0);
+    vm.access_mut(&empty, |b: &mut [u8]| assert!(b.is_empty()))
+        .unwrap();
+    assert_eq!(
+        vm.access_async(&empty, |b: &[u8]| b.len()).wait().unwrap(),
+        0
+    );
+    // The device's default stream is healthy afterwards.
+    let t = vm.new_tensor_from(&s, &bytes_of(&[3])).unwrap();
+    let cpu = vm.new_tensor_on(&vm.default_stream(), 8).unwrap();
+    vm.run(|b| b.copy(&s, &t, &cpu)).unwrap();
+    assert_eq!(u64s(&read(&vm, &cpu).unwrap()), [3]);
+    drop((empty, t, cpu));
+    assert_drained(vm);
+}

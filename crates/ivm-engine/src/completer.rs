@@ -14,6 +14,7 @@
 //! |---|---|
 //! | fired once (by the [`Completer`] or by [`CompletionCell::fire`]) | `Ok`; the instruction is done, succeeded or failed as told |
 //! | fired again | [`FireError::AlreadyFired`] (the first answer stands) |
+//! | a [`Completer`] of an earlier arming fired or dropped (the cell was fired directly, reset and armed again) | [`FireError::AlreadyFired`]; the later arming is untouched |
 //! | fired while nothing is armed | [`FireError::NotArmed`] |
 //! | the [`Completer`] dropped unfired | the instruction is done and failed ([`CellState::Abandoned`]) |
 //! | fired after [`close`](CompletionCell::close) (shutdown) | [`FireError::ShutDown`]; an instruction armed at the close is done and failed ([`CellState::Closed`]) |
@@ -31,6 +32,21 @@
 use core::fmt;
 
 use ivm_core::sync::{AtomicU32, Ordering};
+
+// The word: a state in the low `STATE_BITS` bits, and above them an epoch that every arm
+// advances, so that a `Completer` of an earlier arming can never complete (or abandon) a
+// later one, even after the cell was fired directly, reset and armed again.
+const STATE_BITS: u32 = 3;
+const STATE_MASK: u32 = (1 << STATE_BITS) - 1;
+
+fn state_of(word: u32) -> u32 {
+    word & STATE_MASK
+}
+
+/// `word`'s epoch with state `state`.
+fn with_state(word: u32, state: u32) -> u32 {
+    (word & !STATE_MASK) | state
+}
 
 /// Nothing armed (new, or reset after a release).
 const IDLE: u32 = 0;
@@ -74,7 +90,7 @@ impl CellState {
     }
 
     fn of(word: u32) -> Self {
-        match word {
+        match state_of(word) {
             IDLE => Self::Idle,
             ARMED => Self::Armed,
             DONE => Self::Done,
@@ -192,13 +208,28 @@ impl CompletionCell {
         // Relaxed: arming publishes nothing (the executor's descriptor is published by
         // however it hands the work over: a queue push, a register write); the owner
         // that arms is the one that reset, so it reads its own write.
-        match self
-            .state
-            .compare_exchange(IDLE, ARMED, Ordering::Relaxed, Ordering::Relaxed)
-        {
-            Ok(_) => Ok(Completer { cell: Some(self) }),
-            Err(CLOSED) => Err(ArmError::ShutDown),
-            Err(_) => Err(ArmError::Busy),
+        let mut now = self.state.load(Ordering::Relaxed);
+        loop {
+            match state_of(now) {
+                IDLE => {}
+                CLOSED => return Err(ArmError::ShutDown),
+                _ => return Err(ArmError::Busy),
+            }
+            // The next epoch (wrapping: 2^29 armings apart, two completers never meet).
+            let armed = with_state(now.wrapping_add(1 << STATE_BITS), ARMED);
+            match self
+                .state
+                .compare_exchange_weak(now, armed, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return Ok(Completer {
+                        cell: Some(self),
+                        armed,
+                    });
+                }
+                // A concurrent `close` (or a spurious failure): look again.
+                Err(seen) => now = seen,
+            }
         }
     }
 
@@ -223,23 +254,34 @@ impl CompletionCell {
     /// See [`FireError`]: nothing armed, fired before, or closed. A refused fire changes
     /// nothing.
     pub fn fire(&self, ok: bool) -> Result<(), FireError> {
-        self.finish(if ok { DONE } else { FAILED })
+        let to = if ok { DONE } else { FAILED };
+        // Relaxed: only the state is looked at; the compare-and-swap below publishes.
+        let mut now = self.state.load(Ordering::Relaxed);
+        loop {
+            if state_of(now) != ARMED {
+                return Err(refusal(now));
+            }
+            match self.finish(now, to) {
+                Ok(()) => return Ok(()),
+                Err(seen) => now = seen,
+            }
+        }
     }
 
-    /// ARMED → `to`, or why not.
-    fn finish(&self, to: u32) -> Result<(), FireError> {
+    /// `armed` (the ARMED word of one arming) → the same epoch with state `to`, or the
+    /// word found instead.
+    fn finish(&self, armed: u32, to: u32) -> Result<(), u32> {
         // Release on success: publishes everything the work wrote before the fire to the
         // owner's Acquire in `state` (and so to the instructions ordered after this one).
         // Relaxed on failure: a refused fire reads the state only to name the refusal.
-        match self
-            .state
-            .compare_exchange(ARMED, to, Ordering::Release, Ordering::Relaxed)
-        {
-            Ok(_) => Ok(()),
-            Err(IDLE) => Err(FireError::NotArmed),
-            Err(CLOSED) => Err(FireError::ShutDown),
-            Err(_) => Err(FireError::AlreadyFired),
-        }
+        self.state
+            .compare_exchange(
+                armed,
+                with_state(armed, to),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .map(|_| ())
     }
 
     /// Where the cell stands. An instruction waiting on it is done when
@@ -259,18 +301,28 @@ impl CompletionCell {
     pub fn reset(&self) -> Result<CellState, CellState> {
         // Acquire: as in `state`, for a caller that did not look before resetting.
         let now = self.state.load(Ordering::Acquire);
-        if !matches!(now, DONE | FAILED | ABANDONED) {
+        if !matches!(state_of(now), DONE | FAILED | ABANDONED) {
             return Err(CellState::of(now));
         }
-        // Relaxed: only the owner moves a finished cell (completers stop at the fire), so
-        // nothing races this store.
-        self.state.store(IDLE, Ordering::Relaxed);
-        Ok(CellState::of(now))
+        // A compare-and-swap, not a store: a `close` racing the reset wins and stays.
+        // Relaxed: completers stop at their fire, so only a close can change the word
+        // now, and the owner reads nothing through it.
+        match self.state.compare_exchange(
+            now,
+            with_state(now, IDLE),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => Ok(CellState::of(now)),
+            Err(seen) => Err(CellState::of(seen)),
+        }
     }
 
     /// Shuts the cell: every later arm and fire is refused. Returns the state it had; an
     /// instruction armed then is done and failed from now on (it reads
     /// [`CellState::Closed`]), so the engine can release it instead of waiting forever.
+    /// Stop the work first (the DMA channel, the foreign runtime): the engine then lets
+    /// later instructions touch what that work may still be writing.
     pub fn close(&self) -> CellState {
         // AcqRel: Acquire sees a fire that won the race (its work is then complete);
         // Release orders the owner's earlier writes before any refused fire's read.
@@ -285,6 +337,8 @@ impl CompletionCell {
 pub struct Completer<'a> {
     /// `None` once fired.
     cell: Option<&'a CompletionCell>,
+    /// The word its arming wrote (ARMED, with that arming's epoch).
+    armed: u32,
 }
 
 impl fmt::Debug for Completer<'_> {
@@ -306,7 +360,15 @@ impl Completer<'_> {
             .cell
             .take()
             .expect("a completer fires once (it is consumed)");
-        cell.finish(if ok { DONE } else { FAILED })
+        cell.finish(self.armed, if ok { DONE } else { FAILED })
+            .map_err(|seen| {
+                if state_of(seen) != CLOSED && seen & !STATE_MASK != self.armed & !STATE_MASK {
+                    // Armed again since: this completer's instruction was completed before.
+                    FireError::AlreadyFired
+                } else {
+                    refusal(seen)
+                }
+            })
     }
 }
 
@@ -314,10 +376,19 @@ impl Drop for Completer<'_> {
     fn drop(&mut self) {
         if let Some(cell) = self.cell.take() {
             // Dropped unfired: the work will never report; fail the instruction so the
-            // engine can release it. Refused (closed, or fired through the cell): the
-            // state already says done.
-            let _ = cell.finish(ABANDONED);
+            // engine can release it. Refused (closed, fired through the cell, or armed
+            // again since): the state already says done, or belongs to a later arming.
+            let _ = cell.finish(self.armed, ABANDONED);
         }
+    }
+}
+
+/// Why a fire that found `word` instead of an armed cell is refused.
+fn refusal(word: u32) -> FireError {
+    match state_of(word) {
+        IDLE => FireError::NotArmed,
+        CLOSED => FireError::ShutDown,
+        _ => FireError::AlreadyFired,
     }
 }
 
@@ -363,6 +434,28 @@ mod tests {
         assert_eq!(cell.arm().err(), Some(ArmError::ShutDown));
         assert_eq!(cell.reset(), Err(CellState::Closed));
         assert_eq!(cell.close(), CellState::Closed);
+    }
+
+    /// A completer of an earlier arming never completes or abandons a later one, even
+    /// after the cell was fired directly, reset and armed again.
+    #[test]
+    fn a_stale_completer_leaves_a_later_arming_alone() {
+        let cell = CompletionCell::new();
+        let stale = cell.arm().unwrap();
+        let stale_too = {
+            cell.fire(true).unwrap();
+            assert_eq!(cell.reset(), Ok(CellState::Done));
+            let c = cell.arm().unwrap();
+            cell.fire(true).unwrap();
+            cell.reset().unwrap();
+            c
+        };
+        cell.arm_detached().unwrap();
+        assert_eq!(stale.fire(false), Err(FireError::AlreadyFired));
+        drop(stale_too);
+        assert_eq!(cell.state(), CellState::Armed);
+        cell.fire(true).unwrap();
+        assert_eq!(cell.reset(), Ok(CellState::Done));
     }
 
     /// Many threads race to fire one armed cell: exactly one wins, the rest are told it

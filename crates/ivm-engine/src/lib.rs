@@ -105,7 +105,7 @@ extern crate std;
 #[cfg(any(feature = "check", test))]
 #[cfg_attr(docsrs, doc(cfg(feature = "check")))]
 pub mod check;
-mod completer;
+pub mod completer;
 mod dependence;
 mod engine;
 pub mod pool;

@@ -99,3 +99,23 @@ fn a_fire_racing_the_close_is_the_answer_or_refused() {
         assert!(s.cell.state().is_done());
     });
 }
+
+#[test]
+fn a_close_racing_the_reset_stays_closed() {
+    loom::model(|| {
+        let s = shared();
+        s.cell.arm_detached().unwrap();
+        s.cell.fire(true).unwrap();
+        let t = {
+            let s = s.clone();
+            thread::spawn(move || s.cell.close())
+        };
+        let reset = s.cell.reset();
+        let before = t.join().unwrap();
+        assert_eq!(s.cell.state(), CellState::Closed);
+        match (reset, before) {
+            (Ok(CellState::Done), CellState::Idle) | (Err(CellState::Closed), CellState::Done) => {}
+            other => panic!("reset {:?}, close saw {:?}", other.0, other.1),
+        }
+    });
+}

@@ -29,6 +29,10 @@ use ivm_std::futex::FutexWait;
 use ivm_std::lazy::{CriticalSectionInstance, JobInstance, LazyGraph, TryPop};
 use ivm_std::{Error, Result};
 
+/// Most scans a helping VM caller makes of one graph thread's actors per help
+/// ([`Shared::help`]).
+const HELP_SCANS: usize = 64;
+
 /// How long an idle graph thread polls with spin-loop hints only before it starts
 /// yielding (see `thread_loop`).
 const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
@@ -746,8 +750,17 @@ impl Shared {
                 Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => continue,
             };
+            // At most `HELP_SCANS` scans: a caller whose wait is over must not stay here
+            // while other threads keep feeding the graph. Stopping with work still ready
+            // hands it to the graph's thread, which a notification wakes.
+            let mut scans = 0;
             while scan(self, t, &mut actors) {
                 any = true;
+                scans += 1;
+                if scans == HELP_SCANS {
+                    let _ = self.notifiers[t].notify();
+                    break;
+                }
             }
         }
         any

@@ -425,7 +425,7 @@ fn wait_small(
 fn help_graphs(shared: &VmShared) -> bool {
     let ran = {
         let _reentry = crate::engine::core::ReentryGuard::enter(shared.id);
-        shared.lazy().help()
+        shared.lazy_if_used().is_some_and(|l| l.help())
     };
     if ran {
         shared

@@ -68,8 +68,13 @@ impl Blob {
     /// body.
     ///
     /// # Panics
-    /// If the memory is not host-accessible (device-only memory: use device pointers).
+    /// If the memory is not host-accessible (device-only memory: use device pointers),
+    /// unless it is empty.
     pub(crate) unsafe fn bytes(&self) -> &[u8] {
+        if self.nbytes == 0 {
+            // Nothing to reach: an empty tensor has no bytes on any device.
+            return &[];
+        }
         let p = self.host_ptr();
         // SAFETY: engine-ordered invariant (no concurrent writer); the `DeviceMemory`
         // contract makes `p` valid for `nbytes` initialised bytes while `mem` lives.
@@ -93,6 +98,10 @@ impl Blob {
     /// time, and the slice does not outlive the body.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
+        if self.nbytes == 0 {
+            // As in `bytes`.
+            return &mut [];
+        }
         let p = self.host_ptr();
         // SAFETY: engine-ordered invariant (exclusive access for this body); the memory is
         // valid for `nbytes` initialised bytes (the `DeviceMemory` contract).

@@ -11,14 +11,14 @@
 //! instruction, so a lost run can never leave an instruction lively forever.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::device::DeviceMemory;
 use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::lazy::{
     CallerHelper, CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph,
-    SharedEventRecord,
+    LazyInner, SharedEventRecord,
 };
 use crate::engine::core::NEXT_BLOB_ID;
 use crate::model::blob::Blob;
@@ -156,9 +156,10 @@ pub(crate) struct VmLazy {
     pub(crate) queue: Arc<LauncherQueue>,
     pub(crate) transport: Arc<Blob>,
     /// The caller helpers of the graphs this VM launched ([`LazyGraph::set_caller_helper`]),
-    /// registered at each graph's first launch (a graph serves one VM). At most
-    /// [`HELPERS`]; more are not registered (those graphs run on their own threads only).
-    helpers: Mutex<heapless::Vec<CallerHelper, HELPERS>>,
+    /// registered at each graph's first launch (a graph serves one VM), with the graph's
+    /// description to tell when it is gone. At most [`HELPERS`] graphs alive at once; more
+    /// are not registered (those run on their own threads only).
+    helpers: Mutex<heapless::Vec<(Weak<LazyInner>, CallerHelper), HELPERS>>,
     /// Whether `helpers` is non-empty: a wait looks at it without the lock.
     has_helpers: std::sync::atomic::AtomicBool,
 }
@@ -181,8 +182,14 @@ impl VmLazy {
         }
     }
 
-    fn register(&self, helper: &CallerHelper) {
-        if lock(&self.helpers).push(helper.clone()).is_ok() {
+    fn register(&self, graph: &Arc<LazyInner>, helper: &CallerHelper) {
+        let mut helpers = lock(&self.helpers);
+        // The helpers of graphs dropped since make room.
+        helpers.retain(|(g, _)| g.strong_count() > 0);
+        if helpers
+            .push((Arc::downgrade(graph), helper.clone()))
+            .is_ok()
+        {
             // Relaxed: a hint for waits; the helpers themselves are read under the lock.
             self.has_helpers
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -197,7 +204,10 @@ impl VmLazy {
             return false;
         }
         let helpers = lock(&self.helpers).clone();
-        helpers.iter().fold(false, |any, h| h() | any)
+        helpers
+            .iter()
+            .filter(|(g, _)| g.strong_count() > 0)
+            .fold(false, |any, (_, h)| h() | any)
     }
 }
 
@@ -363,7 +373,7 @@ impl InstructionsBuilder<'_> {
         if graph.bind(vm.id)?
             && let Some(h) = g.helper.get()
         {
-            vm.lazy().register(h);
+            vm.lazy().register(g, h);
         }
         let sizes = g
             .inputs
@@ -439,14 +449,36 @@ impl InstructionsBuilder<'_> {
                 shared: vm.stream(id)?,
             })
         };
-        for (t, s) in inputs
+        // Every stream this launch uses exists before its first instruction is pushed, so
+        // that an error leaves nothing behind in the batch.
+        let cs = vm.stream(StreamId {
+            device: Device::CPU,
+            stream_type: StreamType::CriticalSection,
+            thread_id: 0,
+        })?;
+        let launcher = vm.stream(StreamId {
+            device: Device::CPU,
+            stream_type: StreamType::LazyJobLauncher,
+            thread_id: 0,
+        })?;
+        let copies = |ts: &[&Tensor], staged: &[Option<Tensor>], stream_type| {
+            ts.iter()
+                .zip(staged)
+                .map(|(t, s)| s.as_ref().map(|_| copy_stream(t, stream_type)).transpose())
+                .collect::<Result<Vec<Option<Stream>>>>()
+        };
+        let in_copies = copies(inputs, &staged_in, StreamType::DeviceToHost)?;
+        let param_in_copies = copies(parameters, &staged_params, StreamType::DeviceToHost)?;
+        let out_copies = copies(outputs, &staged_out, StreamType::HostToDevice)?;
+        let param_out_copies = copies(parameters, &staged_params, StreamType::HostToDevice)?;
+        let stage_in = inputs
             .iter()
             .chain(parameters)
             .zip(staged_in.iter().chain(&staged_params))
-        {
-            if let Some(s) = s {
-                let d2h = copy_stream(t, StreamType::DeviceToHost)?;
-                self.copy_named("lazy_job_stage_in", &d2h, t, s)?;
+            .zip(in_copies.iter().chain(&param_in_copies));
+        for ((t, s), d2h) in stage_in {
+            if let (Some(s), Some(d2h)) = (s, d2h) {
+                self.copy_named("lazy_job_stage_in", d2h, t, s)?;
             }
         }
         fn swap<'t>(ts: &[&'t Tensor], staged: &'t [Option<Tensor>]) -> Vec<&'t Tensor> {
@@ -461,16 +493,6 @@ impl InstructionsBuilder<'_> {
             &swap(parameters, &staged_params)[..],
         );
 
-        let cs = vm.stream(StreamId {
-            device: Device::CPU,
-            stream_type: StreamType::CriticalSection,
-            thread_id: 0,
-        })?;
-        let launcher = vm.stream(StreamId {
-            device: Device::CPU,
-            stream_type: StreamType::LazyJobLauncher,
-            thread_id: 0,
-        })?;
         let lazy = vm.lazy();
         // Bodies may block on a full buffer only on their own VM threads: in single-thread
         // mode they run in the caller's engine step, which the graph may be waiting for.
@@ -618,11 +640,11 @@ impl InstructionsBuilder<'_> {
         let back = orig_outputs
             .iter()
             .chain(orig_parameters)
-            .zip(staged_out.iter().chain(&staged_params));
-        for (t, s) in back {
-            if let Some(s) = s {
-                let h2d = copy_stream(t, StreamType::HostToDevice)?;
-                self.copy_named("lazy_job_stage_out", &h2d, s, t)?;
+            .zip(staged_out.iter().chain(&staged_params))
+            .zip(out_copies.iter().chain(&param_out_copies));
+        for ((t, s), h2d) in back {
+            if let (Some(s), Some(h2d)) = (s, h2d) {
+                self.copy_named("lazy_job_stage_out", h2d, s, t)?;
             }
         }
         for s in staged_in
@@ -659,5 +681,10 @@ impl crate::runtime::shared::VmShared {
             .get_or_init(|| Box::new(VmLazy::new(self.id)))
             .downcast_ref()
             .expect("ivm: the lazy slot holds a VmLazy (only this function fills it)")
+    }
+
+    /// The lazy state, if this VM ever launched a lazy job.
+    pub(crate) fn lazy_if_used(&self) -> Option<&VmLazy> {
+        self.lazy.get().and_then(|l| l.downcast_ref())
     }
 }

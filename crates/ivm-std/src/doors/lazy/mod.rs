@@ -244,9 +244,9 @@ impl LazyGraph {
     }
 
     /// Offers the VM a way to run this graph's work on its caller's thread: a caller that
-    /// is about to wait for the VM (a sync read or write, a callback, `sync`) while the
-    /// graph has launches in flight calls `helper` instead of sleeping, as long as it
-    /// returns `true` (it ran something) and the wait is not over. For graphs of short
+    /// is about to wait for the VM in multi-thread mode (a sync read or write, a callback,
+    /// `sync`) calls `helper` while it spins, before it sleeps, until the wait is over; a
+    /// helper with nothing to do returns `false` at once. For graphs of short
     /// kernels on few cores, where handing each run to the graph's thread costs more than
     /// the run (ivm-graph's `GraphBuilder::run_on_caller`).
     ///
