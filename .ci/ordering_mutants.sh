@@ -2,14 +2,17 @@
 # Ordering mutants: how many weakened memory orderings and deleted wake calls the loom
 # models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
 #
-# For every site in ivm-core's sources and in ivm-std's engine token (engine/drive.rs),
+# For every site in ivm-core's sources and in ivm-std's engine token (engine/drive.rs) —
+# or in the files named on the command line (ivm-std's `model/thread_ctx.rs`, ivm-engine's
+# `completer.rs` have models too) —
 # outside test modules and `fn planted_*` bodies (bugs planted on purpose):
 #   * each Acquire / Release / AcqRel / SeqCst in code is replaced by Relaxed, one at a
 #     time (a `fence(..)` call is deleted instead: a Relaxed fence is not allowed);
 #   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
 # then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
 # models for an ivm-core mutant, ivm-std's wake-path and helper models for a drive.rs
-# mutant. A mutant is *killed* when a model fails (or does not build), *survives* when
+# mutant (and the caller-runs model), ivm-engine's models for an ivm-engine mutant. A
+# mutant is *killed* when a model fails (or does not build), *survives* when
 # every model passes. The survivors are printed at the end, as `file:line (what)`.
 #
 #   bash .ci/ordering_mutants.sh                       # every site
@@ -48,7 +51,9 @@ in_test = False
 planted_indent = None  # inside a `fn planted_*` (a bug planted on purpose): not a site
 for n, line in enumerate(lines):
     code = line.split("//")[0]
-    if re.match(r"\s*#\[cfg\(test\)\]", line):
+    if re.match(r"\s*#\[cfg\(test\)\]", line) and n + 1 < len(lines) and re.match(
+        r"\s*(pub(\([a-z]+\))? )?mod\b", lines[n + 1]
+    ):
         in_test = True  # by convention the test module is the last item
     m = re.match(r"(\s*)(pub(\([a-z]+\))? )?fn planted_", code)
     if m:
@@ -96,8 +101,11 @@ models() {
         crates/ivm-std/*)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
                 --target-dir target/mutants -p ivm-std --test loom_wake_path --test loom_helpers \
-                --test loom_single_waits \
+                --test loom_single_waits --test loom_caller_runs \
                 -- --skip planted ;;
+        crates/ivm-engine/*)
+            RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
+                --target-dir target/mutants -p ivm-engine --test 'loom_*' -- --skip planted ;;
         *)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
                 --target-dir target/mutants -p ivm-core --test 'loom_*' -- --skip planted ;;
