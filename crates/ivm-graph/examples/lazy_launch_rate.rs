@@ -2,7 +2,7 @@
 //! and 4 outputs (each output copies an input; no compute kernel).
 //!
 //! ```text
-//! cargo run --release -p ivm-std --example lazy_launch_rate [launches] [latency samples]
+//! cargo run --release -p ivm-graph --example lazy_launch_rate [launches] [latency samples]
 //! ```
 //!
 //! * **rate, reused tensors**: every launch passes the same 8 tensors (a training loop);

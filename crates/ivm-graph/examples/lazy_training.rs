@@ -8,7 +8,7 @@
 //! * the host reads the loss with `read_small` every step.
 //!
 //! ```text
-//! cargo run --release -p ivm-std --example lazy_training
+//! cargo run --release -p ivm-graph --example lazy_training
 //! ```
 
 use ivm_graph::GraphBuilder;
