@@ -324,9 +324,10 @@ impl CompletionCell {
     /// Stop the work first (the DMA channel, the foreign runtime): the engine then lets
     /// later instructions touch what that work may still be writing.
     pub fn close(&self) -> CellState {
-        // AcqRel: Acquire sees a fire that won the race (its work is then complete);
-        // Release orders the owner's earlier writes before any refused fire's read.
-        CellState::of(self.state.swap(CLOSED, Ordering::AcqRel))
+        // Acquire: pairs with the Release of a fire that won the race, so the owner that
+        // sees `Done` here sees the work's writes. Nothing is published to a refused
+        // fire (it reads only the state), so no Release half.
+        CellState::of(self.state.swap(CLOSED, Ordering::Acquire))
     }
 }
 

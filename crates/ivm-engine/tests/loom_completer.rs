@@ -87,9 +87,16 @@ fn a_fire_racing_the_close_is_the_answer_or_refused() {
         s.cell.arm_detached().unwrap();
         let t = {
             let s = s.clone();
-            thread::spawn(move || s.cell.fire(true))
+            thread::spawn(move || {
+                s.data.with_mut(|p| unsafe { *p = 9 });
+                s.cell.fire(true)
+            })
         };
         let before = s.cell.close();
+        if before == CellState::Done {
+            // The fire won: its work is visible to the owner that saw it in the close.
+            assert_eq!(s.data.with(|p| unsafe { *p }), 9);
+        }
         let fired = t.join().unwrap();
         match (before, fired) {
             (CellState::Done, Ok(())) | (CellState::Armed, Err(FireError::ShutDown)) => {}
@@ -117,5 +124,27 @@ fn a_close_racing_the_reset_stays_closed() {
             (Ok(CellState::Done), CellState::Idle) | (Err(CellState::Closed), CellState::Done) => {}
             other => panic!("reset {:?}, close saw {:?}", other.0, other.1),
         }
+    });
+}
+
+/// An owner may reset without looking first: a reset that succeeds saw the fire, and
+/// what the work wrote before it.
+#[test]
+fn a_reset_publishes_the_work_like_a_look() {
+    loom::model(|| {
+        let s = shared();
+        s.cell.arm_detached().unwrap();
+        let t = {
+            let s = s.clone();
+            thread::spawn(move || {
+                s.data.with_mut(|p| unsafe { *p = 5 });
+                s.cell.fire(true).unwrap();
+            })
+        };
+        while s.cell.reset().is_err() {
+            thread::yield_now();
+        }
+        assert_eq!(s.data.with(|p| unsafe { *p }), 5);
+        t.join().unwrap();
     });
 }
