@@ -423,9 +423,14 @@ fn wait_small(
 /// worker (a call into this VM from them is refused), and has the engine take what they
 /// completed (driving here when nobody holds it). Whether they ran anything.
 fn help_graphs(shared: &VmShared) -> bool {
+    // Called on every look of a waiting caller: nothing but a load when no graph offered
+    // a helper.
+    let Some(lazy) = shared.lazy_if_used().filter(|l| l.has_helpers()) else {
+        return false;
+    };
     let ran = {
         let _reentry = crate::engine::core::ReentryGuard::enter(shared.id);
-        shared.lazy_if_used().is_some_and(|l| l.help())
+        lazy.help()
     };
     if ran {
         shared

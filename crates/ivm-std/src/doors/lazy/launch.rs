@@ -13,6 +13,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
 
+use ivm_core::sync::{AtomicBool, Ordering};
+
 use crate::device::DeviceMemory;
 use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
@@ -160,8 +162,8 @@ pub(crate) struct VmLazy {
     /// description to tell when it is gone. At most [`HELPERS`] graphs alive at once; more
     /// are not registered (those run on their own threads only).
     helpers: Mutex<heapless::Vec<(Weak<LazyInner>, CallerHelper), HELPERS>>,
-    /// Whether `helpers` is non-empty: a wait looks at it without the lock.
-    has_helpers: std::sync::atomic::AtomicBool,
+    /// Whether `helpers` was ever non-empty: a wait looks at it without the lock.
+    has_helpers: AtomicBool,
 }
 
 /// Most caller helpers one VM keeps.
@@ -178,7 +180,7 @@ impl VmLazy {
                 0,
             )),
             helpers: Mutex::new(heapless::Vec::new()),
-            has_helpers: std::sync::atomic::AtomicBool::new(false),
+            has_helpers: AtomicBool::new(false),
         }
     }
 
@@ -191,18 +193,20 @@ impl VmLazy {
             .is_ok()
         {
             // Relaxed: a hint for waits; the helpers themselves are read under the lock.
-            self.has_helpers
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.has_helpers.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a graph with a caller helper was ever launched here: the one thing a wait
+    /// looks at when there is none.
+    pub(crate) fn has_helpers(&self) -> bool {
+        // Relaxed: see `register`.
+        self.has_helpers.load(Ordering::Relaxed)
     }
 
     /// Runs the caller helpers (a caller about to wait, outside the engine): whether any
     /// ran something. Allocates nothing; the helpers run without the lock.
     pub(crate) fn help(&self) -> bool {
-        // Relaxed: see `register`.
-        if !self.has_helpers.load(std::sync::atomic::Ordering::Relaxed) {
-            return false;
-        }
         let helpers = lock(&self.helpers).clone();
         helpers
             .iter()
