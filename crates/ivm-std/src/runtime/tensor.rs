@@ -53,6 +53,21 @@ impl Drop for TensorInner {
 }
 
 impl Tensor {
+    /// A new tensor of VM `vm` over fresh memory `mem` (a blob with a new id), homed on
+    /// `home`.
+    pub(crate) fn over(
+        vm: Arc<VmShared>,
+        home: Arc<StreamShared>,
+        mem: Arc<dyn crate::device::DeviceMemory>,
+    ) -> Self {
+        let id =
+            crate::engine::core::NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let blob = Arc::new(Blob::with_memory(vm.id, id, mem));
+        Self {
+            inner: Arc::new(TensorInner::new(blob, vm, home)),
+        }
+    }
+
     /// Size in bytes.
     pub fn nbytes(&self) -> usize {
         self.inner.blob.nbytes

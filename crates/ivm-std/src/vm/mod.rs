@@ -24,7 +24,7 @@ use crate::model::blob::Blob;
 use crate::model::instruction::Kind;
 use crate::model::stream::{DeviceCtx, Stream, StreamShared};
 use crate::runtime::shared::{Registry, VmShared};
-use crate::runtime::tensor::{Tensor, TensorInner};
+use crate::runtime::tensor::Tensor;
 use crate::util::config::{Config, Mode};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
@@ -298,7 +298,11 @@ impl VirtualMachine {
                 dev.stream.record_event()?.synchronize()?;
             }
         }
-        Ok(self.wrap_tensor(stream, mem))
+        Ok(Tensor::over(
+            self.shared.clone(),
+            stream.shared.clone(),
+            mem,
+        ))
     }
 
     /// Memory for a tensor homed on `s`: through its caching allocator when it has one
@@ -370,7 +374,11 @@ impl VirtualMachine {
                     std::ptr::copy_nonoverlapping(data.as_ptr(), p.as_ptr(), nbytes);
                 }
             }
-            return Ok(self.wrap_tensor(stream, mem));
+            return Ok(Tensor::over(
+                self.shared.clone(),
+                stream.shared.clone(),
+                mem,
+            ));
         }
         let (kind, source) = if host.is_some() {
             let bytes: Box<[u8]> = data.into();
@@ -401,7 +409,7 @@ impl VirtualMachine {
             };
             (copy, Some(Arc::new(src)))
         };
-        let t = self.wrap_tensor(stream, mem);
+        let t = Tensor::over(self.shared.clone(), stream.shared.clone(), mem);
         let instr = self
             .shared
             .core
@@ -421,18 +429,6 @@ impl VirtualMachine {
         t.inner.producer_stream.store(s.index, Ordering::Relaxed);
         self.shared.core.receive_one(instr, false)?;
         Ok(t)
-    }
-
-    fn wrap_tensor(&self, stream: &Stream, mem: Arc<dyn DeviceMemory>) -> Tensor {
-        let blob = Blob::with_memory(
-            self.shared.id,
-            NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            mem,
-        );
-        let inner = TensorInner::new(Arc::new(blob), self.shared.clone(), stream.shared.clone());
-        Tensor {
-            inner: Arc::new(inner),
-        }
     }
 
     /// Returns the memory cached by every stream's caching allocator

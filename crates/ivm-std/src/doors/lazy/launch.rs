@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, Weak};
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::device::DeviceMemory;
 use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::lazy::{
@@ -27,7 +26,7 @@ use crate::model::blob::Blob;
 use crate::model::instruction::{Deferred, Instruction, Kind};
 use crate::model::stream::Stream;
 use crate::model::stream::StreamShared;
-use crate::runtime::tensor::{Tensor, TensorInner};
+use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Failure, Result};
 use crate::util::ids::{Device, StreamId, StreamType};
 use crate::util::lock;
@@ -666,16 +665,12 @@ impl InstructionsBuilder<'_> {
 /// A zero-filled host tensor of `nbytes` for staging a device-only tensor, homed on the
 /// cpu default stream (its release, like any cpu tensor's, just drops the memory).
 fn staging_tensor(vm: &Arc<crate::runtime::shared::VmShared>, nbytes: usize) -> Result<Tensor> {
-    let mem: Arc<dyn DeviceMemory> = Arc::new(HostMemory::try_zeroed(nbytes)?);
-    let blob = Blob::with_memory(
-        vm.id,
-        NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    let mem = Arc::new(HostMemory::try_zeroed(nbytes)?);
+    Ok(Tensor::over(
+        vm.clone(),
+        vm.default_stream_of(Device::CPU)?,
         mem,
-    );
-    let home = vm.default_stream_of(Device::CPU)?;
-    Ok(Tensor {
-        inner: Arc::new(TensorInner::new(Arc::new(blob), vm.clone(), home)),
-    })
+    ))
 }
 
 impl crate::runtime::shared::VmShared {
