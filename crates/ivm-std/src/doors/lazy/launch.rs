@@ -420,28 +420,6 @@ impl InstructionsBuilder<'_> {
         // device-to-host stream before the run, and outputs and parameters are copied back
         // on its host-to-device stream after their critical-section ends. The launch below
         // sees only host memory.
-        let stage = |t: &Tensor, used: bool| -> Result<Option<Tensor>> {
-            if !used || t.nbytes() == 0 || t.blob().mem.host_ptr().is_some() {
-                return Ok(None);
-            }
-            staging_tensor(vm, t.nbytes()).map(Some)
-        };
-        let staged_in = g
-            .inputs
-            .iter()
-            .zip(inputs)
-            .map(|(i, t)| stage(t, i.valid))
-            .collect::<Result<Vec<_>>>()?;
-        let staged_out = g
-            .outputs
-            .iter()
-            .zip(outputs)
-            .map(|(i, t)| stage(t, i.valid))
-            .collect::<Result<Vec<_>>>()?;
-        let staged_params = parameters
-            .iter()
-            .map(|t| stage(t, true))
-            .collect::<Result<Vec<_>>>()?;
         let copy_stream = |t: &Tensor, stream_type| -> Result<Stream> {
             let id = StreamId {
                 device: t.device(),
@@ -452,8 +430,40 @@ impl InstructionsBuilder<'_> {
                 shared: vm.stream(id)?,
             })
         };
-        // Every stream this launch uses exists before its first instruction is pushed, so
-        // that an error leaves nothing behind in the batch.
+        // A stand-in for `t` if it is device-only and `used`, with the copy streams it
+        // needs: in for what the graph reads, out for what it writes. Every stream is
+        // created here, before the first instruction is pushed, so that an error leaves
+        // nothing behind in the batch.
+        let stage = |t: &Tensor, used: bool, copy_in: bool, copy_out: bool| {
+            if !used || t.nbytes() == 0 || t.blob().mem.host_ptr().is_some() {
+                return Ok(None);
+            }
+            Ok(Some(Staged {
+                host: staging_tensor(vm, t.nbytes())?,
+                copy_in: copy_in
+                    .then(|| copy_stream(t, StreamType::DeviceToHost))
+                    .transpose()?,
+                copy_out: copy_out
+                    .then(|| copy_stream(t, StreamType::HostToDevice))
+                    .transpose()?,
+            }))
+        };
+        let staged_in = g
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|(i, t)| stage(t, i.valid, true, false))
+            .collect::<Result<Vec<_>>>()?;
+        let staged_out = g
+            .outputs
+            .iter()
+            .zip(outputs)
+            .map(|(i, t)| stage(t, i.valid, false, true))
+            .collect::<Result<Vec<_>>>()?;
+        let staged_params = parameters
+            .iter()
+            .map(|t| stage(t, true, true, true))
+            .collect::<Result<Vec<_>>>()?;
         let cs = vm.stream(StreamId {
             device: Device::CPU,
             stream_type: StreamType::CriticalSection,
@@ -464,30 +474,24 @@ impl InstructionsBuilder<'_> {
             stream_type: StreamType::LazyJobLauncher,
             thread_id: 0,
         })?;
-        let copies = |ts: &[&Tensor], staged: &[Option<Tensor>], stream_type| {
-            ts.iter()
-                .zip(staged)
-                .map(|(t, s)| s.as_ref().map(|_| copy_stream(t, stream_type)).transpose())
-                .collect::<Result<Vec<Option<Stream>>>>()
-        };
-        let in_copies = copies(inputs, &staged_in, StreamType::DeviceToHost)?;
-        let param_in_copies = copies(parameters, &staged_params, StreamType::DeviceToHost)?;
-        let out_copies = copies(outputs, &staged_out, StreamType::HostToDevice)?;
-        let param_out_copies = copies(parameters, &staged_params, StreamType::HostToDevice)?;
         let stage_in = inputs
             .iter()
             .chain(parameters)
-            .zip(staged_in.iter().chain(&staged_params))
-            .zip(in_copies.iter().chain(&param_in_copies));
-        for ((t, s), d2h) in stage_in {
-            if let (Some(s), Some(d2h)) = (s, d2h) {
-                self.copy_named("lazy_job_stage_in", d2h, t, s)?;
+            .zip(staged_in.iter().chain(&staged_params));
+        for (t, s) in stage_in {
+            if let Some(Staged {
+                host,
+                copy_in: Some(d2h),
+                ..
+            }) = s
+            {
+                self.copy_named("lazy_job_stage_in", d2h, t, host)?;
             }
         }
-        fn swap<'t>(ts: &[&'t Tensor], staged: &'t [Option<Tensor>]) -> Vec<&'t Tensor> {
+        fn swap<'t>(ts: &[&'t Tensor], staged: &'t [Option<Staged>]) -> Vec<&'t Tensor> {
             ts.iter()
                 .zip(staged)
-                .map(|(&t, s)| s.as_ref().unwrap_or(t))
+                .map(|(&t, s)| s.as_ref().map_or(t, |s| &s.host))
                 .collect()
         }
         let (inputs, outputs, parameters) = (
@@ -643,11 +647,15 @@ impl InstructionsBuilder<'_> {
         let back = orig_outputs
             .iter()
             .chain(orig_parameters)
-            .zip(staged_out.iter().chain(&staged_params))
-            .zip(out_copies.iter().chain(&param_out_copies));
-        for ((t, s), h2d) in back {
-            if let (Some(s), Some(h2d)) = (s, h2d) {
-                self.copy_named("lazy_job_stage_out", h2d, s, t)?;
+            .zip(staged_out.iter().chain(&staged_params));
+        for (t, s) in back {
+            if let Some(Staged {
+                host,
+                copy_out: Some(h2d),
+                ..
+            }) = s
+            {
+                self.copy_named("lazy_job_stage_out", h2d, host, t)?;
             }
         }
         for s in staged_in
@@ -656,10 +664,20 @@ impl InstructionsBuilder<'_> {
             .chain(staged_params)
             .flatten()
         {
-            self.release_tensor(s)?;
+            self.release_tensor(s.host)?;
         }
         Ok(())
     }
+}
+
+/// A device-only operand of a lazy launch, replaced for the graph by a host tensor.
+struct Staged {
+    /// The host stand-in the graph sees.
+    host: Tensor,
+    /// The device's device-to-host stream, for an operand the graph reads.
+    copy_in: Option<Stream>,
+    /// Its host-to-device stream, for an operand the graph writes.
+    copy_out: Option<Stream>,
 }
 
 /// A zero-filled host tensor of `nbytes` for staging a device-only tensor, homed on the
