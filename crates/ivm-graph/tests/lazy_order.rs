@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use ivm_graph::{Graph, GraphBuilder, Phase};
 use ivm_std::{Config, DebugCounters, Device, StreamId, Tensor, VirtualMachine};
 
+mod common;
+use common::tensor;
+
 type Log = Arc<Mutex<Vec<String>>>;
 
 fn push(log: &Log, s: String) {
@@ -41,11 +44,6 @@ fn gate(flag: &AtomicBool, log: &Log, what: &str) {
         }
         std::thread::sleep(Duration::from_micros(100));
     }
-}
-
-fn tensor(vm: &VirtualMachine, v: u64) -> Tensor {
-    vm.new_tensor_from(&vm.default_stream(), &v.to_ne_bytes())
-        .unwrap()
 }
 
 fn read_u64(vm: &VirtualMachine, t: &Tensor) -> u64 {

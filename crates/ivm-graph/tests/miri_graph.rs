@@ -5,17 +5,13 @@
 //! (critical sections, records, the launch instruction) and this crate's runtime (actors,
 //! register slots, parameter kernels) under miri's checks.
 
-use ivm_graph::{Graph, GraphBuilder};
-use ivm_std::{Config, DebugCounters, Error, Tensor, VirtualMachine};
+use ivm_std::{Config, DebugCounters, VirtualMachine};
+
+mod common;
+use common::{affine, read_u64};
 
 fn modes() -> [Config; 2] {
     [Config::default(), Config::single_thread()]
-}
-
-fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
-    let mut b = [0u8; 8];
-    vm.read_small(t, 0, &mut b)?;
-    Ok(u64::from_ne_bytes(b))
 }
 
 fn assert_drained(vm: &VirtualMachine) {
@@ -25,25 +21,6 @@ fn assert_drained(vm: &VirtualMachine) {
         DebugCounters::default(),
         "live engine objects after shutdown"
     );
-}
-
-/// y = x * w + b; w += x (a parameter update each run).
-fn affine() -> Graph {
-    let mut g = GraphBuilder::new("affine");
-    let x = g.input("x", 8);
-    let b = g.input("b", 8);
-    let w = g.param("w", 8);
-    let y = g.blob("y", 8);
-    g.param_kernel("fwd", &[x, b], &[y], move |k| {
-        let v = k.input_u64(0)[0] * k.param_u64(w)[0] + k.input_u64(1)[0];
-        k.output_u64(0)[0] = v;
-    });
-    g.param_kernel("upd", &[x], &[], move |k| {
-        let d = k.input_u64(0)[0];
-        k.param_u64_mut(w)[0] += d;
-    });
-    g.output("y", y);
-    g.build().unwrap()
 }
 
 #[test]

@@ -12,6 +12,9 @@ use std::time::Duration;
 use ivm_graph::{Graph, GraphBuilder};
 use ivm_std::{Config, DebugCounters, Device, Error, Stream, StreamId, Tensor, VirtualMachine};
 
+mod common;
+use common::read_u64;
+
 const SUBMITTERS: usize = 4;
 /// Kernels per instruction submission (one `vm.run`).
 const BATCH: usize = 16;
@@ -82,12 +85,6 @@ fn plus_1000() -> Graph {
     g.output("y", y);
     g.threads(1);
     g.build().unwrap()
-}
-
-fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
-    let mut b = [0u8; 8];
-    vm.read_small(t, 0, &mut b)?;
-    Ok(u64::from_ne_bytes(b))
 }
 
 /// What one submitter owns: `c` is incremented by its instructions only (alternately on

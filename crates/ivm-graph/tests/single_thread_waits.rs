@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ivm_graph::{Graph, GraphBuilder};
-use ivm_std::{Config, Error, Tensor, VirtualMachine};
+use ivm_std::{Config, Error, VirtualMachine};
+
+mod common;
+use common::{read_u64, tensor};
 
 fn configs(period: Duration) -> [(&'static str, Config); 2] {
     [
@@ -21,17 +24,6 @@ fn configs(period: Duration) -> [(&'static str, Config); 2] {
         ),
         ("multi", Config::default().with_timeout_period(period)),
     ]
-}
-
-fn tensor(vm: &VirtualMachine, v: u64) -> Tensor {
-    vm.new_tensor_from(&vm.default_stream(), &v.to_ne_bytes())
-        .unwrap()
-}
-
-fn read_u64(vm: &VirtualMachine, t: &Tensor) -> Result<u64, Error> {
-    let mut b = [0u8; 8];
-    vm.read_small(t, 0, &mut b)?;
-    Ok(u64::from_ne_bytes(b))
 }
 
 /// `y = x + 1` after sleeping `ms` in the kernel.
