@@ -30,6 +30,22 @@ fn shared() -> Arc<Shared> {
     })
 }
 
+impl Shared {
+    /// The work's write, before its completion.
+    fn write(&self, v: u32) {
+        // SAFETY: each model writes `data` once, on the work's side, before the fire (or
+        // the completer's drop) that publishes it, and reads it only after learning of
+        // that step through the cell (a race otherwise, which loom reports).
+        self.data.with_mut(|p| unsafe { *p = v });
+    }
+
+    /// The owner's read, after it learnt of the completion.
+    fn read(&self) -> u32 {
+        // SAFETY: see `write`.
+        self.data.with(|p| unsafe { *p })
+    }
+}
+
 /// The owner waits as an engine does: it looks until the instruction is done.
 fn wait_done(s: &Shared) -> CellState {
     loop {
@@ -51,12 +67,12 @@ fn a_fire_publishes_the_work() {
         let t = {
             let s = s.clone();
             thread::spawn(move || {
-                s.data.with_mut(|p| unsafe { *p = 42 });
+                s.write(42);
                 s.cell.fire(true).unwrap();
             })
         };
         assert_eq!(wait_done(&s), CellState::Done);
-        assert_eq!(s.data.with(|p| unsafe { *p }), 42);
+        assert_eq!(s.read(), 42);
         t.join().unwrap();
         assert_eq!(s.cell.reset(), Ok(CellState::Done));
     });
@@ -70,12 +86,12 @@ fn a_completer_dropped_unfired_fails_the_instruction_after_the_work() {
             let s = s.clone();
             thread::spawn(move || {
                 let c = s.cell.arm().unwrap();
-                s.data.with_mut(|p| unsafe { *p = 7 });
+                s.write(7);
                 drop(c);
             })
         };
         assert_eq!(wait_done(&s), CellState::Abandoned);
-        assert_eq!(s.data.with(|p| unsafe { *p }), 7);
+        assert_eq!(s.read(), 7);
         t.join().unwrap();
     });
 }
@@ -88,14 +104,14 @@ fn a_fire_racing_the_close_is_the_answer_or_refused() {
         let t = {
             let s = s.clone();
             thread::spawn(move || {
-                s.data.with_mut(|p| unsafe { *p = 9 });
+                s.write(9);
                 s.cell.fire(true)
             })
         };
         let before = s.cell.close();
         if before == CellState::Done {
             // The fire won: its work is visible to the owner that saw it in the close.
-            assert_eq!(s.data.with(|p| unsafe { *p }), 9);
+            assert_eq!(s.read(), 9);
         }
         let fired = t.join().unwrap();
         match (before, fired) {
@@ -137,14 +153,14 @@ fn a_reset_publishes_the_work_like_a_look() {
         let t = {
             let s = s.clone();
             thread::spawn(move || {
-                s.data.with_mut(|p| unsafe { *p = 5 });
+                s.write(5);
                 s.cell.fire(true).unwrap();
             })
         };
         while s.cell.reset().is_err() {
             thread::yield_now();
         }
-        assert_eq!(s.data.with(|p| unsafe { *p }), 5);
+        assert_eq!(s.read(), 5);
         t.join().unwrap();
     });
 }
