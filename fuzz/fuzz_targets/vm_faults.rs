@@ -73,6 +73,7 @@ fn state() -> (Runner, Sim) {
             event_error: 16,
             alloc_fail: 8,
             slow_copy: 8,
+            copy_fail: 0,
         },
         ..SimConfig::default()
     });

@@ -276,3 +276,62 @@ fn empty_device_only_tensors_need_no_staging() {
     drop((empty, t, cpu));
     assert_drained(vm);
 }
+
+/// A copy-in that fails on the device: no callback runs on the zeroed staging copy it
+/// leaves (a write would copy those zeros back to the device as the tensor's bytes), each
+/// door reports the failure, and the VM goes on once the device is healed.
+#[test]
+fn a_failed_copy_in_runs_no_callback() {
+    use ivm_device::sim::SimFaults;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let sim = SimAdapter::new(SimConfig {
+        host_visible: false,
+        faults: SimFaults {
+            seed: 1,
+            copy_fail: 1,
+            ..SimFaults::NONE
+        },
+        ..SimConfig::random(1, 6)
+    });
+    let adapter: Arc<dyn DeviceAdapter> = sim.clone();
+    let vm = VirtualMachine::with_adapters(Config::default(), vec![adapter]).unwrap();
+    let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let tensor = || vm.new_tensor_on(&s, 16).unwrap();
+    let r = {
+        let ran = ran.clone();
+        vm.access_mut(&tensor(), move |b: &mut [u8]| {
+            ran.fetch_add(1, SeqCst);
+            b[0] = 7;
+        })
+    };
+    assert!(r.is_err(), "access_mut after a failed copy-in: {r:?}");
+    let r = {
+        let ran = ran.clone();
+        vm.access(&tensor(), move |_: &[u8]| ran.fetch_add(1, SeqCst))
+    };
+    assert!(r.is_err(), "access after a failed copy-in: {r:?}");
+    let r = {
+        let ran = ran.clone();
+        vm.access_async(&tensor(), move |_: &[u8]| ran.fetch_add(1, SeqCst))
+            .wait()
+    };
+    assert!(r.is_err(), "access_async after a failed copy-in: {r:?}");
+    let written = tensor();
+    let r = vm.write_small_async(&written, 0, &[1u8; 8]).wait();
+    assert!(
+        r.is_err(),
+        "write_small_async after a failed copy-in: {r:?}"
+    );
+    assert_eq!(ran.load(SeqCst), 0, "a callback ran on a failed copy-in");
+    assert!(sim.fault_stats().copy_fail > 0);
+
+    sim.heal();
+    // The tensor whose staged write failed stays failed; the device serves new work.
+    assert!(read(&vm, &written).is_err());
+    let _ = vm.sync();
+    let t = vm.new_tensor_from(&s, &bytes_of(&[3, 4])).unwrap();
+    vm.access_mut(&t, |b: &mut [u8]| b[0] += 1).unwrap();
+    assert_eq!(u64s(&read(&vm, &t).unwrap()), [4, 4]);
+    assert_drained(vm);
+}

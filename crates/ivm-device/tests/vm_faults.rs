@@ -373,6 +373,7 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
             event_error: 10,
             alloc_fail: 8,
             slow_copy: 6,
+            copy_fail: 0,
         },
         ..SimConfig::default()
     });

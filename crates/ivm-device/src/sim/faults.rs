@@ -1,5 +1,6 @@
 //! Seeded fault injection ([`SimFaults`]): kernel launches that fail, events that never
-//! complete or complete with an error, allocations that fail, copies 100× slower.
+//! complete or complete with an error, allocations that fail, copies 100× slower, copies
+//! that fail.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -20,7 +21,10 @@ use super::event::EventInner;
 /// * `event_error`: when the stream reaches the event it records a device error
 ///   ([`DeviceStream::take_error`](ivm_std::DeviceStream::take_error)), then completes it;
 /// * `alloc_fail`: an allocation returns [`Error::OutOfMemory`](ivm_std::Error::OutOfMemory);
-/// * `slow_copy`: a copy takes 100× its drawn latency (at least 1 ms in all).
+/// * `slow_copy`: a copy takes 100× its drawn latency (at least 1 ms in all);
+/// * `copy_fail`: when the stream reaches a copy it copies nothing and records a device
+///   error ([`DeviceStream::take_error`](ivm_std::DeviceStream::take_error)), as a copy
+///   from freed memory does.
 ///
 /// [`SimAdapter::fault_stats`](super::SimAdapter::fault_stats) counts what was injected.
 ///
@@ -57,6 +61,8 @@ pub struct SimFaults {
     pub alloc_fail: u32,
     /// One copy in N is 100× slower.
     pub slow_copy: u32,
+    /// One copy in N fails on the device.
+    pub copy_fail: u32,
 }
 
 impl SimFaults {
@@ -68,6 +74,7 @@ impl SimFaults {
         event_error: 0,
         alloc_fail: 0,
         slow_copy: 0,
+        copy_fail: 0,
     };
 
     /// Whether any fault is enabled.
@@ -77,6 +84,7 @@ impl SimFaults {
             | self.event_error
             | self.alloc_fail
             | self.slow_copy
+            | self.copy_fail
             != 0
     }
 }
@@ -94,6 +102,8 @@ pub struct SimFaultStats {
     pub alloc_fail: usize,
     /// Copies slowed down.
     pub slow_copy: usize,
+    /// Copies that failed.
+    pub copy_fail: usize,
 }
 
 impl SimFaultStats {
@@ -104,6 +114,7 @@ impl SimFaultStats {
             + self.event_error
             + self.alloc_fail
             + self.slow_copy
+            + self.copy_fail
     }
 }
 
@@ -115,6 +126,7 @@ pub(crate) enum Kind {
     EventError = 2,
     AllocFail = 3,
     SlowCopy = 4,
+    CopyFail = 5,
 }
 
 /// The adapter's fault state, shared by its streams and allocators.
@@ -122,7 +134,7 @@ pub(crate) struct FaultState {
     pub(crate) config: SimFaults,
     /// Cleared by `heal`: no fault is injected while false.
     enabled: AtomicBool,
-    counts: [AtomicUsize; 5],
+    counts: [AtomicUsize; 6],
     /// Events a stream reached but left uncompleted; `heal` completes them. Also guards
     /// the hand-over with `heal` (a stream checks `enabled` under this lock).
     stuck: Mutex<Vec<Arc<EventInner>>>,
@@ -162,6 +174,7 @@ impl FaultState {
             Kind::EventError => c.event_error,
             Kind::AllocFail => c.alloc_fail,
             Kind::SlowCopy => c.slow_copy,
+            Kind::CopyFail => c.copy_fail,
         };
         // Relaxed: a switch; a fault drawn just after `heal` is harmless (a stuck event is
         // re-checked under the lock in `leave_stuck`).
@@ -236,6 +249,7 @@ impl FaultState {
             event_error: c(Kind::EventError),
             alloc_fail: c(Kind::AllocFail),
             slow_copy: c(Kind::SlowCopy),
+            copy_fail: c(Kind::CopyFail),
         }
     }
 }

@@ -327,6 +327,8 @@ enum Op {
         dst: Arc<dyn DeviceMemory>,
         dst_offset: usize,
         len: usize,
+        /// An injected fault: copy nothing, record a device error.
+        fail: bool,
     },
     Record(Arc<event::EventInner>, EventFault),
     Wait(Arc<event::EventInner>),
@@ -565,8 +567,11 @@ fn run(state: &StreamState) {
                 dst,
                 dst_offset,
                 len,
+                fail,
             } => {
-                if let Err(e) = copy_now(&*src, src_offset, &*dst, dst_offset, len) {
+                if fail {
+                    state.set_error(format!("{}: sim fault: copy failed", state.device));
+                } else if let Err(e) = copy_now(&*src, src_offset, &*dst, dst_offset, len) {
                     state.set_error(format!("{}: copy failed: {e}", state.device));
                 }
             }
@@ -648,12 +653,15 @@ unsafe impl DeviceStream for SimStream {
         self.check_side(&**dst)?;
         check_range(&**src, src_offset, len)?;
         check_range(&**dst, dst_offset, len)?;
+        let st = &self.state;
+        let fail = st.faults.roll(&st.fault_rng, faults::Kind::CopyFail);
         self.push(Op::Copy {
             src: src.clone(),
             src_offset,
             dst: dst.clone(),
             dst_offset,
             len,
+            fail,
         });
         Ok(())
     }

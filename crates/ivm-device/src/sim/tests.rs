@@ -278,6 +278,30 @@ fn an_event_error_is_a_stream_error_and_slow_copies_are_counted() {
 }
 
 #[test]
+fn a_failed_copy_copies_nothing_and_is_a_stream_error() {
+    let sim = faulty(SimFaults {
+        copy_fail: 1,
+        ..SimFaults::NONE
+    });
+    let s = sim.new_stream(0).unwrap();
+    let h: Arc<dyn DeviceMemory> = Arc::new(HostMemory::from_bytes(&[5; 8]));
+    let d: Arc<dyn DeviceMemory> = Arc::new(HostMemory::zeroed(8));
+    // SAFETY: nothing else touches these memories.
+    unsafe { s.copy(&h, 0, &d, 0, 8) }.unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(bytes(&d), vec![0; 8]);
+    let err = s.take_error().expect("the copy failed");
+    assert!(err.contains("copy failed"), "{err}");
+    assert_eq!(sim.fault_stats().copy_fail, 1);
+    sim.heal();
+    // SAFETY: as above.
+    unsafe { s.copy(&h, 0, &d, 0, 8) }.unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(bytes(&d), vec![5; 8]);
+    assert!(s.take_error().is_none());
+}
+
+#[test]
 fn a_panicking_host_closure_is_a_stream_error() {
     let sim = adapter(1);
     let s = sim.new_stream(0).unwrap();

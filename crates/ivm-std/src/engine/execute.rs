@@ -518,6 +518,19 @@ fn queue(
             poison_all(outs, &f);
             return;
         }
+        if matches!(work, Queued::Read(_, Some(_)) | Queued::Write(_, Some(_)))
+            && let Some(m) = st.dev.stream.take_error()
+        {
+            // A staged callback must not run on a staging copy that a failed copy-in left
+            // zeroed (a write would then copy those zeros back to the device). The error
+            // becomes the stream's sticky failure, so that a host observer still gets it
+            // once: the waiter's finisher, or the async completion of the callback dropped
+            // here unrun (`completion::dropped_error`).
+            let f = fail(m, false);
+            st.dev.sticky.set(&f);
+            poison_all(outs, &f);
+            return;
+        }
         let all: Vec<&Arc<Blob>> = ins.iter().chain(outs).collect();
         for (k, b) in all.iter().enumerate() {
             if let Err(e) = b.mem.begin_access() {
