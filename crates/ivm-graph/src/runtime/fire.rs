@@ -1,0 +1,305 @@
+//! Firing one actor: the readiness checks of the register protocol (parent module docs),
+//! then what each kind of actor does for one iteration.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use ivm_core::sync::Ordering;
+use ivm_std::Error;
+use ivm_std::lazy::{CriticalSectionInstance, JobInstance, TryPop};
+
+use super::{GraphCtx, KernelBody, Local, LocalActor, Phase, Shared, lock};
+
+/// Pops one item of `buf` into `held` until it holds `n`; whether it does.
+fn fill(
+    buf: &ivm_std::lazy::Buffer<Arc<CriticalSectionInstance>>,
+    held: &mut Vec<Arc<CriticalSectionInstance>>,
+    n: usize,
+) -> bool {
+    while held.len() < n {
+        match buf.try_pop() {
+            TryPop::Item(x) => held.push(x),
+            TryPop::Empty | TryPop::Closed => return false,
+        }
+    }
+    true
+}
+
+/// Fires actor `a` once if it is ready. Returns whether it fired.
+/// The job instance of the iteration this thread's parameter kernels last ran (saves the
+/// lookup in `Shared::jobs` for every parameter kernel of an iteration but the first).
+pub(super) type JobCache = Option<(usize, Arc<JobInstance>)>;
+
+pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache) -> bool {
+    let me = &s.actors[a.id];
+    // Relaxed: only this thread writes our own counter.
+    let it = me.done.load(Ordering::Relaxed);
+    for &p in &me.preds {
+        // Acquire: pairs with the predecessor's Release store of `done`; publishes the
+        // slot of iteration `it` and its failure.
+        if s.actors[p].done.load(Ordering::Acquire).wrapping_sub(it) == 0 {
+            return false;
+        }
+    }
+    for &c in &me.succs {
+        // Acquire: pairs with the successor's Release store of `done`; its reads of the
+        // slot we are about to overwrite happened before.
+        if it.wrapping_sub(s.actors[c].done.load(Ordering::Acquire)) >= s.depth {
+            return false;
+        }
+    }
+    if let Some(p) = me.param {
+        let turn = it.wrapping_mul(s.param_kernels).wrapping_add(p);
+        // Acquire: pairs with the previous parameter kernel's Release increment; its
+        // parameter accesses happened before ours.
+        if s.param_turn.load(Ordering::Acquire) != turn {
+            return false;
+        }
+    }
+    let bufs = s.lazy.buffers();
+    // External input, taken only once everything else is ready (so a popped item is
+    // always used at once).
+    let mut job: Option<Arc<JobInstance>> = None;
+    let mut cs: Option<Arc<CriticalSectionInstance>> = None;
+    let ready = match &mut a.kind {
+        Local::SourceTick => match bufs.source_tick.try_pop() {
+            TryPop::Item(j) => {
+                job = Some(j);
+                true
+            }
+            _ => false,
+        },
+        Local::Notifier => match bufs.callback_notifier.try_pop() {
+            TryPop::Item(j) => {
+                job = Some(j);
+                true
+            }
+            _ => false,
+        },
+        Local::Wait { held } => fill(&bufs.wait, held, 2),
+        Local::Callback { held } => fill(&bufs.callback, held, 2),
+        Local::Input { op, .. } => match bufs.inputs[*op].as_ref().map(|b| b.try_pop()) {
+            Some(TryPop::Item(x)) => {
+                cs = Some(x);
+                true
+            }
+            _ => false,
+        },
+        Local::Output { op, .. } => match bufs.outputs[*op].as_ref().map(|b| b.try_pop()) {
+            Some(TryPop::Item(x)) => {
+                cs = Some(x);
+                true
+            }
+            _ => false,
+        },
+        Local::Compute { .. } => true,
+    };
+    if !ready {
+        return false;
+    }
+
+    let slot = it % s.depth;
+    let upstream: Option<Error> = me.preds.iter().find_map(|&p| {
+        let pred = &s.actors[p];
+        // Relaxed: ordered by the Acquire load of the predecessor's `done` above.
+        if pred.failed[slot].load(Ordering::Relaxed) {
+            lock(&pred.failures[slot]).clone()
+        } else {
+            None
+        }
+    });
+    s.trace(a.id, it, Phase::Start, upstream.is_some());
+    let result: Option<Error> = match &mut a.kind {
+        Local::SourceTick => {
+            let j = job.take().expect("source tick fired with a job instance");
+            // A poisoned parameter fails the iteration: no kernel computes from it, the
+            // outputs are poisoned with its error, and the run finishes with it.
+            let poisoned = j.param_poison();
+            lock(&s.jobs).push_back((it, j));
+            poisoned
+        }
+        Local::Wait { held } => {
+            held.clear();
+            upstream
+        }
+        Local::Input { op, blob } => {
+            let cs = cs.take().expect("input kernel fired with an instance");
+            match upstream {
+                Some(e) => {
+                    cs.fail_op(*op, e.clone());
+                    Some(e)
+                }
+                None => {
+                    // SAFETY: we produce this blob and fire iteration `it`; every consumer
+                    // finished iteration `it - depth` (checked above).
+                    let dst = unsafe { s.blobs[*blob].write(it) };
+                    cs.copy_input(*op, dst).err()
+                }
+            }
+        }
+        Local::Output { op, blob } => {
+            let cs = cs.take().expect("output kernel fired with an instance");
+            match upstream {
+                Some(e) => {
+                    cs.fail_op(*op, e.clone());
+                    Some(e)
+                }
+                None => {
+                    // SAFETY: the producer of this blob published iteration `it` (checked
+                    // above) and cannot overwrite it before our `done` moves on.
+                    let src = unsafe { s.blobs[*blob].read(it) };
+                    cs.copy_output(*op, src).err()
+                }
+            }
+        }
+        Local::Compute {
+            reads,
+            writes,
+            body,
+        } => match upstream {
+            Some(e) => Some(e),
+            None => run_kernel(s, a.id, it, reads, writes, body, job_cache),
+        },
+        Local::Callback { held } => {
+            for cs in held.drain(..) {
+                match &upstream {
+                    Some(e) => cs.finish_with_error(e),
+                    None => cs.finish(),
+                }
+            }
+            upstream
+        }
+        Local::Notifier => {
+            let j = job.take().expect("notifier fired with a job instance");
+            let started = lock(&s.jobs).pop_front();
+            debug_assert!(
+                started
+                    .as_ref()
+                    .is_some_and(|(i, sj)| *i == it && Arc::ptr_eq(sj, &j)),
+                "ivm graph: callback notifier out of step with the source tick"
+            );
+            drop(started);
+            // Relaxed: a count (see `Graph::iterations_done`); the job's completion below
+            // happens after it in this thread.
+            s.runs_finished.fetch_add(1, Ordering::Relaxed);
+            j.finish(match &upstream {
+                Some(e) => Err(e.clone()),
+                None => Ok(()),
+            });
+            upstream
+        }
+    };
+    let failed = result.is_some();
+    // Relaxed: only this thread writes our flags; published by the Release store of
+    // `done` below.
+    if failed || me.failed[slot].load(Ordering::Relaxed) {
+        *lock(&me.failures[slot]) = result;
+        me.failed[slot].store(failed, Ordering::Relaxed);
+    }
+    s.trace(a.id, it, Phase::End, failed);
+    if me.param.is_some() {
+        // Release: publishes our parameter accesses to the next parameter kernel.
+        s.param_turn.fetch_add(1, Ordering::Release);
+    }
+    // Release: publishes the slot we wrote, our failure entry, and (to producers) that we
+    // are done reading their slots of iteration `it`.
+    me.done.store(it.wrapping_add(1), Ordering::Release);
+    // Wake the threads of the actors this firing may have made ready. Our own thread
+    // rescans after every firing: no notification needed for its actors.
+    for &n in me.preds.iter().chain(&me.succs).chain(&me.next_param) {
+        if s.actors[n].thread != me.thread {
+            s.notify(n);
+        }
+    }
+    true
+}
+
+/// Runs a compute kernel's body for iteration `it`; its failure, if it panicked.
+fn run_kernel(
+    s: &Shared,
+    id: usize,
+    it: usize,
+    reads: &[usize],
+    writes: &[usize],
+    body: &mut KernelBody,
+    job_cache: &mut JobCache,
+) -> Option<Error> {
+    let me = &s.actors[id];
+    let job = if me.param.is_some() {
+        // Iteration `it`'s instance stays in `jobs` until its callback notifier fires,
+        // which waits (transitively) for every kernel of the iteration: a cached one for
+        // `it` is the one `jobs` holds.
+        match job_cache {
+            Some((i, j)) if *i == it => Some(j.clone()),
+            _ => {
+                let j = lock(&s.jobs)
+                    .iter()
+                    .find(|(i, _)| *i == it)
+                    .map(|(_, j)| j.clone());
+                *job_cache = j.clone().map(|j| (it, j));
+                j
+            }
+        }
+    } else {
+        None
+    };
+    // The operand lists live on the stack up to `INLINE` operands (no allocation per
+    // firing), on the heap beyond.
+    const INLINE: usize = 8;
+    // SAFETY: each read blob's producer published iteration `it` (or it is a constant);
+    // nobody overwrites it before our `done` moves on.
+    let read = |r: usize| unsafe { s.blobs[r].read(it) };
+    // SAFETY: we produce these (distinct) blobs and fire iteration `it`; every consumer
+    // finished the slot's previous iteration.
+    let write = |w: usize| unsafe { s.blobs[w].write(it) };
+    let mut ins_inline: [&[u8]; INLINE] = [&[]; INLINE];
+    let ins_heap: Vec<&[u8]>;
+    let ins: &[&[u8]] = if reads.len() <= INLINE {
+        for (slot, &r) in ins_inline.iter_mut().zip(reads) {
+            *slot = read(r);
+        }
+        &ins_inline[..reads.len()]
+    } else {
+        ins_heap = reads.iter().map(|&r| read(r)).collect();
+        &ins_heap
+    };
+    let mut outs_inline: [&mut [u8]; INLINE] = Default::default();
+    let mut outs_heap: Vec<&mut [u8]>;
+    let outs: &mut [&mut [u8]] = if writes.len() <= INLINE {
+        for (slot, &w) in outs_inline.iter_mut().zip(writes) {
+            *slot = write(w);
+        }
+        &mut outs_inline[..writes.len()]
+    } else {
+        outs_heap = writes.iter().map(|&w| write(w)).collect();
+        &mut outs_heap
+    };
+    let mut ctx = GraphCtx {
+        kernel: &me.name,
+        iteration: it as u64,
+        reads: ins,
+        writes: outs,
+        job: job.as_deref(),
+    };
+    match catch_unwind(AssertUnwindSafe(|| body(&mut ctx))) {
+        Ok(()) => None,
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            Some(Error::KernelPanicked {
+                instruction: s.failure_name(id),
+                message,
+            })
+        }
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

@@ -1,0 +1,395 @@
+//! The actors of a running graph, their threads, and the register protocol between them.
+//!
+//! Every actor has one counter, `done`: the iterations it has finished. For an edge
+//! `P → C`, `P.done − C.done` is the number of P's tokens C has not consumed yet. C fires
+//! iteration `i = C.done` once every predecessor has `done > i`, and P fires iteration
+//! `j = P.done` once every successor has `j − done < depth`. A produced blob has `depth`
+//! register slots; iteration `i` uses slot `i % depth`. So when P writes slot `j % depth`,
+//! every consumer has finished iteration `j − depth`, the last user of that slot, and
+//! when C reads slot `i % depth`, P has finished writing it:
+//!
+//! * P writes the slot, then stores `done` with Release; C loads it with Acquire before
+//!   reading (publishes the blob and the per-slot failure);
+//! * C finishes reading, then stores its `done` with Release; P loads it with Acquire
+//!   before overwriting the slot (orders C's reads before P's writes).
+//!
+//! Each actor's `done` is written only by the thread that runs the actor.
+
+mod blob;
+mod fire;
+mod layout;
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ivm_core::notifier::Notifier;
+use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering};
+
+use super::{GraphBuilder, GraphCtx, GraphEvent, KernelBody, Phase, TraceFn, describe};
+use blob::GBlob;
+use fire::{JobCache, try_fire};
+use ivm_std::Error;
+use ivm_std::futex::FutexWait;
+use ivm_std::lazy::{CriticalSectionInstance, JobInstance, LazyGraph};
+pub(crate) use layout::build;
+
+/// Most scans a helping VM caller makes of one graph thread's actors per help
+/// ([`Shared::help`]).
+const HELP_SCANS: usize = 64;
+
+/// How long an idle graph thread polls with spin-loop hints only before it starts
+/// yielding (see `thread_loop`).
+const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
+
+/// Locks `m`, taking the data of a poisoned mutex as it is: every mutex here guards data
+/// that a panicking holder leaves consistent (a kernel panic is caught outside them).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The part of an actor every thread sees.
+struct ActorShared {
+    name: Arc<str>,
+    thread: usize,
+    preds: Vec<usize>,
+    succs: Vec<usize>,
+    /// Iterations finished (written by the actor's thread only).
+    done: AtomicUsize,
+    /// Per register slot: the failure of the iteration using it, as seen by this actor.
+    failures: Box<[Mutex<Option<Error>>]>,
+    /// Per register slot: whether `failures` holds one (written by the actor's thread
+    /// before its Release store of `done`, read after an Acquire load of it), so that a
+    /// successor locks `failures` only when there is a failure to read.
+    failed: Box<[AtomicBool]>,
+    /// Position among parameter kernels.
+    param: Option<usize>,
+    /// The parameter kernel after this one (the next turn), if this is one.
+    next_param: Option<usize>,
+}
+
+/// The part of an actor its thread owns.
+enum Local {
+    SourceTick,
+    Wait {
+        held: Vec<Arc<CriticalSectionInstance>>,
+    },
+    Input {
+        op: usize,
+        blob: usize,
+    },
+    Output {
+        op: usize,
+        blob: usize,
+    },
+    Compute {
+        reads: Vec<usize>,
+        writes: Vec<usize>,
+        body: KernelBody,
+    },
+    Callback {
+        held: Vec<Arc<CriticalSectionInstance>>,
+    },
+    Notifier,
+}
+
+struct LocalActor {
+    id: usize,
+    kind: Local,
+}
+
+/// What one graph thread runs: its actors, split into kernels and protocol actors, and the
+/// scan's job cache. Behind a lock in [`Shared::threads`], held for one scan by the thread,
+/// or by a VM caller running the graph ([`GraphBuilder::run_on_caller`]).
+#[derive(Default)]
+struct ThreadActors {
+    compute: Vec<LocalActor>,
+    protocol: Vec<LocalActor>,
+    /// Per compute actor: the positions in `protocol` of its protocol successors (the
+    /// outputs copying what it writes, the callback notifier).
+    proto_succs: Vec<Vec<usize>>,
+    job: JobCache,
+}
+
+impl ThreadActors {
+    fn new(s: &Shared, actors: Vec<LocalActor>) -> Self {
+        let (compute, protocol): (Vec<LocalActor>, Vec<LocalActor>) = actors
+            .into_iter()
+            .partition(|a| matches!(a.kind, Local::Compute { .. }));
+        let proto_succs = compute
+            .iter()
+            .map(|k| {
+                s.actors[k.id]
+                    .succs
+                    .iter()
+                    .filter_map(|&c| protocol.iter().position(|p| p.id == c))
+                    .collect()
+            })
+            .collect();
+        Self {
+            compute,
+            protocol,
+            proto_succs,
+            job: None,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    job: Arc<str>,
+    lazy: LazyGraph,
+    depth: usize,
+    blobs: Vec<GBlob>,
+    actors: Vec<ActorShared>,
+    notifiers: Vec<Arc<Notifier<FutexWait>>>,
+    /// Each graph thread's actors (see [`ThreadActors`]).
+    threads: Vec<Mutex<ThreadActors>>,
+    param_kernels: usize,
+    /// `iteration * param_kernels + position` of the parameter kernel whose turn it is.
+    param_turn: AtomicUsize,
+    /// Job instances of started iterations, oldest first (source tick pushes, callback
+    /// notifier pops).
+    jobs: Mutex<VecDeque<(usize, Arc<JobInstance>)>>,
+    stop: AtomicBool,
+    /// Runs finished by the callback notifier (counted before the launch is finished).
+    runs_finished: AtomicUsize,
+    trace: Option<TraceFn>,
+    /// How long an idle thread polls before it sleeps ([`GraphBuilder::poll_window`]).
+    poll: Duration,
+}
+
+/// A running graph: its actors' threads and its [`LazyGraph`]. Launch it with
+/// [`InstructionsBuilder::launch_lazy_job`](ivm_std::InstructionsBuilder::launch_lazy_job)
+/// passing [`Graph::lazy`]. See the [module docs](super).
+pub struct Graph {
+    shared: Arc<Shared>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("job", &self.shared.job)
+            .field("actors", &self.shared.actors.len())
+            .field("threads", &self.shared.notifiers.len())
+            .field("iterations_done", &self.iterations_done())
+            .finish()
+    }
+}
+
+impl Graph {
+    /// The description the VM launches.
+    pub fn lazy(&self) -> &LazyGraph {
+        &self.shared.lazy
+    }
+
+    /// The job name.
+    pub fn job_name(&self) -> &str {
+        &self.shared.job
+    }
+
+    /// Number of actor threads.
+    pub fn num_threads(&self) -> usize {
+        self.shared.notifiers.len()
+    }
+
+    /// Runs finished by the callback notifier (failed or not). A run is counted before
+    /// its launch instruction is marked done, so once eager code has seen a run's launch
+    /// complete, the count includes it.
+    pub fn iterations_done(&self) -> u64 {
+        // Relaxed: a count; the run's effects are published through the VM.
+        self.shared.runs_finished.load(Ordering::Relaxed) as u64
+    }
+
+    /// The names of the actors, with the thread each runs on.
+    pub fn actors(&self) -> Vec<(String, usize)> {
+        self.shared
+            .actors
+            .iter()
+            .map(|a| (a.name.to_string(), a.thread))
+            .collect()
+    }
+
+    /// Stops the graph: closes its buffers, lets each thread finish the kernel it is
+    /// running, joins the threads, and fails every unfinished run with
+    /// [`Error::GraphClosed`]. Idempotent; also run on drop.
+    pub fn shutdown(&self) {
+        let s = &self.shared;
+        // Release: a thread that sees `stop` exits after its current firing.
+        s.stop.store(true, Ordering::Release);
+        s.lazy.close();
+        for n in &s.notifiers {
+            n.close();
+        }
+        let handles = std::mem::take(&mut *lock(&self.handles));
+        for h in handles {
+            if h.thread().id() == std::thread::current().id() {
+                // Dropped from one of its own kernels: the thread exits by itself.
+                continue;
+            }
+            let _ = h.join();
+        }
+        let jobs = std::mem::take(&mut *lock(&s.jobs));
+        for (_, job) in jobs {
+            job.finish(Err(Error::GraphClosed {
+                job: s.job.to_string(),
+            }));
+        }
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn thread_loop(s: &Shared, t: usize) {
+    ivm_std::lazy::mark_graph_thread();
+    let notifier = &s.notifiers[t];
+    // Polling: spin-loop hints for a moment (the next firing of a busy graph comes within
+    // microseconds), then yield the CPU (few cores: do not starve the threads that feed
+    // us) until the poll window ends.
+    let backoff = ivm_core::sync::Backoff::new();
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        // Acquire: pairs with `shutdown`'s Release store.
+        if s.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let any = {
+            let mut actors = lock(&s.threads[t]);
+            let any = scan(s, t, &mut actors);
+            if !any {
+                // Idle: let go of the last job instance (its parameter tensors) meanwhile.
+                actors.job = None;
+            }
+            any
+        };
+        if any {
+            idle_since = None;
+            backoff.reset();
+            continue;
+        }
+        if !s.poll.is_zero() {
+            let idle = idle_since.get_or_insert_with(Instant::now).elapsed();
+            if idle < s.poll {
+                if idle < POLL_PURE_SPIN {
+                    ivm_core::sync::spin_loop();
+                } else {
+                    backoff.snooze();
+                }
+                continue;
+            }
+        }
+        idle_since = None;
+        backoff.reset();
+        // Whatever makes one of our actors ready afterwards notifies us; a notification
+        // that arrived during the scan is still pending, so this returns at once.
+        if notifier.wait_and_clear().is_err() {
+            break;
+        }
+    }
+    // Held critical-section instances drop here: unfinished ones fail their records.
+    drop(std::mem::take(&mut *lock(&s.threads[t])));
+}
+
+/// One scan of graph thread `t`'s actors (by the thread, or by a VM caller running the
+/// graph): fires every ready actor once or more; whether any fired.
+fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
+    let notifier = &s.notifiers[t];
+    let ThreadActors {
+        compute,
+        protocol,
+        proto_succs,
+        job,
+    } = st;
+    let mut any = false;
+    for (k, succs) in compute.iter_mut().zip(proto_succs.iter()) {
+        if try_fire(s, k, job) {
+            any = true;
+            // Protocol actors first after every kernel: an output copies its blob out
+            // as soon as it is produced (the eager side may go on while later kernels
+            // run); and if anything was pushed to the job's buffers (their listeners
+            // notify this thread), the next run's actors get their turn before more
+            // kernels.
+            for &p in succs {
+                try_fire(s, &mut protocol[p], job);
+            }
+            if notifier.pending() > 0 {
+                // Consumes the notifications: the Acquire fence after the clearing RMW
+                // (which reads the notifiers' Release RMWs) makes what they published
+                // before notifying — a buffer push, another thread's `done` — visible
+                // to every scan from here on, so no notification the final sleep
+                // would have relied on is lost.
+                notifier.clear();
+                ivm_core::sync::fence(Ordering::Acquire);
+                for p in protocol.iter_mut() {
+                    try_fire(s, p, job);
+                }
+            }
+        }
+    }
+    for p in protocol.iter_mut() {
+        if try_fire(s, p, job) {
+            any = true;
+        }
+    }
+    any
+}
+
+impl Shared {
+    /// A VM caller runs the graph ([`GraphBuilder::run_on_caller`]): scans each graph
+    /// thread whose actors nobody is scanning now until a scan finds nothing ready — the
+    /// thread's own condition for sleeping, so no actor made ready by a notification the
+    /// scans consumed is left for a thread that sleeps. Never waits for a lock.
+    fn help(&self) -> bool {
+        let mut any = false;
+        for (t, actors) in self.threads.iter().enumerate() {
+            // Acquire: as in `thread_loop`; a stopped graph's actors are gone or going.
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let mut actors = match actors.try_lock() {
+                Ok(a) => a,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            // At most `HELP_SCANS` scans: a caller whose wait is over must not stay here
+            // while other threads keep feeding the graph. Stopping with work still ready
+            // hands it to the graph's thread, which a notification wakes.
+            let mut scans = 0;
+            while scan(self, t, &mut actors) {
+                any = true;
+                scans += 1;
+                if scans == HELP_SCANS {
+                    let _ = self.notifiers[t].notify();
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    fn notify(&self, actor: usize) {
+        let _ = self.notifiers[self.actors[actor].thread].notify();
+    }
+
+    fn trace(&self, actor: usize, iteration: usize, phase: Phase, failed: bool) {
+        if let Some(f) = &self.trace {
+            let ev = GraphEvent {
+                actor: self.actors[actor].name.clone(),
+                iteration: iteration as u64,
+                phase,
+                failed,
+            };
+            let _ = catch_unwind(AssertUnwindSafe(|| f(&ev)));
+        }
+    }
+
+    fn failure_name(&self, actor: usize) -> String {
+        format!("graph `{}` kernel `{}`", self.job, self.actors[actor].name)
+    }
+}
