@@ -452,3 +452,92 @@ fn a_waiting_caller_runs_an_on_caller_graph() {
         assert_drained(vm);
     }
 }
+
+/// A graph dropped from one of its own kernels while that kernel runs on a helping caller
+/// (`run_on_caller`): the drop does not wait for the graph's thread (which waits for the
+/// actors the caller is scanning), the waiting read returns, and the VM goes on. A
+/// watchdog aborts the test binary if the drop deadlocks.
+#[test]
+fn a_graph_dropped_from_its_kernel_on_a_helping_caller() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let finished = Arc::new(AtomicBool::new(false));
+    let watch = finished.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(120));
+        if !watch.load(SeqCst) {
+            eprintln!("a_graph_dropped_from_its_kernel_on_a_helping_caller: deadlocked");
+            std::process::abort();
+        }
+    });
+    let caller = std::thread::current().id();
+    let slot: Arc<Mutex<Option<Graph>>> = Arc::default();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let mut g = GraphBuilder::new("dropped_on_caller");
+    let x = g.input("x", 8);
+    let y = g.blob("y", 8);
+    let (s2, d2) = (slot.clone(), dropped.clone());
+    g.kernel("k", &[x], &[y], move |k| {
+        k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+        if std::thread::current().id() == caller {
+            // The last handle, dropped here, on the helping caller.
+            let g = s2.lock().unwrap().take();
+            if g.is_some() {
+                drop(g);
+                d2.store(true, SeqCst);
+            }
+        }
+    });
+    g.output("y", y);
+    g.threads(1).poll_window(Duration::ZERO).run_on_caller(true);
+    *slot.lock().unwrap() = Some(g.build().unwrap());
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let (xt, yt) = (tensor(&vm, &[0; 8]), tensor(&vm, &[0; 8]));
+    let mut runs = 0;
+    while !dropped.load(SeqCst) && runs < 2000 {
+        {
+            let g = slot.lock().unwrap();
+            let Some(g) = g.as_ref() else { break };
+            vm.write_small(&xt, 0, &5u64.to_ne_bytes()).unwrap();
+            launch(&vm, g, &[&xt], &[&yt], &[]);
+        }
+        // Ok(6), or the run failed because its graph went away during it.
+        match u64_of(&vm, &yt) {
+            Ok(v) => assert_eq!(v, 6),
+            Err(e) => assert!(dropped.load(SeqCst), "run {runs}: {e}"),
+        }
+        runs += 1;
+    }
+    assert!(
+        dropped.load(SeqCst),
+        "no kernel ran on the waiting caller in {runs} runs"
+    );
+    // The VM goes on.
+    vm.write_small(&xt, 0, &9u64.to_ne_bytes()).unwrap();
+    assert_eq!(u64_of(&vm, &xt).unwrap(), 9);
+    drop((xt, yt));
+    assert_drained(vm);
+    finished.store(true, SeqCst);
+}
+
+/// The first launch seals a graph's offer to run on the caller: an offer after it is
+/// refused (it could no longer be registered), in both VM modes.
+#[test]
+fn an_offer_to_run_on_the_caller_after_the_first_launch_is_refused() {
+    for config in [Config::default(), Config::single_thread()] {
+        let mut g = GraphBuilder::new("sealed");
+        let x = g.input("x", 8);
+        let y = g.blob("y", 8);
+        g.kernel("k", &[x], &[y], |k| {
+            k.output_u64(0)[0] = k.input_u64(0)[0] + 1
+        });
+        g.output("y", y);
+        let graph = g.build().unwrap();
+        let vm = VirtualMachine::new(config).unwrap();
+        let (xt, yt) = (tensor(&vm, &[0; 8]), tensor(&vm, &[0; 8]));
+        launch(&vm, &graph, &[&xt], &[&yt], &[]);
+        assert_eq!(u64_of(&vm, &yt).unwrap(), 1);
+        assert!(!graph.lazy().set_caller_helper(|| false));
+        drop((xt, yt));
+        assert_drained(vm);
+    }
+}

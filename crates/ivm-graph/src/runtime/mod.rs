@@ -44,6 +44,13 @@ const HELP_SCANS: usize = 64;
 /// yielding (see `thread_loop`).
 const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
 
+std::thread_local! {
+    /// The graph (its [`Shared`]'s address) and thread whose actors this thread scans as a
+    /// helping VM caller ([`Shared::help`]): a [`Graph::shutdown`] from one of those actors'
+    /// kernels must not join that thread, which waits for the actors this thread holds.
+    static HELPING: std::cell::Cell<Option<(usize, usize)>> = const { std::cell::Cell::new(None) };
+}
+
 /// Locks `m`, taking the data of a poisoned mutex as it is: every mutex here guards data
 /// that a panicking holder leaves consistent (a kernel panic is caught outside them).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -223,10 +230,17 @@ impl Graph {
         for n in &s.notifiers {
             n.close();
         }
+        let me = Arc::as_ptr(s) as usize;
+        let helping = HELPING
+            .with(std::cell::Cell::get)
+            .and_then(|(graph, t)| (graph == me).then_some(t));
+        // Handle `t` is thread `t`'s (`layout::build` spawns them in order).
         let handles = std::mem::take(&mut *lock(&self.handles));
-        for h in handles {
-            if h.thread().id() == std::thread::current().id() {
-                // Dropped from one of its own kernels: the thread exits by itself.
+        for (t, h) in handles.into_iter().enumerate() {
+            if h.thread().id() == std::thread::current().id() || helping == Some(t) {
+                // Dropped from one of its own kernels, on its thread or on a caller
+                // scanning its actors: the thread exits by itself once it sees `stop`
+                // (after the caller let go of its actors).
                 continue;
             }
             let _ = h.join();
@@ -340,6 +354,21 @@ fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
     any
 }
 
+/// Marks this thread as scanning graph thread `t`'s actors (see [`HELPING`]) until dropped.
+struct HelpingMark(Option<(usize, usize)>);
+
+impl HelpingMark {
+    fn enter(s: &Shared, t: usize) -> Self {
+        Self(HELPING.with(|h| h.replace(Some((s as *const Shared as usize, t)))))
+    }
+}
+
+impl Drop for HelpingMark {
+    fn drop(&mut self) {
+        HELPING.with(|h| h.set(self.0));
+    }
+}
+
 impl Shared {
     /// A VM caller runs the graph ([`GraphBuilder::run_on_caller`]): scans each graph
     /// thread whose actors nobody is scanning now until a scan finds nothing ready — the
@@ -361,6 +390,7 @@ impl Shared {
             // while other threads keep feeding the graph. Stopping with work still ready
             // hands it to the graph's thread, which a notification wakes.
             let mut scans = 0;
+            let _helping = HelpingMark::enter(self, t);
             while scan(self, t, &mut actors) {
                 any = true;
                 scans += 1;

@@ -373,8 +373,9 @@ impl InstructionsBuilder<'_> {
         for t in inputs.iter().chain(outputs).chain(parameters) {
             vm.check_tensor(t)?;
         }
+        // The first launch seals the helper slot (see `LazyInner::helper`).
         if graph.bind(vm.id)?
-            && let Some(h) = g.helper.get()
+            && let Some(h) = g.helper.get_or_init(|| None)
         {
             vm.lazy().register(g, h);
         }

@@ -152,7 +152,10 @@ pub(crate) struct LazyInner {
     pub(crate) params: Vec<Param>,
     pub(crate) buffers: JobBuffers,
     /// The graph runtime's offer to run on a waiting caller ([`LazyGraph::set_caller_helper`]).
-    pub(crate) helper: std::sync::OnceLock<CallerHelper>,
+    /// Set once: by the runtime (`Some`), or sealed by the first launch (`None` when the
+    /// runtime had not offered one), so that an offer racing the first launch is either
+    /// seen by it or refused, never lost.
+    pub(crate) helper: std::sync::OnceLock<Option<CallerHelper>>,
 }
 
 /// A graph runtime's offer to make progress on a thread of the VM's caller: runs what of
@@ -254,13 +257,14 @@ impl LazyGraph {
     /// [`Error::Reentrant`], and it must not block on anything the VM's caller holds. It
     /// may complete critical sections and runs (the caller then drives the engine for
     /// them). Set once, before the first launch; returns `false` (and drops `helper`)
-    /// when a helper was set before or the graph was launched already.
+    /// when a helper was set before or the graph was launched already. An offer racing the
+    /// first launch is either registered by it (`true`) or refused (`false`), never lost.
     pub fn set_caller_helper(&self, helper: impl Fn() -> bool + Send + Sync + 'static) -> bool {
         // Relaxed: a check that the VM has not bound (and so registered) the graph yet.
         if self.inner.vm.load(Ordering::Relaxed) != 0 {
             return false;
         }
-        self.inner.helper.set(Arc::new(helper)).is_ok()
+        self.inner.helper.set(Some(Arc::new(helper))).is_ok()
     }
 
     /// Closes the job's buffers (graph runtime shutdown): later runs fail with
