@@ -10,6 +10,7 @@
 //! the engine").
 
 pub(crate) mod core;
+mod device_launch;
 pub(crate) mod drive;
 pub(crate) mod execute;
 pub(crate) mod scheduler;

@@ -30,7 +30,7 @@
 //! poisoned parameter now fails the run's iteration, `JobInstance::param_poison`); and a
 //! launch that failed on a queued device poisoned its outputs ahead of an earlier reader
 //! still queued there, which then failed with the later op's error (the poison now
-//! reaches them in stream order, `engine/execute.rs`). The model accepts nothing else for
+//! reaches them in stream order, `engine/device_launch.rs`). The model accepts nothing else for
 //! either.
 //!
 //! Allocations that fail are retried a few times; a program whose first tensors still
