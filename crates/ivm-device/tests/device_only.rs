@@ -335,3 +335,49 @@ fn a_failed_copy_in_runs_no_callback() {
     assert_eq!(u64s(&read(&vm, &t).unwrap()), [4, 4]);
     assert_drained(vm);
 }
+
+/// An async write to device-only memory resolves once its copy back reached the device,
+/// not when the staging copy was written: whenever its completion says `Ok`, the bytes
+/// are on the device; when a copy failed, the completion says so and the tensor is
+/// poisoned. Seeds with failed copies in and out, and none.
+#[test]
+fn an_async_write_resolves_after_its_copy_back() {
+    use ivm_device::sim::SimFaults;
+    let (mut ok, mut failed) = (0, 0);
+    for seed in 0..24 {
+        let sim = SimAdapter::new(SimConfig {
+            host_visible: false,
+            faults: SimFaults {
+                seed,
+                copy_fail: 2,
+                ..SimFaults::NONE
+            },
+            ..SimConfig::random(1, seed)
+        });
+        let adapter: Arc<dyn DeviceAdapter> = sim.clone();
+        let vm = VirtualMachine::with_adapters(Config::default(), vec![adapter]).unwrap();
+        let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+        let t = vm.new_tensor_on(&s, 16).unwrap();
+        let r = vm.write_small_async(&t, 0, &7u64.to_ne_bytes()).wait();
+        sim.heal();
+        // A device error still pending is reported once, to one observer.
+        let got = read(&vm, &t).or_else(|_| read(&vm, &t));
+        match r {
+            Ok(()) => {
+                ok += 1;
+                assert_eq!(u64s(&got.unwrap()), [7, 0], "seed {seed}");
+            }
+            Err(_) => {
+                failed += 1;
+                assert!(got.is_err(), "seed {seed}: a failed write left {got:?}");
+            }
+        }
+        let _ = vm.sync();
+        drop(t);
+        assert_drained(vm);
+    }
+    assert!(
+        ok > 0 && failed > 0,
+        "{ok} writes succeeded, {failed} failed"
+    );
+}

@@ -39,7 +39,7 @@ use super::execute::{first_poison, panic_message};
 use crate::device::{DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
 use crate::model::blob::Blob;
 use crate::model::instruction::{
-    Completion, Instruction, KernelCtx, KernelFn, Kind, Operands, ReadFn, WriteFn, status,
+    Completion, Instruction, KernelCtx, KernelFn, Kind, Landed, Operands, ReadFn, WriteFn, status,
 };
 use crate::model::stream::{DeviceCtx, StreamShared};
 use crate::util::error::Failure;
@@ -146,7 +146,18 @@ pub(super) fn launch(instr: &Arc<Instruction>) {
                 outputs.push(b.clone());
             }
         }
-        let outcome = launch_kind(instr, kind, &body.inputs, &body.outputs);
+        let landed = body.landed.take();
+        let mut outcome = launch_kind(instr, kind, &body.inputs, &body.outputs);
+        if let Some(landed) = landed {
+            match &outcome {
+                Ok(_) => {
+                    if let Err(f) = queue_landed(instr, &body.outputs, landed) {
+                        outcome = Err(f);
+                    }
+                }
+                Err(f) => landed(Some(f.clone())),
+            }
+        }
         (outcome, data, operands, outputs)
     };
     match outcome {
@@ -167,6 +178,46 @@ pub(super) fn launch(instr: &Arc<Instruction>) {
         }
         Err(f) => done_now(instr, Some(f), true),
     }
+}
+
+/// Queues `landed` on `instr`'s stream after everything its launch queued (a staged
+/// write's copy back included): it is told the stream's pending device error (which
+/// becomes the stream's sticky failure and poisons `outputs`, as a failed copy back left
+/// them stale) or an output's poison. If the device refuses the closure, `landed` is told
+/// that, and so is the instruction.
+fn queue_landed(instr: &Instruction, outputs: &Operands, landed: Landed) -> Result<(), Failure> {
+    let st = instr.stream.clone();
+    let outs = outputs.clone();
+    let label: Arc<str> = instr.label().into();
+    let slot = Arc::new(std::sync::Mutex::new(Some(landed)));
+    let s2 = slot.clone();
+    let host: HostFn = Box::new(move || {
+        let outs = outs.as_slice();
+        let f = match st.dev.stream.take_error() {
+            Some(m) => {
+                let f = Failure {
+                    instruction: label,
+                    message: m.into(),
+                    panicked: false,
+                };
+                st.dev.sticky.set(&f);
+                poison_all(outs, &f);
+                Some(f)
+            }
+            None => first_poison(outs),
+        };
+        if let Some(landed) = crate::util::lock(&s2).take() {
+            landed(f);
+        }
+    });
+    if let Err(e) = instr.stream.dev.stream.launch_host(host) {
+        let f = failure(instr, e.to_string());
+        if let Some(landed) = crate::util::lock(&slot).take() {
+            landed(Some(f.clone()));
+        }
+        return Err(f);
+    }
+    Ok(())
 }
 
 /// Marks `instr` done now (Release), with `failure` if any; finishes its waiter if

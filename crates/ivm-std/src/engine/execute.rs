@@ -84,6 +84,9 @@ fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) 
     // SAFETY: the executor owns the body until DONE (ownership step 3).
     let body = unsafe { instr.body_mut() };
     let failure = run_body(instr, body);
+    if let Some(landed) = body.landed.take() {
+        landed(failure.clone());
+    }
     let mut bits = status::DONE;
     if let Some(f) = failure {
         for b in body.outputs.as_slice() {

@@ -379,6 +379,7 @@ impl Executor<Job> for Exec<'_> {
             body.inputs.clear();
             body.outputs.clear();
             body.kind = Kind::Noop;
+            body.landed = None;
         }
         self.shared.instruction_released();
         self.released += 1;

@@ -187,7 +187,16 @@ pub(crate) struct Body {
     /// A deferred body (critical sections, lazy-job launches): run instead of `kind`, it
     /// completes the instruction later through a [`Completion`].
     pub(crate) deferred: Option<Deferred>,
+    /// Told the instruction's outcome once its writes have landed where the tensor lives:
+    /// after the body on a synchronous device, in stream order after the body (and a
+    /// device-only tensor's copy back) on an asynchronous one. An async write resolves its
+    /// completion here. Dropped unrun with an instruction that never ran. The VM's own
+    /// code, never a user's.
+    pub(crate) landed: Option<Landed>,
 }
+
+/// See [`Body::landed`]: `None` when the writes landed, else why they did not.
+pub(crate) type Landed = Box<dyn FnOnce(Option<Failure>) + Send>;
 
 /// Tag of the hook that queues an instruction on the VM's pending queue.
 pub(crate) struct PendingTag;
@@ -275,6 +284,7 @@ impl Instruction {
                 inputs: Operands::default(),
                 outputs: Operands::default(),
                 deferred: None,
+                landed: None,
             }),
             small: UnsafeCell::new([0; 16]),
             failure: UnsafeCell::new(None),

@@ -74,15 +74,19 @@ impl VirtualMachine {
             let (c, slot) = Completion::new(shared);
             let c = c.on_stream(&stream);
             let done = completer_for(slot, t, &stream);
-            let f = move |b: &mut [u8]| {
-                b[offset..offset + len].copy_from_slice(&small[..len]);
-                done.complete(Ok(()));
-            };
+            let f = move |b: &mut [u8]| b[offset..offset + len].copy_from_slice(&small[..len]);
             let instr = Instruction::new(
                 "write_small_async",
                 stream.clone(),
                 Kind::Write(WriteFn::new(Box::new(f))),
             );
+            // Resolved once the bytes reached the tensor, not inside the callback: on
+            // device-only memory the callback writes a host staging copy, and only the
+            // copy back after it makes the write done (or failed).
+            // SAFETY: not shared yet; we own the body (ownership step 1).
+            unsafe { instr.body_mut() }.landed = Some(Box::new(move |failure| {
+                done.complete(failure.map_or(Ok(()), |f| Err(f.poison_error())));
+            }));
             submit_on(shared, t, &stream, instr, true)?;
             Ok(c)
         })();
