@@ -64,14 +64,14 @@ pub use engine::DebugCounters;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::drive::EngineToken;
-/// Loom models only: the helper count of the `Helping` protocol (`drive.rs`).
-#[cfg(loom)]
-#[doc(hidden)]
-pub use engine::drive::Helpers;
 /// Loom models only: single-thread mode's waiting word (`drive.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::drive::SingleWaits;
+/// Loom models only: the helper count of the `Helping` protocol (`drive.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use engine::helping::Helpers;
 pub use engine::stats;
 pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
 pub use model::kernel::KernelCtx;

@@ -1,7 +1,7 @@
 //! Loom model of the `Helping` protocol of `drive.rs` at small scale, with the VM's own
 //! engine token (`ivm_std::EngineToken`) and helper count (`ivm_std::Helpers`, both hidden,
 //! `cfg(loom)` only) in the order of operations of `worker.rs`'s `run` closure,
-//! `drive::Owed` and `drive::Helping`:
+//! `helping::Owed` and `helping::Helping`:
 //!
 //! * worker: finishes a job (writes its data, DONE Release), then leaves the release to a
 //!   helper: `EngineToken::mark` and owes a drive if nobody held the engine (`Owed::mark`; in the
@@ -169,7 +169,7 @@ fn model(polls: usize, variant: Variant) {
             // Runs the next instruction "for ever": never settles again.
         });
 
-        // The helper (`drive::spin_while_progress`): registers, polls, leaves, polls.
+        // The helper (`helping::spin_while_progress`): registers, polls, leaves, polls.
         vm.helpers.enter();
         for _ in 0..polls {
             vm.poll();

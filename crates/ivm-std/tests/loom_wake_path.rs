@@ -102,7 +102,7 @@ enum Variant {
     WorkerDrives,
     /// The worker only `unpark()`s (a device completion callback).
     DeviceCompletion,
-    /// The worker leaves the release to the caller (`drive::Owed`): marks the word, and
+    /// The worker leaves the release to the caller (`helping::Owed`): marks the word, and
     /// drives only if nobody took the engine after its mark.
     WorkerDefers,
     /// Planted: the worker neither marks nor unparks after its completion.

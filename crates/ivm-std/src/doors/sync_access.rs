@@ -332,7 +332,7 @@ pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> R
 /// worker). With the skip it spins — yielding its CPU, so that a worker sharing the core
 /// runs — for up to `drive::CALLER_YIELD_SPIN` (long enough for a worker that was just
 /// woken to run: its completion then needs no second wake). Without it, it spins the same
-/// way only while the VM keeps releasing instructions (`drive::spin_while_progress`: the
+/// way only while the VM keeps releasing instructions (`helping::spin_while_progress`: the
 /// queue in front drains fast, a sleep would cost a wake per access). Then it falls back
 /// to the blocking-then-busy wait.
 fn wait_small(
@@ -389,14 +389,14 @@ fn wait_small(
         waiter.btb.skip_blocking();
         let worker = instr.stream.thread.as_deref();
         let running = || worker.is_none_or(|w| !w.is_parked());
-        if crate::engine::drive::spin_yield_until(
+        if crate::engine::helping::spin_yield_until(
             &mut done,
             crate::util::tuning::CALLER_YIELD_SPIN,
             running,
         ) {
             return Ok(());
         }
-    } else if crate::engine::drive::spin_while_progress(&shared.core, &mut done) {
+    } else if crate::engine::helping::spin_while_progress(&shared.core, &mut done) {
         return Ok(());
     }
     // Relaxed: a progress counter compared with itself; no data is read through it.

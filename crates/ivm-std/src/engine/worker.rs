@@ -25,11 +25,11 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let _reentry = ReentryGuard::enter(shared.id);
     let counters = shared.stats.thread(&ctx.name);
     let poll = shared.config.worker_poll_window;
-    // A release this worker owes the engine (see `drive::Owed`).
-    let owed = crate::engine::drive::Owed::default();
+    // A release this worker owes the engine (see `helping::Owed`).
+    let owed = crate::engine::helping::Owed::default();
     let run = |instr: Arc<Instruction>| {
         // Before running anything (it may take long), settle what we owe, unless a
-        // helper spins: it takes care of it (`drive::Helping`).
+        // helper spins: it takes care of it (`helping::Helping`).
         if owed.is_owed() {
             owed.settle(&shared, !shared.helper_spinning());
         }

@@ -1,0 +1,317 @@
+//! Who releases what a worker finished, and how a waiting caller spins: a worker's debt
+//! to the engine ([`Owed`]), a spinning caller registered as a *helper* that pays such debts
+//! ([`Helping`], [`Helpers`], checked by `tests/loom_helpers.rs`), and the two spin loops
+//! of a caller waiting for a result ([`spin_yield_until`], [`spin_while_progress`]). The
+//! token they drive through is `drive.rs`'s.
+
+use core::time::Duration;
+
+use ivm_core::sync::{AtomicUsize, Ordering, fence};
+
+use crate::engine::core::VmCore;
+use crate::engine::drive::Driver;
+use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE_DEFER};
+
+/// A release a worker owes the engine: it finished an instruction, marked the word
+/// ([`EngineToken::mark`](crate::engine::drive::EngineToken::mark)) instead of driving, and found nobody holding the engine. Two reasons
+/// to leave a release to somebody else:
+///
+/// * **a finished sync access** (*patient* debt): its caller is about to come back and
+///   drive the engine anyway (usually within a microsecond), so the engine's data stays
+///   in the caller's cache;
+/// * **a caller is helping** ([`Helping`]) while this worker has more instructions queued:
+///   the helper, spinning on another core, releases the instruction while the worker runs
+///   the next one, so the engine's steps leave the critical path (on a chain of short CPU
+///   kernels they were a third of a microsecond per instruction, mostly cache misses on
+///   engine data last touched by the caller).
+///
+/// Nothing is lost while it waits: the first thread that takes the engine after the mark
+/// drains every input, and the only write that clears `DIRTY` on an unlocked word is such
+/// an acquisition. So the debt is gone as soon as the word no longer reads "dirty,
+/// unlocked". Otherwise the worker pays it (drives) before it runs the next instruction
+/// unless a helper spins, before it sleeps, when idle and nobody helps, and for a patient
+/// debt after about [`RELEASE_DEFER`] of polling.
+#[derive(Debug, Default)]
+pub(crate) struct Owed {
+    owed: std::cell::Cell<bool>,
+    /// Only finished sync accesses are owed (their callers come back to drive).
+    patient: std::cell::Cell<bool>,
+    /// `settle(false)` calls since the mark (the clock is read only from the 64th on).
+    steps: std::cell::Cell<u32>,
+    since: std::cell::Cell<Option<std::time::Instant>>,
+}
+
+impl Owed {
+    /// After a finished instruction the worker does not release itself: mark the word;
+    /// owe a drive if nobody held it. `patient`: a finished sync access (see above).
+    pub(crate) fn mark(&self, shared: &VmCore, patient: bool) {
+        if shared.parking.mark() {
+            if !self.owed.get() {
+                self.owed.set(true);
+                self.patient.set(patient);
+                self.steps.set(0);
+                self.since.set(None);
+            } else if !patient {
+                self.patient.set(false);
+            }
+        }
+    }
+
+    /// A drive attempt (`VmCore::completed`) took care of everything marked so far.
+    pub(crate) fn discharged(&self) {
+        self.owed.set(false);
+    }
+
+    pub(crate) fn is_owed(&self) -> bool {
+        self.owed.get()
+    }
+
+    /// Pays the debt if it is still there and `force`, or nobody helps and it is not
+    /// patient, or it is overdue ([`RELEASE_DEFER`]; a polling worker calls this every
+    /// step, so the clock is read only now and then).
+    pub(crate) fn settle(&self, shared: &VmCore, force: bool) {
+        if !self.owed.get() {
+            return;
+        }
+        if !shared.parking.dirty_unlocked() {
+            // Somebody took the engine after our mark: it saw our input.
+            self.owed.set(false);
+            return;
+        }
+        let overdue = force || (!self.patient.get() && !shared.helper_spinning()) || {
+            let steps = self.steps.get().wrapping_add(1);
+            self.steps.set(steps);
+            match self.since.get() {
+                None if steps >= 64 => {
+                    self.since.set(Some(std::time::Instant::now()));
+                    false
+                }
+                Some(since) if steps.is_multiple_of(16) => since.elapsed() >= RELEASE_DEFER,
+                _ => false,
+            }
+        };
+        if overdue {
+            self.owed.set(false);
+            // If this fails, somebody took the engine after our mark: it sees our input.
+            if shared.parking.try_lock() {
+                shared.drive_as(Driver::Worker);
+            }
+        }
+    }
+}
+
+/// A caller spinning in a wait, registered as a *helper*: while it is registered, a
+/// worker that has more instructions queued leaves the release of the one it finished to
+/// the helper ([`Owed`]), which drives the engine whenever the word reads "dirty,
+/// unlocked" ([`poll`](Self::poll)) and once more when it stops spinning (on drop).
+///
+/// Nothing is left unreleased when the helper leaves: the worker's mark (an RMW on the
+/// wake word) and the helper's deregistration (an RMW on `helpers`) are each followed by a
+/// SeqCst fence and a load of the other word, so at least one of them sees the other (the
+/// store-buffering pattern): either the worker sees no helper and pays its debt before it
+/// runs on, or the leaving helper sees the mark and drives. The counter and its fences
+/// live in [`Helpers`]; the loom model `tests/loom_helpers.rs` checks the protocol.
+pub(crate) struct Helping<'a> {
+    shared: &'a VmCore,
+}
+
+impl<'a> Helping<'a> {
+    /// Registers a helper (multi-thread mode, a caller outside any VM thread).
+    pub(crate) fn enter(shared: &'a VmCore) -> Self {
+        shared.parking.helpers.enter();
+        Self { shared }
+    }
+
+    /// Drives the engine if a worker left it input and nobody holds it.
+    #[inline]
+    pub(crate) fn poll(&self) {
+        if self.shared.parking.dirty_unlocked() {
+            self.shared.help();
+        }
+    }
+}
+
+impl Drop for Helping<'_> {
+    fn drop(&mut self) {
+        // Deregister (RMW, then SeqCst fence), then the load of the wake word in `poll`:
+        // pairs with the worker's mark, fence and load of the count (type docs).
+        self.shared.parking.helpers.leave();
+        self.poll();
+    }
+}
+
+/// The number of registered helpers ([`Helping`]) with the fences of its protocol: a
+/// worker that marked the wake word checks [`spinning`](Self::spinning) before it runs on
+/// owing a release; a helper [`leave`](Self::leave)s, then reads the wake word once more.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_helpers.rs`.
+pub struct Helpers {
+    count: AtomicUsize,
+}
+
+impl std::fmt::Debug for Helpers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Helpers")
+            // Relaxed: a diagnostic snapshot.
+            .field("count", &self.count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Default for Helpers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Helpers {
+    /// No helper registered.
+    pub fn new() -> Self {
+        Self {
+            count: AtomicUsize::new(0),
+        }
+    }
+
+    /// A helper registers (before its first poll of the wake word).
+    pub fn enter(&self) {
+        // Relaxed: nothing is published through it. A worker that misses the increment
+        // merely drives itself; the fences of `spinning` / `leave` order what matters.
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A helper deregisters; the caller then reads the wake word once more (and drives if
+    /// it reads "dirty, unlocked").
+    pub fn leave(&self) {
+        // Relaxed RMW, then a SeqCst fence before the caller's load of the wake word:
+        // pairs with the SeqCst fence in `spinning` (between the worker's marking RMW on
+        // the wake word and its load of the count). Of the two fences, the later one in
+        // their single total order makes its thread see the other thread's RMW: either
+        // the worker reads the count without this helper and pays its debt, or this
+        // helper's poll reads the worker's mark and drives.
+        self.count.fetch_sub(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Worker, after its marking RMW on the wake word ([`EngineToken::mark`](crate::engine::drive::EngineToken::mark)): whether a helper
+    /// is registered, i.e. will see the mark (then the worker may run on owing the
+    /// release).
+    pub fn spinning(&self) -> bool {
+        // SeqCst fence after the worker's marking RMW, before this load: pairs with the
+        // SeqCst fence in `leave` (between the helper's decrement and its load of the
+        // wake word); see there.
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fence above.
+        self.count.load(Ordering::Relaxed) > 0
+    }
+
+    /// [`leave`](Self::leave) without its fence: a planted bug for the loom model
+    /// `tests/loom_helpers.rs` (the helper's poll may miss a mark whose worker saw it
+    /// registered).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_leave_without_fence(&self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// [`spinning`](Self::spinning) without its fence: a planted bug for the loom model
+    /// `tests/loom_helpers.rs` (the worker may read a stale count after the helper's
+    /// last poll missed its mark).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_spinning_without_fence(&self) -> bool {
+        self.count.load(Ordering::Relaxed) > 0
+    }
+}
+
+impl VmCore {
+    /// Whether a caller is registered as a helper (see [`Helping`], [`Helpers::spinning`]:
+    /// a SeqCst fence orders the worker's preceding mark before the load).
+    pub(crate) fn helper_spinning(&self) -> bool {
+        self.parking.helpers.spinning()
+    }
+}
+
+/// Spins until `done()`, for at most `budget`: with spin-loop hints for up to
+/// [`PURE_SPIN`] while `peer_running()` (the thread it waits for is running), else with
+/// `yield_now` (a thread that was just woken is not running yet, and may need this very
+/// core). Returns whether `done()` held.
+pub(crate) fn spin_yield_until(
+    mut done: impl FnMut() -> bool,
+    budget: Duration,
+    peer_running: impl Fn() -> bool,
+) -> bool {
+    let start = std::time::Instant::now();
+    let mut elapsed = Duration::ZERO;
+    let mut steps = 0u32;
+    loop {
+        if done() {
+            return true;
+        }
+        steps = steps.wrapping_add(1);
+        if steps.is_multiple_of(32) {
+            elapsed = start.elapsed();
+            if elapsed >= budget {
+                return false;
+            }
+        }
+        if elapsed < PURE_SPIN && peer_running() {
+            ivm_core::sync::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Spins (yielding) until `done()` while the VM makes progress: gives up after
+/// [`CALLER_STALL`] without any release, or after [`CALLER_PROGRESS_SPIN`]. Returns whether
+/// `done()` held. The threads the caller waits for are known to be running while releases
+/// keep coming, so spinning then costs little and saves the wake at the end; a long kernel
+/// in front stops the releases and the caller goes to sleep after [`CALLER_STALL`].
+///
+/// The caller is a [`Helping`] helper meanwhile: it releases what workers finish, so they
+/// run their next instructions without driving the engine.
+pub(crate) fn spin_while_progress(shared: &VmCore, mut done: impl FnMut() -> bool) -> bool {
+    let helping = Helping::enter(shared);
+    for _ in 0..64 {
+        if done() {
+            return true;
+        }
+        helping.poll();
+        ivm_core::sync::spin_loop();
+    }
+    let start = std::time::Instant::now();
+    let mut last_change = start;
+    // Relaxed: a progress counter compared with itself; no data is read through it.
+    let mut last = shared.finished.load(Ordering::Relaxed);
+    loop {
+        if done() {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        // Relaxed: as above.
+        let f = shared.finished.load(Ordering::Relaxed);
+        if f != last {
+            last = f;
+            last_change = now;
+        } else if now.duration_since(last_change) >= CALLER_STALL {
+            return false;
+        }
+        if now.duration_since(start) >= CALLER_PROGRESS_SPIN {
+            return false;
+        }
+        helping.poll();
+        if now.duration_since(last_change) < PURE_SPIN {
+            // Releases keep coming: the threads we wait for run on other cores, and a
+            // `sched_yield` would only delay noticing `done` (by about a microsecond).
+            for _ in 0..32 {
+                if done() {
+                    return true;
+                }
+                ivm_core::sync::spin_loop();
+            }
+        } else {
+            // Nothing released lately: a thread we wait for may need this core.
+            std::thread::yield_now();
+        }
+    }
+}
