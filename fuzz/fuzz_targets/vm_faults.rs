@@ -73,7 +73,7 @@ fn state() -> (Runner, Sim) {
             event_error: 16,
             alloc_fail: 8,
             slow_copy: 8,
-            copy_fail: 0,
+            copy_fail: 16,
         },
         ..SimConfig::default()
     });
@@ -95,13 +95,14 @@ fn report() {
     let f = sim.0.fault_stats();
     eprintln!(
         "ivm-fuzz vm_faults: {c}; faults injected: {} (launch failed {}, event never \
-         completed {}, event error {}, allocation failed {}, slow copy {})",
+         completed {}, event error {}, allocation failed {}, slow copy {}, copy failed {})",
         f.total(),
         f.kernel_launch_fail,
         f.event_never_completes,
         f.event_error,
         f.alloc_fail,
-        f.slow_copy
+        f.slow_copy,
+        f.copy_fail
     );
 }
 

@@ -249,6 +249,45 @@ fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
     vm.shutdown().unwrap();
 }
 
+/// A copy that fails on a stream done at launch (nobody observes its completion) poisons
+/// its destination, naming the copy: a later reader fails instead of reading the stale
+/// bytes, whoever took the device's error first.
+#[test]
+fn a_failed_copy_poisons_its_destination() {
+    let sim = sim(SimFaults {
+        copy_fail: 1,
+        ..SimFaults::NONE
+    });
+    let vm = vm(&sim);
+    let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+    let src = vm.new_tensor_from(&s, &7u64.to_ne_bytes()).unwrap();
+    let dst = vm.new_tensor_on(&s, 8).unwrap();
+    vm.sync().unwrap();
+    sim.resume_faults();
+    vm.run(|b| b.copy(&s, &src, &dst)).unwrap();
+    // Whether `sync` reports the error depends on who reaches it first; the tensor must
+    // not read as if the copy had happened, nor as if nothing had been asked of it.
+    let _ = vm.sync();
+    sim.heal();
+    let mut out = [0u8; 8];
+    match vm.read_small(&dst, 0, &mut out) {
+        Err(Error::Poisoned {
+            instruction,
+            message,
+        }) => {
+            assert!(instruction.starts_with("copy"), "{instruction}");
+            assert!(message.contains("copy failed"), "{message}");
+        }
+        other => panic!(
+            "after a failed copy the destination reads {other:?} ({})",
+            u64::from_ne_bytes(out)
+        ),
+    }
+    assert_eq!(sim.fault_stats().copy_fail, 1);
+    drop((src, dst));
+    vm.shutdown().unwrap();
+}
+
 // Finding 4: a launch that failed poisoned its outputs on the host at once, while an
 // earlier reader of them, done at launch, was still queued on the device: when the device
 // reached the reader, it found the poison and failed with the later instruction's error.
@@ -373,7 +412,7 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
             event_error: 10,
             alloc_fail: 8,
             slow_copy: 6,
-            copy_fail: 0,
+            copy_fail: 12,
         },
         ..SimConfig::default()
     });
@@ -425,7 +464,8 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
             && f.event_never_completes > 0
             && f.event_error > 0
             && f.alloc_fail > 0
-            && f.slow_copy > 0,
+            && f.slow_copy > 0
+            && f.copy_fail > 0,
         "a fault kind was never injected: {f:?}"
     );
     assert!(c.roots > 0 && c.values > 0 && c.timeouts > 0, "{c}");

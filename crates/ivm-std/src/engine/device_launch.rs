@@ -467,11 +467,23 @@ fn launch_kind(
             // every earlier access of the destination (soft sync: after their device work).
             unsafe { stream.copy(&src.mem, src_offset, &dst.mem, dst_offset, len) }.map_err(err)?;
             if st.policy.done_at_launch() {
-                // Nobody observes this copy's completion: carry poison in stream order.
+                // Nobody observes this copy's completion: carry poison in stream order,
+                // and report a device error pending after it (the copy failed, leaving
+                // the destination stale) by poisoning the destination: its readers fail,
+                // naming this copy.
                 let (s2, d2, st2) = (src.clone(), dst.clone(), st.clone());
+                let label: Arc<str> = instr.label().into();
                 stream
                     .launch_host(Box::new(move || {
-                        if let Some(f) = st2.dev.sticky.get().or_else(|| first_poison([&s2])) {
+                        let failed = st2.dev.stream.take_error().map(|m| Failure {
+                            instruction: label,
+                            message: m.into(),
+                            panicked: false,
+                        });
+                        if let Some(f) = failed
+                            .or_else(|| st2.dev.sticky.get())
+                            .or_else(|| first_poison([&s2]))
+                        {
                             d2.set_poison(&f);
                         }
                     }))

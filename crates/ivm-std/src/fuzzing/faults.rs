@@ -2,7 +2,7 @@
 //!
 //! A device adapter that injects faults (the sim of `ivm-device` with its `SimFaults`:
 //! failing launches, events that never complete or complete with an error, failing
-//! allocations, slow copies; ivm-std cannot name it) is driven through [`FaultControl`].
+//! allocations, slow copies, failing copies; ivm-std cannot name it) is driven through [`FaultControl`].
 //! Nothing tells the harness which instruction a fault hit: it learns the failed
 //! instructions (the *roots*) from the errors the program observes, then replays the
 //! program through a sequential model told which ops failed, and checks:
