@@ -81,8 +81,9 @@ pub use model::stream::Stream;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use model::thread_ctx::{
-    let_go, planted_let_go_recheck_first, planted_let_go_without_fence,
-    planted_let_go_without_recheck, planted_take_role_without_fence, take_role,
+    DEFER_WAKE, let_go, planted_let_go_recheck_first, planted_let_go_without_fence,
+    planted_let_go_without_recheck, planted_skip_wake_by_load, planted_take_role_without_fence,
+    skip_wake, take_role, withdraw_defer,
 };
 pub use model::trace;
 pub use runtime::tensor::Tensor;

@@ -211,3 +211,49 @@ fn completion_waits_run_queued_work() {
     }
     assert!(vm.stats().unwrap().caller_ran > 0);
 }
+
+/// A read that finds its worker asleep is run by its caller, and nobody wakes the worker
+/// for it: the push that queued it left the wake to the caller, who ran it (ARCHITECTURE.md,
+/// "A wake left to the waiting caller"). Without the deferral every such read woke the
+/// worker (a futex wake, 15–20 µs of syscall on a small VM). Each round lets the worker
+/// fall asleep first; the bound leaves room for rounds where it had not yet (then it runs
+/// the read itself, and nothing needs waking either) or where the caller stopped looking.
+#[test]
+fn a_read_that_finds_its_worker_asleep_wakes_nobody() {
+    let vm = VirtualMachine::new(
+        Config::default()
+            .with_worker_poll_window(Duration::ZERO)
+            .with_inline_sync_access(false),
+    )
+    .unwrap();
+    let s = vm.default_stream();
+    let x = vm.new_tensor(8).unwrap();
+    vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+        .unwrap();
+    vm.sync().unwrap();
+    let worker_wakes = |vm: &VirtualMachine| -> usize {
+        let st = vm.stats().unwrap();
+        st.threads
+            .iter()
+            .filter(|t| t.name.contains("cpu:0"))
+            .map(|t| t.wakes)
+            .sum()
+    };
+    let (wakes0, ran0) = (worker_wakes(&vm), vm.stats().unwrap().caller_ran);
+    let rounds = 40;
+    for _ in 0..rounds {
+        std::thread::sleep(Duration::from_millis(2));
+        let mut b = [0u8; 8];
+        vm.read_small(&x, 0, &mut b).unwrap();
+        assert_eq!(u64::from_ne_bytes(b), 7);
+    }
+    let (wakes, ran) = (
+        worker_wakes(&vm) - wakes0,
+        vm.stats().unwrap().caller_ran - ran0,
+    );
+    assert!(ran > 0, "no read ran on its caller in {rounds} rounds");
+    assert!(
+        wakes <= rounds / 4,
+        "{wakes} worker wakes for {rounds} reads ({ran} run by the caller)"
+    );
+}

@@ -271,6 +271,17 @@ pub(crate) fn small_access(
         SmallKind::Write
     };
     let (instr, own_done) = take_small(shared, &stream, kind, offset, len);
+    if stream.thread.is_some()
+        && !shared.core.single_thread()
+        && !crate::engine::core::inside(shared.id)
+    {
+        // This caller waits for it below and runs it itself while its worker sleeps
+        // (`worker::caller_runs`): the push that queues it may leave the worker's wake
+        // to us (`thread_ctx.rs`, "A wake left to the waiting caller"); `wait_small`
+        // pays it before it blocks.
+        // Relaxed: published by the pending-queue push (Release/Acquire).
+        instr.status.fetch_or(status::DEFER_WAKE, Ordering::Relaxed);
+    }
     {
         // A ring entry is shared with the ring (count 2), so fill it through its cells,
         // which we own until the push below (ownership step 1).
@@ -398,6 +409,12 @@ fn wait_small(
         }
     } else if crate::engine::helping::spin_while_progress(&shared.core, &mut done) {
         return Ok(());
+    }
+    if let Some(w) = instr.stream.thread.as_deref()
+        && crate::model::thread_ctx::withdraw_defer(&instr.status)
+    {
+        // We stop running the worker's queue ourselves: the wake a push left to us.
+        w.wake();
     }
     // Relaxed: a progress counter compared with itself; no data is read through it.
     let mut last = shared.core.finished.load(Ordering::Relaxed);

@@ -338,7 +338,16 @@ impl Executor<Job> for Exec<'_> {
         }
         match (&instr.stream.thread, instr.stream.policy.placement()) {
             (Some(thread), Placement::SharedWorker | Placement::OwnWorker) => {
-                thread.submit(instr.clone());
+                // A wake its waiting caller may owe (`thread_ctx.rs`): only where that
+                // caller may run it (`worker::caller_may_run`'s rule).
+                // Relaxed: set by the caller before the pending-queue push that brought
+                // the instruction here (Release/Acquire).
+                let defer = instr.status.load(Ordering::Relaxed) & status::DEFER_WAKE != 0
+                    && instr.stream.policy.caller_may_run()
+                    // SAFETY: the engine owns the body until it hands the instruction to
+                    // an executor (ownership step 2); this is that hand-over, not yet done.
+                    && unsafe { instr.body() }.deferred.is_none();
+                thread.submit(instr, defer);
             }
             // Single-thread mode, or a stream that lives on the scheduler.
             _ => crate::engine::execute::execute(instr),

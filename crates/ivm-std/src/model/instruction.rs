@@ -28,6 +28,12 @@ pub(crate) mod status {
     /// Handed by the engine to its waiting caller, who runs it (a sync callback on an idle
     /// stream: see `Engine::can_hand_to_caller`).
     pub(crate) const CLAIMED: u32 = 32;
+    /// Its caller will wait for it and run it itself if its worker sleeps: the push that
+    /// queues it to a sleeping worker may leave the wake to that caller
+    /// (`thread_ctx::skip_wake`, `thread_ctx::withdraw_defer`).
+    pub(crate) const DEFER_WAKE: u32 = 64;
+    /// The push that queued it found the queue empty and left the wake to its caller.
+    pub(crate) const WAKE_SKIPPED: u32 = 128;
 }
 
 /// Operands inline up to 4, spilled to the heap beyond.

@@ -16,15 +16,29 @@
 //! after letting go and the worker's retry after its wake, at least one sees the other
 //! (a SeqCst fence on each side, the store-buffering pattern): either the worker takes
 //! the role, or the caller sees the queue non-empty and notifies.
+//!
+//! # A wake left to the waiting caller
+//!
+//! A sync access whose caller is about to wait for it, and would run it itself while the
+//! worker sleeps, is marked `DEFER_WAKE`. The push that queues it onto an empty queue then
+//! need not wake the worker (a futex wake costs the pushing thread 15–20 µs of syscall on a
+//! small VM, for a worker the caller then beats to the instruction anyway): the caller owes
+//! that wake instead. It pays it by running the queue itself (its `let_go` wakes the worker
+//! if anything is left), or, before it stops looking and blocks, through
+//! [`withdraw_defer`]. The pusher's [`skip_wake`] and the caller's [`withdraw_defer`] are
+//! read-modify-writes of the instruction's status word, so one of them comes first in its
+//! modification order: either the push skips the wake and the caller, blocking later,
+//! sees that and wakes the worker; or the caller withdrew first and the push wakes the
+//! worker itself. (The loom model `tests/loom_deferred_wake.rs`.)
 
 use std::sync::Arc;
 
 use ivm_core::mpsc::{Consumer, Linked, MpscQueue};
 use ivm_core::notifier::Notifier;
-use ivm_core::sync::{AtomicBool, Ordering, fence};
+use ivm_core::sync::{AtomicBool, AtomicU32, Ordering, fence};
 use ivm_core::wait::Wait;
 
-use crate::model::instruction::{Instruction, WorkerTag};
+use crate::model::instruction::{Instruction, WorkerTag, status};
 use crate::util::futex::FutexWait;
 
 /// One worker thread's context: its queue of dispatched instructions and its notifier.
@@ -76,13 +90,24 @@ impl ThreadCtx {
     }
 
     /// Hands `instr` to this worker (engine side). Wakes the worker only on the
-    /// empty-to-non-empty edge; a worker that is draining or polling reaches it anyway.
-    pub(crate) fn submit(&self, instr: Arc<Instruction>) {
-        if self.queue.push(instr) {
+    /// empty-to-non-empty edge (a worker that is draining or polling reaches it anyway),
+    /// and not then either when `may_defer` (the instruction's stream lets a caller run it)
+    /// and its waiting caller took the wake on itself ([`skip_wake`]).
+    pub(crate) fn submit(&self, instr: &Arc<Instruction>, may_defer: bool) {
+        if self.queue.push(instr.clone()) {
+            if may_defer && skip_wake(&instr.status) {
+                return;
+            }
             // Err(Closed) only after shutdown closed us, when the engine is idle: the
             // push above cannot happen then.
             let _ = self.notifier.notify();
         }
+    }
+
+    /// Wakes the worker (a caller that owes it a wake: [`withdraw_defer`]).
+    pub(crate) fn wake(&self) {
+        // Err(Closed): shutdown; the worker drains on its way out.
+        let _ = self.notifier.notify();
     }
 
     /// Test hook: pops one dispatched instruction (no worker thread may run for `self`).
@@ -112,6 +137,42 @@ pub fn take_role<T: Linked<Tag>, Tag>(queue: &MpscQueue<T, Tag>) -> Option<Consu
     fence(Ordering::SeqCst);
     queue.try_consume()
 }
+
+/// The pusher's side of a deferred wake (module docs), after a push that found the queue
+/// empty: whether the instruction whose status word is `word` still has a caller that owes
+/// the wake (`DEFER_WAKE`); records that the wake was skipped either way.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_deferred_wake.rs`.
+pub fn skip_wake(word: &AtomicU32) -> bool {
+    // AcqRel: the Release half publishes the push before this RMW to the caller whose
+    // `withdraw_defer` reads it (that caller then wakes the worker, which must see the
+    // push); the single modification order of the word decides who wakes the worker.
+    word.fetch_or(status::WAKE_SKIPPED, Ordering::AcqRel) & status::DEFER_WAKE != 0
+}
+
+/// The caller's side of a deferred wake (module docs), before it stops running its
+/// worker's queue itself and blocks: withdraws its offer to owe the wake, and returns
+/// whether a push already skipped it (the caller must then wake the worker).
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_deferred_wake.rs`.
+pub fn withdraw_defer(word: &AtomicU32) -> bool {
+    // AcqRel: the Acquire half reads the pusher's Release RMW (its push happens before the
+    // wake we then send); see `skip_wake`.
+    word.fetch_and(!status::DEFER_WAKE, Ordering::AcqRel) & status::WAKE_SKIPPED != 0
+}
+
+/// [`skip_wake`] as a plain load of the caller's offer: a planted bug for the loom model
+/// (the caller may withdraw between the load and the skip, and nobody wakes the worker).
+#[cfg(loom)]
+#[doc(hidden)]
+pub fn planted_skip_wake_by_load(word: &AtomicU32) -> bool {
+    word.load(Ordering::Acquire) & status::DEFER_WAKE != 0
+}
+
+/// The flag values of a deferred wake, for the loom model.
+#[cfg(loom)]
+#[doc(hidden)]
+pub const DEFER_WAKE: u32 = status::DEFER_WAKE;
 
 /// The caller's side of the role protocol (module docs): lets go of the consumer role,
 /// then wakes the queue's worker through `notifier` if anything is queued (the worker may
