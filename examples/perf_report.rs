@@ -13,7 +13,7 @@
 //! | `warm_read_vs_spin_floor` | p50 of 20 000 back-to-back 8-byte `read_small` whose instruction runs on the worker (`inline_sync_access` off; worker within its poll window), over the p50 of a two-thread spin ping-pong round trip, interleaved in 4 chunks |
 //! | `warm_read_p99_us` | p99 of those reads |
 //! | `warm_read_vs_channel_polling` | (extra) the same p50 over a crossbeam request/response round trip with a polling worker, same chunks |
-//! | `cold_read_vs_futex_wake` | p50 of a read after the VM sat idle 10 ms (every VM thread parked; default config: nothing is in flight, so the caller runs the read itself, no wake), over the p50 of a futex wake (from just before the wake call to the woken thread running) after 10 ms asleep; 200 interleaved samples each. `cold_read_worker_vs_futex_wake` reports the same with `inline_sync_access` off (the worker path: the caller wakes the worker, one wake) |
+//! | `cold_read_vs_futex_wake` | p50 of a read after the VM sat idle 10 ms (every VM thread parked; default config: nothing is in flight, so the caller runs the read itself, no wake), over the p50 of a futex wake (from just before the wake call to the woken thread running) after 10 ms asleep; 200 interleaved samples each. `cold_read_worker_vs_futex_wake` reports the same with `inline_sync_access` off (the worker path: the read is queued to the sleeping worker, and its caller runs it without waking it) |
 //! | `inline_read_ns` | p50 of back-to-back reads with nothing in flight, run inline by the caller (default config) |
 //! | `instr_per_s` | instructions each reading one and writing another of 8 tensors on one stream, `run` batches of 64, until `sync()` returns |
 //! | `instr_vs_channel_bound` | `instr_per_s` over one worker running boxed 32-byte closures sent over a crossbeam channel, same count, same run |
@@ -189,12 +189,25 @@ fn warm_reads(rep: &mut Report, quick: bool) {
     let per_chunk = if quick { 1_000 } else { 5_000 };
     let cfg = config().with_inline_sync_access(false);
     let (vm, t) = vm_with_value(cfg, 0xABCD);
+    // The worker sleeps after the ping-pongs between chunks; a read that finds it asleep
+    // runs on its caller and leaves it asleep (ARCHITECTURE.md, "A wake left to the waiting
+    // caller"). A kernel first wakes it, so that the reads measure the worker path, with
+    // the worker within its poll window.
+    let s = vm.default_stream();
+    let wake_worker = || {
+        vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 0xABCD))
+            .expect("run");
+        vm.sync().expect("sync");
+    };
+    wake_worker();
     for _ in 0..2_000 {
         black_box(read8(&vm, &t));
     }
+    let ran_before = vm.stats().map_or(0, |s| s.caller_ran);
     let (mut spin, mut warm, mut chan) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..4 {
         spin.extend(spin_pingpong(per_chunk));
+        wake_worker();
         for _ in 0..per_chunk {
             let s = Instant::now();
             black_box(read8(&vm, &t));
@@ -204,6 +217,8 @@ fn warm_reads(rep: &mut Report, quick: bool) {
     }
     let inline_before = vm.debug_inline_accesses();
     let inline_before = inline_before.0 + inline_before.1;
+    // Measured reads that found the worker asleep anyway and ran on their caller.
+    let on_caller = vm.stats().map_or(0, |s| s.caller_ran) - ran_before;
     let chan50 = pct(&mut chan, 0.5);
     let spin50 = pct(&mut spin, 0.5);
     let warm50 = pct(&mut warm, 0.5);
@@ -214,7 +229,7 @@ fn warm_reads(rep: &mut Report, quick: bool) {
     );
     vm.shutdown().expect("shutdown");
     println!(
-        "warm reads: p50 {:.3} µs, p99 {:.2} µs; spin ping-pong p50 {:.3} µs; crossbeam request/response with a polling worker p50 {:.3} µs ({} samples each)",
+        "warm reads: p50 {:.3} µs, p99 {:.2} µs; spin ping-pong p50 {:.3} µs; crossbeam request/response with a polling worker p50 {:.3} µs ({} samples each; {on_caller} of the reads found the worker asleep and ran on their caller)",
         us(warm50),
         us(warm99),
         us(spin50),
@@ -275,6 +290,7 @@ fn cold_reads(rep: &mut Report, quick: bool) {
     let idle = Duration::from_millis(10);
     let worker = config().with_inline_sync_access(false);
     let (vm, t) = vm_with_value(worker, 7);
+    let ran0 = vm.stats().map_or(0, |s| s.caller_ran);
     let (vm_in, t_in) = vm_with_value(config(), 7);
     let (d0, i0) = vm_in.debug_inline_accesses();
     let base = FutexBaseline::new();
@@ -292,13 +308,14 @@ fn cold_reads(rep: &mut Report, quick: bool) {
         cold_inline.push(s.elapsed());
     }
     drop(base);
+    let on_caller = vm.stats().map_or(0, |s| s.caller_ran) - ran0;
     let (d1, i1) = vm_in.debug_inline_accesses();
     let inline_runs = (d1 - d0) + (i1 - i0);
     let c50 = pct(&mut cold, 0.5);
     let w50 = pct(&mut wake, 0.5);
     let i50 = pct(&mut cold_inline, 0.5);
     println!(
-        "cold reads after {idle:?} idle: default config (inline: {inline_runs} of {n} ran in the caller, no wake) p50 {:.1} µs (p90 {:.1}); worker path (one wake) p50 {:.1} µs (p90 {:.1}); futex wake p50 {:.1} µs (p90 {:.1}); {n} samples each",
+        "cold reads after {idle:?} idle: default config (inline: {inline_runs} of {n} ran in the caller, no wake) p50 {:.1} µs (p90 {:.1}); worker path ({on_caller} of {n} run by their caller, the worker left asleep) p50 {:.1} µs (p90 {:.1}); futex wake p50 {:.1} µs (p90 {:.1}); {n} samples each",
         us(i50),
         us(pct(&mut cold_inline, 0.9)),
         us(c50),
@@ -316,7 +333,7 @@ fn cold_reads(rep: &mut Report, quick: bool) {
     rep.ratio(
         "cold_read_worker_vs_futex_wake",
         rw,
-        "(report: inline off, one wake)",
+        "(report: inline off, queued to the sleeping worker)",
         rw <= 1.2,
     );
     rep.figure("futex_wake_p50_us", us(w50), "µs", "(baseline)", None);
