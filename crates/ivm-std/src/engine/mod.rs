@@ -313,8 +313,10 @@ struct Exec<'a> {
 impl Executor<Job> for Exec<'_> {
     fn dispatch(&mut self, job: &Job, ctx: &DispatchCtx<'_, Job>) -> Dispatched {
         let instr = &job.0;
-        // Relaxed: diagnostic bit; the hand-over below carries the ordering.
-        instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
+        // Relaxed: diagnostic bit; the hand-over below carries the ordering. The bits read
+        // back were set before the pending-queue push that brought it here
+        // (Release/Acquire): `DEFER_WAKE` below.
+        let bits = instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
         crate::model::trace::record(instr, crate::model::trace::Phase::Dispatch);
         if self.inline_small && can_run_inline(ctx, instr) {
             // The driver runs it now (see `can_run_inline`): no hand-over, no wake.
@@ -339,14 +341,11 @@ impl Executor<Job> for Exec<'_> {
         match (&instr.stream.thread, instr.stream.policy.placement()) {
             (Some(thread), Placement::SharedWorker | Placement::OwnWorker) => {
                 // A wake its waiting caller may owe (`thread_ctx.rs`): only where that
-                // caller may run it (`worker::caller_may_run`'s rule).
-                // Relaxed: set by the caller before the pending-queue push that brought
-                // the instruction here (Release/Acquire).
-                let defer = instr.status.load(Ordering::Relaxed) & status::DEFER_WAKE != 0
-                    && instr.stream.policy.caller_may_run()
+                // caller may run it.
+                let defer = bits & status::DEFER_WAKE != 0
                     // SAFETY: the engine owns the body until it hands the instruction to
                     // an executor (ownership step 2); this is that hand-over, not yet done.
-                    && unsafe { instr.body() }.deferred.is_none();
+                    && crate::engine::worker::caller_may_run(instr, unsafe { instr.body() });
                 thread.submit(instr, defer);
             }
             // Single-thread mode, or a stream that lives on the scheduler.

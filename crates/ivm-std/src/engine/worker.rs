@@ -17,7 +17,7 @@ use std::time::Instant;
 use ivm_core::sync::Ordering;
 
 use crate::engine::core::{ReentryGuard, VmCore};
-use crate::model::instruction::Instruction;
+use crate::model::instruction::{Body, Instruction};
 use crate::model::thread_ctx::ThreadCtx;
 
 /// The body of a worker thread.
@@ -151,14 +151,20 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     owed.settle(&shared, true);
 }
 
-/// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]): its
-/// stream allows it (`StreamPolicy::caller_may_run`) and its body is not deferred (a
-/// deferred body completes later, through the stream's own protocol).
-fn caller_may_run(instr: &Instruction) -> bool {
+/// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]), whose
+/// body is `body`: its stream allows it (`StreamPolicy::caller_may_run`) and the body is not
+/// deferred (a deferred body completes later, through the stream's own protocol). Also the
+/// engine's rule for a wake left to the caller (`Exec::dispatch`).
+pub(crate) fn caller_may_run(instr: &Instruction, body: &Body) -> bool {
+    instr.stream.policy.caller_may_run() && body.deferred.is_none()
+}
+
+/// [`caller_may_run`] for the head of a queue whose consumer role the caller holds.
+fn queued_caller_may_run(instr: &Instruction) -> bool {
     // SAFETY: the caller holds the queue's consumer role, so `instr` (queued) is the
     // executor's, which is this caller until it lets go; nobody mutates the body
     // meanwhile (ownership step 3), and this borrow ends before it runs.
-    instr.stream.policy.caller_may_run() && unsafe { instr.body() }.deferred.is_none()
+    caller_may_run(instr, unsafe { instr.body() })
 }
 
 /// A caller about to wait for work queued to the worker of `ctx` runs it itself while
@@ -190,7 +196,7 @@ pub(crate) fn caller_runs(
         // User code runs here as on a worker: a call into this VM from it is refused.
         let _reentry = ReentryGuard::enter(shared.id);
         while !enough() {
-            if !consumer.peek().is_some_and(caller_may_run) {
+            if !consumer.peek().is_some_and(queued_caller_may_run) {
                 break;
             }
             let Some(instr) = consumer.try_pop().item() else {
