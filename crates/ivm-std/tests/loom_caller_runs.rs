@@ -24,6 +24,23 @@
 //! and the worker's retry both miss the other); and a caller that lets go of the role
 //! before it runs the job it popped (the worker runs the next job beside it).
 //!
+//! The second model, a wake left to the waiting caller (`model/thread_ctx.rs`), reuses the
+//! worker and the queue with the VM's own `skip_wake` / `withdraw_defer`:
+//!
+//! * the caller marks its read `DEFER_WAKE` before it is dispatched;
+//! * the engine (a thread of its own: any thread may drive) pushes the read and, when the
+//!   push found the queue empty, wakes the worker unless `skip_wake` says the caller owes
+//!   the wake; then it pushes an ordinary job (waking the worker on the empty edge only);
+//! * the caller (`wait_small`) looks a bounded number of times — takes the role if it can,
+//!   runs the queue up to its read, lets go — then, before it blocks, `withdraw_defer`s
+//!   and wakes the worker if a push skipped the wake; then it blocks until its read ran.
+//!
+//! Both jobs must run once, in order, with no lost wake. Planted bugs, each caught as a
+//! deadlock: a caller that blocks without withdrawing (a skipped wake nobody pays), and a
+//! pusher that decides on a plain load of the caller's offer instead of the RMW (the
+//! caller withdraws between the load and the skip, sees no skip, and nobody wakes the
+//! worker).
+//!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_caller_runs`.
 #![cfg(loom)]
@@ -34,7 +51,7 @@ use std::sync::Arc;
 use ivm_core::LoomWait;
 use ivm_core::mpsc::{self, MpscQueue, Pop};
 use ivm_core::notifier::Notifier;
-use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
+use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, UnsafeCell};
 
 struct Job {
     worker: mpsc::Links<Job>,
@@ -64,6 +81,8 @@ const JOBS: usize = 2;
 struct Vm {
     queue: MpscQueue<Job, W>,
     notifier: Notifier<LoomWait>,
+    /// The deferred-wake model's read: its status word (`DEFER_WAKE`, `WAKE_SKIPPED`).
+    status: AtomicU32,
     /// The ids of the jobs run, in the order they ran: written only by the holder of the
     /// consumer role (loom reports a race otherwise).
     log: UnsafeCell<Vec<usize>>,
@@ -95,6 +114,91 @@ impl Vm {
         self.ran.fetch_add(1, Ordering::Release);
         self.ran_n.notify();
     }
+
+    /// A fresh VM, leaked, not Arc'd: a planted bug panics, and a second panic while
+    /// unwinding a loom Arc aborts the test binary.
+    fn leaked() -> &'static Vm {
+        Box::leak(Box::new(Vm {
+            queue: MpscQueue::new(),
+            notifier: Notifier::new(),
+            status: AtomicU32::new(ivm_std::DEFER_WAKE),
+            log: UnsafeCell::new(Vec::new()),
+            busy: AtomicBool::new(false),
+            ran: AtomicUsize::new(0),
+            ran_n: loom::sync::Notify::new(),
+        }))
+    }
+
+    /// Queues job `id`; whether the queue was empty.
+    fn push(&self, id: usize) -> bool {
+        self.queue.push(Arc::new(Job {
+            worker: mpsc::Links::new(),
+            id,
+        }))
+    }
+
+    /// Blocks until `n` jobs ran (Acquire: pairs with `run`'s Release; the log is visible).
+    fn wait_ran(&self, n: usize) {
+        while self.ran.load(Ordering::Acquire) < n {
+            self.ran_n.wait();
+        }
+    }
+
+    /// The log, once every job ran (`wait_ran(JOBS)`).
+    fn log(&self) -> Vec<usize> {
+        // SAFETY: every job ran (Acquire in `wait_ran`) and nothing else is queued.
+        self.log.with(|p| unsafe { (*p).clone() })
+    }
+}
+
+/// The worker (`worker_loop`): takes the role, drains, lets go and sleeps when the queue
+/// is empty; after a wake it takes the role again, or sleeps again while a caller holds
+/// it; when closed, it takes the role (yielding while a caller holds it) and drains.
+/// `planted_take_role`: its retry without the SeqCst fence.
+fn spawn_worker(vm: &'static Vm, planted_take_role: bool) -> loom::thread::JoinHandle<()> {
+    loom::thread::spawn(move || {
+        loop {
+            let role = if planted_take_role {
+                ivm_std::planted_take_role_without_fence(&vm.queue)
+            } else {
+                ivm_std::take_role(&vm.queue)
+            };
+            let Some(mut consumer) = role else {
+                // A caller holds the role: sleep again (its `let_go` wakes us).
+                match vm.notifier.wait_and_clear() {
+                    Ok(()) => continue,
+                    Err(_closed) => break,
+                }
+            };
+            loop {
+                let mut ran = false;
+                let end = consumer.drain(|j| {
+                    ran = true;
+                    vm.run(j);
+                });
+                if ran {
+                    continue;
+                }
+                if !end.may_sleep() {
+                    loom::thread::yield_now();
+                    continue;
+                }
+                break;
+            }
+            // Let go before sleeping (no re-check: the queue was empty under us).
+            drop(consumer);
+            if vm.notifier.wait_and_clear().is_err() {
+                break;
+            }
+        }
+        let mut consumer = loop {
+            if let Some(c) = ivm_std::take_role(&vm.queue) {
+                break c;
+            }
+            loom::thread::yield_now();
+        };
+        consumer.drain_until_empty(|j| vm.run(j));
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -115,62 +219,8 @@ enum Variant {
 
 fn model(variant: Variant) {
     loom::model(move || {
-        // Leaked, not Arc'd: a planted bug panics, and a second panic while unwinding a
-        // loom Arc aborts the test binary.
-        let vm: &'static Vm = Box::leak(Box::new(Vm {
-            queue: MpscQueue::new(),
-            notifier: Notifier::new(),
-            log: UnsafeCell::new(Vec::new()),
-            busy: AtomicBool::new(false),
-            ran: AtomicUsize::new(0),
-            ran_n: loom::sync::Notify::new(),
-        }));
-
-        // The worker (`worker_loop`).
-        let worker = loom::thread::spawn(move || {
-            loop {
-                let role = if variant == Variant::PlantedTakeRoleWithoutFence {
-                    ivm_std::planted_take_role_without_fence(&vm.queue)
-                } else {
-                    ivm_std::take_role(&vm.queue)
-                };
-                let Some(mut consumer) = role else {
-                    // A caller holds the role: sleep again (its `let_go` wakes us).
-                    match vm.notifier.wait_and_clear() {
-                        Ok(()) => continue,
-                        Err(_closed) => break,
-                    }
-                };
-                loop {
-                    let mut ran = false;
-                    let end = consumer.drain(|j| {
-                        ran = true;
-                        vm.run(j);
-                    });
-                    if ran {
-                        continue;
-                    }
-                    if !end.may_sleep() {
-                        loom::thread::yield_now();
-                        continue;
-                    }
-                    break;
-                }
-                // Let go before sleeping (no re-check: the queue was empty under us).
-                drop(consumer);
-                if vm.notifier.wait_and_clear().is_err() {
-                    break;
-                }
-            }
-            // Closed: take the role (yield while a caller holds it) and drain.
-            let mut consumer = loop {
-                if let Some(c) = ivm_std::take_role(&vm.queue) {
-                    break c;
-                }
-                loom::thread::yield_now();
-            };
-            consumer.drain_until_empty(|j| vm.run(j));
-        });
+        let vm = Vm::leaked();
+        let worker = spawn_worker(vm, variant == Variant::PlantedTakeRoleWithoutFence);
 
         // The caller about to wait (`caller_runs`): if something is queued, takes the
         // role, runs what is queued, then lets go (one look, anywhere between the pushes).
@@ -209,23 +259,14 @@ fn model(variant: Variant) {
 
         // The engine: dispatches the jobs (`ThreadCtx::submit`), then waits for them.
         for id in 0..JOBS {
-            let job = Arc::new(Job {
-                worker: mpsc::Links::new(),
-                id,
-            });
-            if vm.queue.push(job) {
+            if vm.push(id) {
                 let _ = vm.notifier.notify();
             }
         }
-        // Acquire: pairs with the runners' Release increments (the log is visible).
-        while vm.ran.load(Ordering::Acquire) < JOBS {
-            vm.ran_n.wait();
-        }
+        vm.wait_ran(JOBS);
         caller.join().unwrap();
-        // SAFETY: every job ran (Acquire above) and nothing else is queued.
-        let log = vm.log.with(|p| unsafe { (*p).clone() });
         assert_eq!(
-            log,
+            vm.log(),
             (0..JOBS).collect::<Vec<_>>(),
             "each job once, in queue order"
         );
@@ -281,4 +322,99 @@ fn planted_let_go_without_fence() {
 #[should_panic(expected = "deadlock")]
 fn planted_take_role_without_fence() {
     model(Variant::PlantedTakeRoleWithoutFence);
+}
+
+// ---- a wake left to the waiting caller ----------------------------------------------
+
+/// How many times the deferred-wake model's caller looks before it blocks.
+const LOOKS: usize = 2;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Deferred {
+    Sound,
+    /// Planted: the caller blocks without withdrawing its offer.
+    PlantedNoWithdraw,
+    /// Planted: the pusher skips the wake on a plain load of the caller's offer.
+    PlantedSkipByLoad,
+}
+
+fn deferred_model(variant: Deferred) {
+    loom::model(move || {
+        let vm = Vm::leaked();
+        let worker = spawn_worker(vm, false);
+        let read_ran = || vm.ran.load(Ordering::Acquire) >= 1;
+
+        // The engine (`ThreadCtx::submit`): the caller's read, then an ordinary job.
+        let engine = loom::thread::spawn(move || {
+            if vm.push(0) {
+                let skip = if variant == Deferred::PlantedSkipByLoad {
+                    ivm_std::planted_skip_wake_by_load(&vm.status)
+                } else {
+                    ivm_std::skip_wake(&vm.status)
+                };
+                if !skip {
+                    let _ = vm.notifier.notify();
+                }
+            }
+            if vm.push(1) {
+                let _ = vm.notifier.notify();
+            }
+        });
+
+        // The caller (`wait_small`): a few looks, each running the queue up to its read
+        // if it gets the role; then it withdraws its offer and blocks.
+        for _ in 0..LOOKS {
+            if read_ran() {
+                break;
+            }
+            if let Some(mut consumer) = vm.queue.try_consume() {
+                while !read_ran() {
+                    match consumer.try_pop() {
+                        Pop::Item(j) => vm.run(j),
+                        _ => break,
+                    }
+                }
+                ivm_std::let_go(consumer, &vm.notifier);
+            }
+            loom::thread::yield_now();
+        }
+        if !read_ran() {
+            if variant != Deferred::PlantedNoWithdraw && ivm_std::withdraw_defer(&vm.status) {
+                let _ = vm.notifier.notify();
+            }
+            vm.wait_ran(1);
+        }
+        engine.join().unwrap();
+        // Both jobs run, by whoever: the worker is woken for what the caller left.
+        vm.wait_ran(JOBS);
+        assert_eq!(
+            vm.log(),
+            (0..JOBS).collect::<Vec<_>>(),
+            "each job once, in order"
+        );
+        vm.notifier.close();
+        worker.join().unwrap();
+    });
+}
+
+#[test]
+fn a_skipped_wake_is_paid_by_the_waiting_caller() {
+    deferred_model(Deferred::Sound);
+}
+
+/// A caller that blocks without withdrawing its offer: a push that skipped the wake for it
+/// leaves the read queued to a sleeping worker. Loom must find the deadlock.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_block_without_withdrawing() {
+    deferred_model(Deferred::PlantedNoWithdraw);
+}
+
+/// A pusher that decides on a plain load of the caller's offer: the caller may withdraw
+/// after the load, find no skipped wake recorded, and block; nobody wakes the worker.
+/// Loom must find the deadlock.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_skip_by_load() {
+    deferred_model(Deferred::PlantedSkipByLoad);
 }

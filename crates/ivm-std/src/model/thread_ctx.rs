@@ -29,7 +29,7 @@
 //! read-modify-writes of the instruction's status word, so one of them comes first in its
 //! modification order: either the push skips the wake and the caller, blocking later,
 //! sees that and wakes the worker; or the caller withdrew first and the push wakes the
-//! worker itself. (The loom model `tests/loom_deferred_wake.rs`.)
+//! worker itself. (The loom model `tests/loom_caller_runs.rs` (its second model).)
 
 use std::sync::Arc;
 
@@ -142,7 +142,7 @@ pub fn take_role<T: Linked<Tag>, Tag>(queue: &MpscQueue<T, Tag>) -> Option<Consu
 /// empty: whether the instruction whose status word is `word` still has a caller that owes
 /// the wake (`DEFER_WAKE`); records that the wake was skipped either way.
 ///
-/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_deferred_wake.rs`.
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs` (its second model).
 pub fn skip_wake(word: &AtomicU32) -> bool {
     // AcqRel: the Release half publishes the push before this RMW to the caller whose
     // `withdraw_defer` reads it (that caller then wakes the worker, which must see the
@@ -154,7 +154,7 @@ pub fn skip_wake(word: &AtomicU32) -> bool {
 /// worker's queue itself and blocks: withdraws its offer to owe the wake, and returns
 /// whether a push already skipped it (the caller must then wake the worker).
 ///
-/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_deferred_wake.rs`.
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs` (its second model).
 pub fn withdraw_defer(word: &AtomicU32) -> bool {
     // AcqRel: the Acquire half reads the pusher's Release RMW (its push happens before the
     // wake we then send); see `skip_wake`.
