@@ -115,8 +115,14 @@ fn observe(dev: &DeviceCtx, instr_label: impl FnOnce() -> String) -> Option<Fail
     if let Some(f) = dev.sticky.take() {
         return Some(f);
     }
+    device_error(dev, || instr_label().into())
+}
+
+/// The error the device reported on `dev`'s stream since it was last taken (taken now), as
+/// a failure of the instruction `label` names.
+fn device_error(dev: &DeviceCtx, label: impl FnOnce() -> Arc<str>) -> Option<Failure> {
     dev.stream.take_error().map(|m| Failure {
-        instruction: instr_label().into(),
+        instruction: label(),
         message: m.into(),
         panicked: false,
     })
@@ -193,13 +199,8 @@ fn queue_landed(instr: &Instruction, outputs: &Operands, landed: Landed) -> Resu
     let s2 = slot.clone();
     let host: HostFn = Box::new(move || {
         let outs = outs.as_slice();
-        let f = match st.dev.stream.take_error() {
-            Some(m) => {
-                let f = Failure {
-                    instruction: label,
-                    message: m.into(),
-                    panicked: false,
-                };
+        let f = match device_error(&st.dev, || label) {
+            Some(f) => {
                 st.dev.sticky.set(&f);
                 poison_all(outs, &f);
                 Some(f)
@@ -475,12 +476,7 @@ fn launch_kind(
                 let label: Arc<str> = instr.label().into();
                 stream
                     .launch_host(Box::new(move || {
-                        let failed = st2.dev.stream.take_error().map(|m| Failure {
-                            instruction: label,
-                            message: m.into(),
-                            panicked: false,
-                        });
-                        if let Some(f) = failed
+                        if let Some(f) = device_error(&st2.dev, || label)
                             .or_else(|| st2.dev.sticky.get())
                             .or_else(|| first_poison([&s2]))
                         {
@@ -565,14 +561,13 @@ fn queue(
             return;
         }
         if matches!(work, Queued::Read(_, Some(_)) | Queued::Write(_, Some(_)))
-            && let Some(m) = st.dev.stream.take_error()
+            && let Some(f) = device_error(&st.dev, || format!("{name}#{id}").into())
         {
             // A staged callback must not run on a staging copy that a failed copy-in left
             // zeroed (a write would then copy those zeros back to the device). The error
             // becomes the stream's sticky failure, so that a host observer still gets it
             // once: the waiter's finisher, or the async completion of the callback dropped
             // here unrun (`completion::dropped_error`).
-            let f = fail(m, false);
             st.dev.sticky.set(&f);
             poison_all(outs, &f);
             return;
