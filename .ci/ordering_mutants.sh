@@ -3,7 +3,8 @@
 # models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
 #
 # For every site in ivm-core's sources and in ivm-std's engine token (engine/drive.rs) —
-# or in the files named on the command line (ivm-std's `model/thread_ctx.rs`, ivm-engine's
+# or in the files named on the command line (ivm-std's `model/thread_ctx.rs` and
+# `model/express.rs`, ivm-engine's
 # `completer.rs` have models too) —
 # outside test modules and `fn planted_*` bodies (bugs planted on purpose):
 #   * each Acquire / Release / AcqRel / SeqCst in code is replaced by Relaxed, one at a
@@ -101,7 +102,7 @@ models() {
         crates/ivm-std/*)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
                 --target-dir target/mutants -p ivm-std --test loom_wake_path --test loom_helpers \
-                --test loom_single_waits --test loom_caller_runs \
+                --test loom_single_waits --test loom_caller_runs --test loom_express \
                 -- --skip planted ;;
         crates/ivm-engine/*)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \

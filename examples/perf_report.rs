@@ -10,7 +10,7 @@
 //!
 //! | figure | what |
 //! |---|---|
-//! | `warm_read_vs_spin_floor` | p50 of 20 000 back-to-back 8-byte `read_small` whose instruction runs on the worker (`inline_sync_access` off; worker within its poll window), over the p50 of a two-thread spin ping-pong round trip, interleaved in 4 chunks |
+//! | `warm_read_vs_spin_floor` | p50 of 20 000 back-to-back 8-byte `read_small` done by the worker (`inline_sync_access` off; worker within its poll window; nothing in flight, so through its express lane, `model/express.rs`), over the p50 of a two-thread spin ping-pong round trip, interleaved in 4 chunks |
 //! | `warm_read_p99_us` | p99 of those reads |
 //! | `warm_read_vs_channel_polling` | (extra) the same p50 over a crossbeam request/response round trip with a polling worker, same chunks |
 //! | `cold_read_vs_futex_wake` | p50 of a read after the VM sat idle 10 ms (every VM thread parked; default config: nothing is in flight, so the caller runs the read itself, no wake), over the p50 of a futex wake (from just before the wake call to the woken thread running) after 10 ms asleep; 200 interleaved samples each. `cold_read_worker_vs_futex_wake` reports the same with `inline_sync_access` off (the worker path: the read is queued to the sleeping worker, and its caller runs it without waking it) |
@@ -193,17 +193,32 @@ fn warm_reads(rep: &mut Report, quick: bool) {
     // runs on its caller and leaves it asleep (ARCHITECTURE.md, "A wake left to the waiting
     // caller"). A kernel first wakes it, so that the reads measure the worker path, with
     // the worker within its poll window.
+    // `sync()` would not do: a waiting caller runs the kernel itself while the worker is
+    // still waking, and the worker, woken to an empty queue, sleeps again at once. So the
+    // kernel raises a flag that this thread spins on, outside the VM.
     let s = vm.default_stream();
+    let ran = Arc::new(AtomicBool::new(false));
     let wake_worker = || {
-        vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 0xABCD))
-            .expect("run");
-        vm.sync().expect("sync");
+        ran.store(false, Ordering::Relaxed);
+        let r = ran.clone();
+        vm.run(|b| {
+            b.call(&s, &[], &[&t], move |k| {
+                k.output_u64(0)[0] = 0xABCD;
+                // Release: the kernel's write before the flag (read below with Acquire).
+                r.store(true, Ordering::Release);
+            })
+        })
+        .expect("run");
+        while !ran.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
     };
     wake_worker();
     for _ in 0..2_000 {
         black_box(read8(&vm, &t));
     }
     let ran_before = vm.stats().map_or(0, |s| s.caller_ran);
+    let express_before = vm.debug_express_accesses();
     let (mut spin, mut warm, mut chan) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..4 {
         spin.extend(spin_pingpong(per_chunk));
@@ -217,6 +232,7 @@ fn warm_reads(rep: &mut Report, quick: bool) {
     }
     let inline_before = vm.debug_inline_accesses();
     let inline_before = inline_before.0 + inline_before.1;
+    let express = vm.debug_express_accesses() - express_before;
     // Measured reads that found the worker asleep anyway and ran on their caller.
     let on_caller = vm.stats().map_or(0, |s| s.caller_ran) - ran_before;
     let chan50 = pct(&mut chan, 0.5);
@@ -229,7 +245,7 @@ fn warm_reads(rep: &mut Report, quick: bool) {
     );
     vm.shutdown().expect("shutdown");
     println!(
-        "warm reads: p50 {:.3} µs, p99 {:.2} µs; spin ping-pong p50 {:.3} µs; crossbeam request/response with a polling worker p50 {:.3} µs ({} samples each; {on_caller} of the reads found the worker asleep and ran on their caller)",
+        "warm reads: p50 {:.3} µs, p99 {:.2} µs; spin ping-pong p50 {:.3} µs; crossbeam request/response with a polling worker p50 {:.3} µs ({} samples each; {express} of the reads went through the worker's express lane, {on_caller} found the worker asleep and ran on their caller)",
         us(warm50),
         us(warm99),
         us(spin50),

@@ -74,6 +74,10 @@ pub use engine::drive::SingleWaits;
 pub use engine::helping::Helpers;
 pub use engine::stats;
 pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadStats, VmStats};
+/// Loom models only: a worker's express lane (`model/express.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use model::express::{EXPRESS_MAX, Express, ExpressLane, Planted};
 pub use model::kernel::KernelCtx;
 pub use model::stream::Stream;
 /// Loom models only: the consumer-role hand-over between a worker and a caller that runs

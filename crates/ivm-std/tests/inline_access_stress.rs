@@ -10,8 +10,10 @@
 //! * a thread owns a second tensor `u`: it sync-writes `[i, i]` and reads back exactly
 //!   that, while another thread sync-reads `u` and checks it is never torn.
 //!
-//! The final value of `t` equals the number of kernels, and accesses took both inline
-//! paths: done directly by the caller with the engine idle (`VmShared::try_direct`), and
+//! The final value of `t` equals the number of kernels. The second test runs the same
+//! with `inline_sync_access` off, where an access that finds nothing in flight is handed to
+//! the polling worker through its express lane instead (`model/express.rs`). In the first,
+//! accesses took both inline paths: done directly by the caller with the engine idle (`VmShared::try_direct`), and
 //! run as a ready instruction by the thread driving the engine
 //! (`Engine::can_run_inline`); the arguments for why they are correct are there.
 
@@ -33,16 +35,18 @@ fn read_pair(vm: &VirtualMachine, t: &Tensor) -> (u64, u64) {
     pair(&b)
 }
 
-#[test]
-fn inline_accesses_stay_ordered_against_concurrent_writes() {
+/// Two rounds of the scenario (module docs) on VMs of `config`: how many accesses were
+/// done directly by their caller, run inline as instructions, and done through a worker's
+/// express lane.
+fn stress(config: Config) -> (usize, usize, usize) {
     let kernels: u64 = if cfg!(debug_assertions) {
         3_000
     } else {
         20_000
     };
-    let (mut direct_total, mut inline_total) = (0, 0);
+    let (mut direct_total, mut inline_total, mut express_total) = (0, 0, 0);
     for round in 0..2 {
-        let vm = Arc::new(VirtualMachine::new(Config::default()).unwrap());
+        let vm = Arc::new(VirtualMachine::new(config.clone()).unwrap());
         let t = vm.new_tensor(16).unwrap();
         let u = vm.new_tensor(16).unwrap();
         let stop = AtomicBool::new(false);
@@ -113,6 +117,7 @@ fn inline_accesses_stay_ordered_against_concurrent_writes() {
         let (direct, inline) = vm.debug_inline_accesses();
         direct_total += direct;
         inline_total += inline;
+        express_total += vm.debug_express_accesses();
         drop((t, u));
         vm.shutdown().unwrap();
         let c = vm.debug_counters();
@@ -121,11 +126,44 @@ fn inline_accesses_stay_ordered_against_concurrent_writes() {
             (0, 0, 0, 0)
         );
     }
+    eprintln!(
+        "direct accesses {direct_total}, inline instructions {inline_total}, express {express_total}"
+    );
+    (direct_total, inline_total, express_total)
+}
+
+#[test]
+fn inline_accesses_stay_ordered_against_concurrent_writes() {
+    let (direct_total, inline_total, _) = stress(Config::default());
     // Both paths were exercised (else the test would not check them).
-    eprintln!("direct accesses {direct_total}, inline instructions {inline_total}");
     assert!(
         direct_total > 0,
         "no access was done directly by its caller"
     );
     assert!(inline_total > 0, "no access ran inline as an instruction");
+}
+
+/// With `inline_sync_access` off, an access that finds the engine at rest and the stream's
+/// worker polling is handed to that worker through its express lane (`model/express.rs`,
+/// `VmShared::try_direct`): it must stay ordered against the same concurrent writes.
+#[test]
+fn express_accesses_stay_ordered_against_concurrent_writes() {
+    // Whether an access finds the engine at rest is up to the timing: once readers fall
+    // behind each other, their instructions keep the engine busy. Repeat until one did.
+    let mut express = 0;
+    for _ in 0..20 {
+        let (direct, _, e) = stress(Config::default().with_inline_sync_access(false));
+        assert_eq!(
+            direct, 0,
+            "an access was done by its caller with inline accesses off"
+        );
+        express += e;
+        if express > 0 {
+            break;
+        }
+    }
+    assert!(
+        express > 0,
+        "no access went through a worker's express lane"
+    );
 }

@@ -235,6 +235,45 @@ fn direct_access(
     Ok(())
 }
 
+/// A small access handed to the polling worker `worker` through its express lane, with the
+/// engine held and at rest (as [`direct_access`]). `None` when the worker declined: its
+/// lane was closed (it went to sleep), or it did not take the access within
+/// `tuning::EXPRESS_PATIENCE` (it is not running): nothing was done, and the caller takes
+/// the instruction path.
+fn express_access(
+    worker: &crate::model::thread_ctx::ThreadCtx,
+    t: &Tensor,
+    offset: usize,
+    read: Option<&mut [u8]>,
+    write: Option<&[u8]>,
+) -> Option<Result<()>> {
+    let blob = t.blob();
+    if let Some(f) = blob.poison() {
+        return Some(Err(f.poison_error()));
+    }
+    let base = blob.mem.host_ptr()?.as_ptr();
+    let start = std::time::Instant::now();
+    let mut looks = 0u32;
+    let give_up = || {
+        looks = looks.wrapping_add(1);
+        looks.is_multiple_of(64) && start.elapsed() >= crate::util::tuning::EXPRESS_PATIENCE
+    };
+    // SAFETY: the engine is held and at rest (see `direct_access`): we are the only poster
+    // (posting needs the engine), nothing else touches the blob until we let go, and we
+    // wait for the worker's answer (or withdraw) before returning; `offset + len` is
+    // within the tensor and `len <= 16` (`small_access` checked both); `base` is its host
+    // memory, alive while `t` is.
+    let done = unsafe {
+        let at = base.add(offset);
+        match (read, write) {
+            (Some(out), _) => worker.express.read(at, out, give_up),
+            (None, Some(src)) => worker.express.write(at, src, give_up),
+            (None, None) => return Some(Ok(())),
+        }
+    };
+    (done == crate::model::express::Express::Done).then_some(Ok(()))
+}
+
 /// `read_small` / `write_small`.
 pub(crate) fn small_access(
     shared: &Arc<VmShared>,
@@ -252,17 +291,33 @@ pub(crate) fn small_access(
     check_bounds(t, offset, len)?;
     let stream = shared.default_stream_of(t.device())?;
     soft_sync(shared, t, &stream)?;
-    if shared.core.config.inline_sync_access
-        && !stream.dev.is_async()
-        && t.blob().mem.host_ptr().is_some()
-    {
+    let host = !stream.dev.is_async() && t.blob().mem.host_ptr().is_some();
+    if host && shared.core.config.inline_sync_access {
         // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
         let mut result = None;
         let read = &mut read;
         if shared.core.try_direct(|| {
             result = Some(direct_access(t, offset, len, read.as_deref_mut(), write));
+            true
         }) {
             return result.unwrap_or(Ok(()));
+        }
+    } else if host
+        && let Some(worker) = stream.thread.as_deref()
+        && worker.express.is_open()
+        && !shared.core.single_thread()
+        && !crate::engine::core::inside(shared.id)
+    {
+        // The access runs on the stream's worker, which polls: with nothing in flight it
+        // needs no instruction either, only the worker's hands (`model/express.rs`).
+        let mut result = None;
+        let read = &mut read;
+        if shared.core.try_direct(|| {
+            result = express_access(worker, t, offset, read.as_deref_mut(), write);
+            false
+        }) && let Some(r) = result
+        {
+            return r;
         }
     }
     let kind = if read.is_some() {

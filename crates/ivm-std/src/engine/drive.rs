@@ -771,15 +771,17 @@ impl VmCore {
     /// no progress, at most a few steps), and if it is then idle — nothing lively, nothing
     /// received, no probe — runs `f` (the access) right there, holding the engine, and
     /// returns `true`. Then lets go like any driver (driving on if input was marked
-    /// meanwhile).
+    /// meanwhile). `f` returns whether it did the access itself (counted as direct); the
+    /// express lane (`model/express.rs`) hands it to a polling worker instead, or declines.
     ///
     /// Why `f` may touch the tensor's memory: with the engine idle every instruction ever
     /// received is released (its body finished: DONE was read with Acquire), and while we
     /// hold the engine nothing can be dispatched, so no body accesses any tensor. A write
     /// submitted by another thread at the same moment waits in the pending queue and is
     /// handled (and ordered after this access) once we let go. The access itself is a
-    /// plain copy, no user code. `tests/inline_access_stress.rs` checks it under load.
-    pub(crate) fn try_direct(&self, f: impl FnOnce()) -> bool {
+    /// plain copy, no user code, done here or by the stream's polling worker while we wait.
+    /// `tests/inline_access_stress.rs` checks it under load.
+    pub(crate) fn try_direct(&self, f: impl FnOnce() -> bool) -> bool {
         const REST_STEPS: u32 = 8;
         if self.single_thread() {
             // Single-thread mode: the caller drives anyway.
@@ -796,8 +798,7 @@ impl VmCore {
                 self.parking.waits.notify();
             }
             let rest = engine.is_idle() && self.pending.is_empty();
-            if rest {
-                f();
+            if rest && f() {
                 self.cell.count_direct();
             }
             return rest;
@@ -822,8 +823,7 @@ impl VmCore {
             }
             let needs_scheduler = engine.needs_scheduler();
             let rest = engine.is_idle() && self.pending.is_empty() && !needs_scheduler;
-            if rest {
-                f();
+            if rest && f() {
                 self.cell.count_direct();
             }
             (rest, needs_scheduler)

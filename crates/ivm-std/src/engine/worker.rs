@@ -9,7 +9,9 @@
 //!
 //! The worker holds its queue's consumer role while it runs and polls, and lets go of it
 //! while it sleeps: a caller about to wait for queued work may then run it itself
-//! ([`caller_runs`]; the role hand-over is in `thread_ctx.rs`).
+//! ([`caller_runs`]; the role hand-over is in `thread_ctx.rs`). While it polls, its
+//! express lane is open: the engine's holder may hand it a small access directly when the
+//! engine is at rest (`model/express.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -78,6 +80,9 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
                 Err(closed) => break closed,
             }
         };
+        // Polling from now on: the engine's holder may hand us small accesses directly
+        // (`model/express.rs`); closed again before we sleep.
+        ctx.express.open();
         loop {
             let mut ran = false;
             let end = consumer.drain(|i| {
@@ -94,6 +99,16 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             if !end.may_sleep() {
                 // A push is half done: its producer may not wake us. Never sleep here.
                 backoff.spin();
+                continue;
+            }
+            if ctx.express.serve() {
+                // Relaxed: a statistic, written by this thread only.
+                let n = ctx.express_served.load(Ordering::Relaxed);
+                ctx.express_served.store(n + 1, Ordering::Relaxed);
+                just_woken = false;
+                idle_since = None;
+                (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
+                backoff.reset();
                 continue;
             }
             owed.settle(&shared, false);
@@ -126,7 +141,9 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         // Let go of the role before sleeping, so that a waiting caller may run what the
         // engine queues meanwhile (`caller_runs`). No re-check is needed: the last drain
         // found the queue empty while we held the role, so the next push finds it empty
-        // and notifies.
+        // and notifies. The express lane closes first (doing what is posted to it): a
+        // sleeping worker serves nobody.
+        ctx.express.close();
         drop(consumer);
         match park() {
             Ok(()) => {

@@ -5,6 +5,7 @@
 
 pub(crate) mod blob;
 pub(crate) mod dependence;
+pub(crate) mod express;
 pub(crate) mod instruction;
 pub(crate) mod kernel;
 pub(crate) mod pool;

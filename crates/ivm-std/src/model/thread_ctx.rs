@@ -35,9 +35,10 @@ use std::sync::Arc;
 
 use ivm_core::mpsc::{Consumer, Linked, MpscQueue};
 use ivm_core::notifier::Notifier;
-use ivm_core::sync::{AtomicBool, AtomicU32, Ordering, fence};
+use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
+use crate::model::express::ExpressLane;
 use crate::model::instruction::{Instruction, WorkerTag, status};
 use crate::util::futex::FutexWait;
 
@@ -50,6 +51,10 @@ pub(crate) struct ThreadCtx {
     /// until it runs again after a wake). Waiters spin with spin-loop hints only while it
     /// is clear (the worker is running), and yield their CPU otherwise.
     pub(crate) parked: AtomicBool,
+    /// Small accesses handed straight to this worker while it polls (`express.rs`).
+    pub(crate) express: ExpressLane,
+    /// How many of them the worker did (a statistic, written by the worker only).
+    pub(crate) express_served: AtomicUsize,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -67,6 +72,8 @@ impl ThreadCtx {
             queue: MpscQueue::new(),
             notifier: Notifier::new(),
             parked: AtomicBool::new(false),
+            express: ExpressLane::new(),
+            express_served: AtomicUsize::new(0),
         }
     }
 

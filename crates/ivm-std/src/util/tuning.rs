@@ -58,6 +58,12 @@ pub(crate) const PRESIZE: u32 = 256;
 pub(crate) const PROBE_POLL: Duration = Duration::from_micros(100);
 
 // Sync small accesses (`sync_access.rs`).
+/// How long the engine's holder waits for a polling worker to take a small access it
+/// posted to the worker's express lane (`express.rs`) before it withdraws it and takes the
+/// instruction path: a polling worker takes it within a microsecond, so a longer wait
+/// means the worker is not running, and the holder keeps every other submitter waiting.
+pub(crate) const EXPRESS_PATIENCE: Duration = Duration::from_micros(5);
+
 /// Most reusable instructions per ring slot (`Config::sync_ring_capacity` ≤ this).
 pub const RING_MAX: usize = 16;
 

@@ -656,6 +656,21 @@ impl VirtualMachine {
         )
     }
 
+    /// How many small sync accesses the VM's polling workers did through their express
+    /// lanes (`model/express.rs`: no instruction, the engine at rest). For tests and
+    /// benchmarks.
+    #[doc(hidden)]
+    pub fn debug_express_accesses(&self) -> usize {
+        let mut n = 0;
+        let mut k = 0;
+        while let Some(ctx) = self.shared.core.worker(k) {
+            // Relaxed: a statistic.
+            n += ctx.express_served.load(Ordering::Relaxed);
+            k += 1;
+        }
+        n
+    }
+
     /// Live engine objects and instructions in flight. After `shutdown` all are zero.
     #[doc(hidden)]
     pub fn debug_counters(&self) -> DebugCounters {

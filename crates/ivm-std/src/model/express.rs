@@ -1,0 +1,351 @@
+//! A worker's express lane: one small access at a time, handed straight to a polling
+//! worker while the engine is at rest (ARCHITECTURE.md, "The express lane").
+//!
+//! A sync small access on a worker stream normally becomes an instruction: a ring entry,
+//! an engine step, a push onto the worker's queue, the worker's run, its release. When the
+//! engine holder finds the engine at rest (nothing lively, nothing received: what the
+//! inline path of `try_direct` needs) and the stream's worker is polling, none of that is
+//! needed to order the access: the holder posts the access (an address, a length, up to
+//! 16 bytes) to the worker's lane, the worker copies, answers, and the holder lets go of
+//! the engine. One cache line travels there and back; everything the access needs lives
+//! in it.
+//!
+//! # Protocol
+//!
+//! One state word, beside the request in the same line:
+//!
+//! | state | who moves it out, to what |
+//! |---|---|
+//! | `CLOSED` | the worker, [`open`](ExpressLane::open): → `OPEN` |
+//! | `OPEN` | the poster: → `POSTED`; the worker, [`close`](ExpressLane::close): → `CLOSED` |
+//! | `POSTED` | the worker, [`serve`](ExpressLane::serve): → `TAKEN`; the poster, withdrawing: → `OPEN` |
+//! | `TAKEN` | the worker, once the copy is done: → `ANSWERED` |
+//! | `ANSWERED` | the poster: → `OPEN`; the worker, closing: → `CLOSED` |
+//!
+//! * Only one thread posts at a time: the engine's holder (callers are told so under
+//!   `# Safety`). The worker never writes the request, and reads it only in `TAKEN`.
+//! * The worker opens its lane while it polls its queue and closes it before it sleeps or
+//!   exits; closing serves a request that is posted, so nothing posted is ever stranded.
+//!   A poster that finds the lane closed (the worker sleeps) takes another path.
+//! * A poster that waited long enough (the worker was descheduled) withdraws with a
+//!   compare-exchange `POSTED → OPEN`; if that fails the worker has taken the request and
+//!   is copying: the answer comes within a few instructions.
+//! * Once it has posted, the poster reads any state other than `POSTED` / `TAKEN` as
+//!   "answered": `ANSWERED`, or `CLOSED` / `OPEN` when the worker closed (and reopened)
+//!   after answering. The worker's stores after `TAKEN` are all Release and its closing
+//!   is a read-modify-write, so whichever of them the poster's Acquire load reads, the
+//!   worker's copy happens before it.
+//!
+//! The loom model `tests/loom_express.rs` checks each access is done exactly once, the
+//! bytes read are the ones written, and no request is stranded, with planted bugs.
+
+use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
+
+const CLOSED: u32 = 0;
+const OPEN: u32 = 1;
+const POSTED: u32 = 2;
+const TAKEN: u32 = 3;
+const ANSWERED: u32 = 4;
+
+/// The largest access the lane carries (the sync small accesses' largest size).
+pub const EXPRESS_MAX: usize = 16;
+
+/// What a posted access came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Express {
+    /// The worker did it.
+    Done,
+    /// The lane was closed (the worker sleeps, or is gone): nothing was done.
+    Closed,
+    /// The poster gave up before the worker took it: nothing was done.
+    Withdrawn,
+}
+
+/// Planted bugs for the loom model (each must be caught).
+#[cfg(loom)]
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planted {
+    None,
+    /// `open` with a Relaxed store: a poster that reads the reopened lane as "answered"
+    /// is not ordered after the worker's copy (a data race on the buffer).
+    OpenRelaxed,
+    /// `close` with a plain store: a posted request is dropped, and its poster reads a
+    /// buffer nobody wrote.
+    CloseByStore,
+    /// The poster reads the answer through a Relaxed load.
+    AnswerRelaxed,
+}
+
+struct Request {
+    /// The tensor's bytes (host memory).
+    at: *mut u8,
+    len: usize,
+    write: bool,
+    /// A write's bytes on the way in; a read's on the way out.
+    buf: [u8; EXPRESS_MAX],
+}
+
+/// One worker's express lane (module docs). Lives in the worker's `ThreadCtx`.
+#[repr(align(64))]
+pub struct ExpressLane {
+    state: AtomicU32,
+    req: UnsafeCell<Request>,
+    #[cfg(loom)]
+    planted: Planted,
+}
+
+// SAFETY: `req` (with its raw pointer) is written by the one poster only while the state
+// is `OPEN` or `CLOSED`, which the worker never reads it in, and read and written by the
+// worker only in `TAKEN`; the hand-overs are the Release/Acquire pairs of the module
+// docs. The pointer is the poster's to hand over (`read` / `write`'s contract).
+unsafe impl Sync for ExpressLane {}
+// SAFETY: as above; the lane owns nothing the pointer points to.
+unsafe impl Send for ExpressLane {}
+
+impl Default for ExpressLane {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ExpressLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Relaxed: diagnostic only.
+        let state = self.state.load(Ordering::Relaxed);
+        f.debug_struct("ExpressLane")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl ExpressLane {
+    /// A closed lane.
+    pub fn new() -> Self {
+        Self {
+            state: AtomicU32::new(CLOSED),
+            req: UnsafeCell::new(Request {
+                at: std::ptr::null_mut(),
+                len: 0,
+                write: false,
+                buf: [0; EXPRESS_MAX],
+            }),
+            #[cfg(loom)]
+            planted: Planted::None,
+        }
+    }
+
+    /// A closed lane with a planted bug (loom model only).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn with_planted(planted: Planted) -> Self {
+        Self {
+            planted,
+            ..Self::new()
+        }
+    }
+
+    #[cfg(loom)]
+    fn planted(&self, bug: Planted) -> bool {
+        self.planted == bug
+    }
+
+    /// Worker: opens the lane (it polls now). Only the worker moves the lane out of
+    /// `CLOSED`, so a plain store.
+    pub fn open(&self) {
+        #[cfg(loom)]
+        if self.planted(Planted::OpenRelaxed) {
+            self.state.store(OPEN, Ordering::Relaxed);
+            return;
+        }
+        // Release: a poster that posted before we closed, and reads this reopened lane as
+        // its answer, must see the copy we did before closing (module docs).
+        self.state.store(OPEN, Ordering::Release);
+    }
+
+    /// Worker, while it polls: does a posted access. Returns whether it did one.
+    pub fn serve(&self) -> bool {
+        // Relaxed: a cheap look every poll step; the compare-exchange below acquires.
+        if self.state.load(Ordering::Relaxed) != POSTED {
+            return false;
+        }
+        // Acquire: pairs with the poster's Release `OPEN → POSTED`, publishing the request
+        // (and a write's bytes). Fails if the poster withdrew meanwhile.
+        if self
+            .state
+            .compare_exchange(POSTED, TAKEN, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.req.with_mut(|r| {
+            // SAFETY: in `TAKEN` the worker owns the request (module docs); `at..at+len`
+            // is valid and nobody else's until we answer (`read` / `write`'s contract).
+            unsafe {
+                let r = &mut *r;
+                if r.write {
+                    std::ptr::copy_nonoverlapping(r.buf.as_ptr(), r.at, r.len);
+                } else {
+                    std::ptr::copy_nonoverlapping(r.at, r.buf.as_mut_ptr(), r.len);
+                }
+            }
+        });
+        // Release: the copy (into the buffer, or into the tensor) before the answer.
+        self.state.store(ANSWERED, Ordering::Release);
+        true
+    }
+
+    /// Worker, before it sleeps or exits: closes the lane, doing a posted access first.
+    pub fn close(&self) {
+        #[cfg(loom)]
+        if self.planted(Planted::CloseByStore) {
+            self.state.store(CLOSED, Ordering::Release);
+            return;
+        }
+        loop {
+            // Relaxed: the compare-exchange below decides.
+            let s = self.state.load(Ordering::Relaxed);
+            match s {
+                CLOSED => return,
+                // `TAKEN` is the worker's own, never seen here; a posted access is done
+                // first (and may be withdrawn meanwhile: then the look comes back OPEN).
+                POSTED | TAKEN => {
+                    self.serve();
+                }
+                // OPEN or ANSWERED. Release (an RMW, so it also continues the release
+                // sequence of our ANSWERED store): a poster that reads CLOSED as its
+                // answer sees our copy.
+                _ => {
+                    if self
+                        .state
+                        .compare_exchange(s, CLOSED, Ordering::Release, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        return;
+                    }
+                }
+            }
+            ivm_core::sync::spin_loop();
+        }
+    }
+
+    /// Whether the lane is open (a hint: the worker polls).
+    pub fn is_open(&self) -> bool {
+        // Relaxed: a hint; `post` decides with a compare-exchange.
+        self.state.load(Ordering::Relaxed) == OPEN
+    }
+
+    /// Poster: reads `out.len()` bytes at `at` through the worker; `give_up()` is asked
+    /// between looks while the worker has not taken the request.
+    ///
+    /// # Safety
+    /// The caller is the only thread posting to this lane until this returns (the
+    /// engine's holder); `out.len() <= EXPRESS_MAX`; `at..at + out.len()` is valid for
+    /// reads and written by nobody until this returns.
+    pub unsafe fn read(
+        &self,
+        at: *const u8,
+        out: &mut [u8],
+        give_up: impl FnMut() -> bool,
+    ) -> Express {
+        let len = out.len();
+        // SAFETY: forwarded (a read never writes through `at`).
+        let r = unsafe { self.post(at.cast_mut(), len, false, &[], give_up) };
+        if r == Express::Done {
+            self.req.with(|q| {
+                // SAFETY: answered: the worker is done with the request (the Acquire in
+                // `post`), and only a new post, ours, makes it touch it again.
+                unsafe { out.copy_from_slice(&(&(*q).buf)[..len]) }
+            });
+        }
+        r
+    }
+
+    /// Poster: writes `src` at `at` through the worker (see [`read`](Self::read)).
+    ///
+    /// # Safety
+    /// As [`read`](Self::read), and `at..at + src.len()` is valid for writes and accessed
+    /// by nobody else until this returns.
+    pub unsafe fn write(&self, at: *mut u8, src: &[u8], give_up: impl FnMut() -> bool) -> Express {
+        // SAFETY: forwarded.
+        unsafe { self.post(at, src.len(), true, src, give_up) }
+    }
+
+    /// # Safety
+    /// As [`write`](Self::write) (for a write) or [`read`](Self::read).
+    unsafe fn post(
+        &self,
+        at: *mut u8,
+        len: usize,
+        write: bool,
+        src: &[u8],
+        mut give_up: impl FnMut() -> bool,
+    ) -> Express {
+        assert!(len <= EXPRESS_MAX, "ivm: an express access of {len} bytes");
+        // Relaxed: a look before we write the line; the compare-exchange decides.
+        if self.state.load(Ordering::Relaxed) != OPEN {
+            return Express::Closed;
+        }
+        self.req.with_mut(|q| {
+            // SAFETY: we are the only poster and have posted nothing: the state is OPEN or
+            // CLOSED, in which the worker never touches the request; its last use of it
+            // (serving our, or an earlier poster's, request) happened before the answer
+            // that poster acquired, and the engine's hand-over orders posters.
+            let q = unsafe { &mut *q };
+            q.at = at;
+            q.len = len;
+            q.write = write;
+            if write {
+                q.buf[..len].copy_from_slice(src);
+            }
+        });
+        // Release: publishes the request to the worker's Acquire in `serve`.
+        if self
+            .state
+            .compare_exchange(OPEN, POSTED, Ordering::Release, Ordering::Relaxed)
+            .is_err()
+        {
+            return Express::Closed;
+        }
+        #[cfg(loom)]
+        let answer_order = if self.planted(Planted::AnswerRelaxed) {
+            Ordering::Relaxed
+        } else {
+            Ordering::Acquire
+        };
+        #[cfg(not(loom))]
+        let answer_order = Ordering::Acquire;
+        loop {
+            // Acquire: pairs with the worker's Release answer (or its closing RMW, or its
+            // reopening store, both after the answer): the copy is visible.
+            match self.state.load(answer_order) {
+                POSTED => {
+                    // Relaxed: a withdrawn request was never read; nothing to order.
+                    if give_up()
+                        && self
+                            .state
+                            .compare_exchange(POSTED, OPEN, Ordering::Relaxed, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        return Express::Withdrawn;
+                    }
+                }
+                TAKEN => {}
+                s => {
+                    if s == ANSWERED {
+                        // Relaxed: only state; the worker reads nothing through it. Fails
+                        // when the worker closed meanwhile: the lane stays closed.
+                        let _ = self.state.compare_exchange(
+                            ANSWERED,
+                            OPEN,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                    }
+                    return Express::Done;
+                }
+            }
+            ivm_core::sync::spin_loop();
+        }
+    }
+}
