@@ -32,9 +32,9 @@
 //!   is copying: the answer comes within a few instructions.
 //! * Once it has posted, the poster reads any state other than `POSTED` / `TAKEN` as
 //!   "answered": `ANSWERED`, or `CLOSED` / `OPEN` when the worker closed (and reopened)
-//!   after answering. The worker's stores after `TAKEN` are all Release and its closing
-//!   is a read-modify-write, so whichever of them the poster's Acquire load reads, the
-//!   worker's copy happens before it.
+//!   after answering. The answer and the reopening are Release stores, and the closing
+//!   is a read-modify-write (which continues the answer's release sequence), so whichever
+//!   of them the poster's Acquire load reads, the worker's copy happens before it.
 //!
 //! The loom model `tests/loom_express.rs` checks each access is done exactly once, the
 //! bytes read are the ones written, and no request is stranded, with planted bugs.
@@ -212,13 +212,15 @@ impl ExpressLane {
                 POSTED | TAKEN => {
                     self.serve();
                 }
-                // OPEN or ANSWERED. Release (an RMW, so it also continues the release
-                // sequence of our ANSWERED store): a poster that reads CLOSED as its
-                // answer sees our copy.
+                // OPEN or ANSWERED. Relaxed: a read-modify-write continues the release
+                // sequence of our ANSWERED store, so a poster whose Acquire load reads
+                // CLOSED as its answer still synchronises with that store and sees our
+                // copy; nothing else is published (the ordering mutant of a Release here
+                // survives the loom model for that reason).
                 _ => {
                     if self
                         .state
-                        .compare_exchange(s, CLOSED, Ordering::Release, Ordering::Relaxed)
+                        .compare_exchange(s, CLOSED, Ordering::Relaxed, Ordering::Relaxed)
                         .is_ok()
                     {
                         return;
@@ -308,13 +310,14 @@ impl ExpressLane {
             return Express::Closed;
         }
         #[cfg(loom)]
-        let answer_order = if self.planted(Planted::AnswerRelaxed) {
+        let planted_relaxed = self.planted(Planted::AnswerRelaxed);
+        #[cfg(not(loom))]
+        let planted_relaxed = false;
+        let answer_order = if planted_relaxed {
             Ordering::Relaxed
         } else {
             Ordering::Acquire
         };
-        #[cfg(not(loom))]
-        let answer_order = Ordering::Acquire;
         loop {
             // Acquire: pairs with the worker's Release answer (or its closing RMW, or its
             // reopening store, both after the answer): the copy is visible.
