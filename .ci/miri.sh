@@ -4,7 +4,8 @@
 # Dependence cells, the equivalence check and its planted bugs), ivm-std's VM layer:
 # every unit test of the lib (the engine wrapper, the instruction pool and ownership
 # steps, the lazy door's buffers and records, smallfn, the futex) and the reduced VM run
-# of tests/miri_vm.rs (both modes, two streams, the sync-access ring, a kernel panic),
+# of tests/miri_vm.rs (both modes, two streams, the sync-access ring, a kernel panic, the
+# express lane's raw-pointer copies),
 # and ivm-graph's reduced lazy run, tests/miri_graph.rs (the lazy door and the graph
 # runtime's actors and register slots, both modes). Strict provenance everywhere: nothing
 # in the VM or its dependencies casts an integer to a pointer. On 2 cores the ivm-std

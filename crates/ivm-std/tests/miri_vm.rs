@@ -4,7 +4,8 @@
 //! streams (inline and boxed kernels, copies, a barrier), reads and writes through the
 //! sync doors (small accesses, callbacks) and lets a kernel panic. That covers the engine
 //! wrapper, the instruction pool, the instructions' ownership steps (builder → engine →
-//! worker or inline → release → pool) and the sync-access ring under miri's checks
+//! worker or inline → release → pool), the sync-access ring and a worker's express lane
+//! under miri's checks
 //! (ivm-graph's `miri_graph` covers the lazy door). The sizes are the same with
 //! and without miri.
 
@@ -166,4 +167,57 @@ fn kernel_panic_is_observed_and_the_vm_keeps_working() {
         drop((a, b, c, d));
         assert_drained(&vm);
     }
+}
+
+/// Small accesses through a polling worker's express lane (`model/express.rs`: with
+/// `inline_sync_access` off and nothing in flight, the worker copies for the caller, no
+/// instruction): under miri, its raw-pointer copies and the request cell's hand-overs.
+/// A kernel that raises a flag wakes the worker first (the lane is open only while it
+/// polls); the accesses are repeated, re-waking it, until one went through the lane.
+#[test]
+fn small_accesses_through_the_express_lane() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let vm = VirtualMachine::new(Config::default().with_inline_sync_access(false)).unwrap();
+    let s = vm.default_stream();
+    let t = vm.new_tensor(16).unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    for round in 0..20u64 {
+        ran.store(false, Ordering::Relaxed);
+        let r = ran.clone();
+        vm.run(|b| {
+            b.call(&s, &[], &[&t], move |k| {
+                k.output_u64(0)[0] = round;
+                // Release: the kernel's write before the flag (Acquire below).
+                r.store(true, Ordering::Release);
+            })
+        })
+        .unwrap();
+        while !ran.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        for i in 0..4u64 {
+            let v = (round << 8) | i;
+            let mut w = [0u8; 16];
+            w[..8].copy_from_slice(&v.to_ne_bytes());
+            w[8..].copy_from_slice(&(!v).to_ne_bytes());
+            vm.write_small(&t, 0, &w).unwrap();
+            let mut got = [0u8; 16];
+            vm.read_small(&t, 0, &mut got).unwrap();
+            assert_eq!(got, w, "a read missed the write before it");
+        }
+        if vm.debug_express_accesses() > 0 {
+            break;
+        }
+    }
+    assert!(
+        vm.debug_express_accesses() > 0,
+        "no access went through the express lane"
+    );
+    assert_eq!(
+        vm.debug_inline_accesses().0,
+        0,
+        "an access done by its caller"
+    );
+    drop(t);
+    assert_drained(&vm);
 }
