@@ -86,7 +86,11 @@ pub struct Config {
     /// released, nothing else dispatched on the stream, a synchronous device, host-visible
     /// memory — runs in the thread that drives the engine (usually the caller itself)
     /// instead of being handed to the stream's worker: no thread wake at all. `false`
-    /// always hands it to the worker (the benchmarks use this to time the worker path).
+    /// hands it to the worker: with nothing in flight and the worker polling, through the
+    /// worker's express lane (no instruction; ARCHITECTURE.md, "The express lane"), else
+    /// as an instruction, which a caller waiting for it still runs itself while the worker
+    /// sleeps (a stream policy that allows it). The benchmarks use this to time the
+    /// worker path.
     pub inline_sync_access: bool,
     /// Turns on [`crate::model::trace`] recording (process-wide) when the VM starts.
     pub trace: bool,
