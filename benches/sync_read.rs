@@ -3,11 +3,14 @@
 //!
 //! * `vm_inline`: `read_small` of 8 bytes, multi-thread mode, default config:
 //!   nothing is in flight, so the caller runs the read itself (`inline_sync_access`);
-//! * `vm_skip`: the same with `inline_sync_access` off, so the read runs on the default
-//!   stream's worker; notify-skip on (`skip_blocking_threshold` = 2, the default: the
-//!   caller spins from the start);
+//! * `vm_skip`: the same with `inline_sync_access` off, so the read is done by the default
+//!   stream's worker: through its express lane while it polls (nothing in flight: no
+//!   instruction), else as an instruction (which its caller runs itself if the worker
+//!   sleeps); notify-skip on (`skip_blocking_threshold` = 2, the default: the caller
+//!   spins from the start), which only the instruction path uses;
 //! * `vm_no_skip`: the worker path with notify-skip off (`skip_blocking_threshold` = 0:
-//!   the caller first blocks on its notifier until the worker starts the read);
+//!   on the instruction path the caller first blocks on its notifier until the worker
+//!   starts the read);
 //! * `spin_pingpong`: the floor: a two-thread round trip through one atomic, both sides
 //!   spinning with a spin-loop hint;
 //! * `channel_polling`: the caller sends a request over a crossbeam channel to a worker that
