@@ -252,11 +252,20 @@ fn express_access(
         return Some(Err(f.poison_error()));
     }
     let base = blob.mem.host_ptr()?.as_ptr();
+    // Spin briefly (a worker polling on another CPU answers within a microsecond), then
+    // yield between looks (the worker may be waiting for this very CPU), then withdraw.
     let start = std::time::Instant::now();
-    let mut looks = 0u32;
+    let (mut looks, mut yielding) = (0u32, false);
     let give_up = || {
         looks = looks.wrapping_add(1);
-        looks.is_multiple_of(64) && start.elapsed() >= crate::util::tuning::EXPRESS_PATIENCE
+        if !yielding {
+            if looks.is_multiple_of(16) {
+                yielding = start.elapsed() >= crate::util::tuning::EXPRESS_PURE_SPIN;
+            }
+            return false;
+        }
+        std::thread::yield_now();
+        start.elapsed() >= crate::util::tuning::EXPRESS_PATIENCE
     };
     // SAFETY: the engine is held and at rest (see `direct_access`): we are the only poster
     // (posting needs the engine), nothing else touches the blob until we let go, and we
