@@ -240,6 +240,7 @@ fn direct_access(
 /// lane was closed (it went to sleep), or it did not take the access within
 /// `tuning::EXPRESS_PATIENCE` (it is not running): nothing was done, and the caller takes
 /// the instruction path.
+#[inline(never)]
 fn express_access(
     worker: &crate::model::thread_ctx::ThreadCtx,
     t: &Tensor,
