@@ -25,6 +25,20 @@ use crate::model::thread_ctx::ThreadCtx;
 /// The body of a worker thread.
 pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let _reentry = ReentryGuard::enter(shared.id);
+    // Should this thread unwind (bodies are caught in `execute`; this is for the loop
+    // itself), its express lane must not stay open: a poster would wait on it in vain.
+    struct CloseLane<'a>(&'a ThreadCtx);
+    impl Drop for CloseLane<'_> {
+        fn drop(&mut self) {
+            self.0.express.close();
+        }
+    }
+    let _lane = CloseLane(&ctx);
+    // Relaxed: a statistic, written by this thread only.
+    let served = |k: usize| {
+        let n = ctx.express_served.load(Ordering::Relaxed);
+        ctx.express_served.store(n + k, Ordering::Relaxed);
+    };
     let counters = shared.stats.thread(&ctx.name);
     let poll = shared.config.worker_poll_window;
     // A release this worker owes the engine (see `helping::Owed`).
@@ -102,9 +116,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
                 continue;
             }
             if ctx.express.serve() {
-                // Relaxed: a statistic, written by this thread only.
-                let n = ctx.express_served.load(Ordering::Relaxed);
-                ctx.express_served.store(n + 1, Ordering::Relaxed);
+                served(1);
                 just_woken = false;
                 idle_since = None;
                 (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
@@ -143,7 +155,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         // found the queue empty while we held the role, so the next push finds it empty
         // and notifies. The express lane closes first (doing what is posted to it): a
         // sleeping worker serves nobody.
-        ctx.express.close();
+        served(ctx.express.close());
         drop(consumer);
         match park() {
             Ok(()) => {

@@ -26,7 +26,9 @@
 //! one write of the shared line less per access (the line is the whole cost of the lane).
 //!
 //! * Only one thread posts at a time: the engine's holder (callers are told so under
-//!   `# Safety`). The worker never writes the request, and reads it only in `TAKEN`.
+//!   `# Safety`). The worker reads the request, and writes a read's bytes into it, only
+//!   in `TAKEN`; the poster writes it only in `OPEN`, `ANSWERED` or `CLOSED`.
+//! * `open`, `serve` and `close` are the worker's, called from its own thread only.
 //! * The worker opens its lane while it polls its queue and closes it before it sleeps or
 //!   exits; closing serves a request that is posted, so nothing posted is ever stranded.
 //!   A poster that finds the lane closed (the worker sleeps) takes another path.
@@ -36,11 +38,15 @@
 //! * Once it has posted, the poster reads any state other than `POSTED` / `TAKEN` as
 //!   "answered": `ANSWERED`, or `CLOSED` / `OPEN` when the worker closed (and reopened)
 //!   after answering. The answer and the reopening are Release stores, and the closing
-//!   is a read-modify-write (which continues the answer's release sequence), so whichever
-//!   of them the poster's Acquire load reads, the worker's copy happens before it.
+//!   is a read-modify-write, which continues the release sequence of the store it reads
+//!   (the answer's, or the reopening's), so whichever of them the poster's Acquire load
+//!   reads, the worker's copy happens before it.
 //!
-//! The loom model `tests/loom_express.rs` checks each access is done exactly once, the
-//! bytes read are the ones written, and no request is stranded, with planted bugs.
+//! The loom model `tests/loom_express.rs` checks that every access the lane reports done
+//! was done by the worker exactly once (a count of what the worker served), that the
+//! worker's copy and a poster's own access of the bytes never overlap (a loom cell stands
+//! for the tensor), that a read returns the bytes written (never a buffer nobody filled),
+//! and that a poster that never gives up is never stranded; with planted bugs.
 
 use ivm_core::sync::{AtomicU32, Ordering, UnsafeCell};
 
@@ -78,6 +84,9 @@ pub enum Planted {
     CloseByStore,
     /// The poster reads the answer through a Relaxed load.
     AnswerRelaxed,
+    /// The poster withdraws with a plain store instead of a compare-exchange: the worker
+    /// may have taken the request, and copies while the poster does the access itself.
+    WithdrawByStore,
 }
 
 struct Request {
@@ -96,6 +105,10 @@ pub struct ExpressLane {
     req: UnsafeCell<Request>,
     #[cfg(loom)]
     planted: Planted,
+    /// Loom model only: a cell standing for the tensor's bytes, accessed where the worker
+    /// copies (so that loom checks the copy against the poster's own accesses).
+    #[cfg(loom)]
+    memory: Option<&'static UnsafeCell<()>>,
 }
 
 // SAFETY: `req` (with its raw pointer) is written by the one poster only while the state
@@ -135,17 +148,41 @@ impl ExpressLane {
             }),
             #[cfg(loom)]
             planted: Planted::None,
+            #[cfg(loom)]
+            memory: None,
         }
     }
 
-    /// A closed lane with a planted bug (loom model only).
+    /// A closed lane with a planted bug, whose worker's copies access `memory` (loom model
+    /// only).
     #[cfg(loom)]
     #[doc(hidden)]
-    pub fn with_planted(planted: Planted) -> Self {
+    pub fn with_planted(planted: Planted, memory: &'static UnsafeCell<()>) -> Self {
         Self {
             planted,
+            memory: Some(memory),
             ..Self::new()
         }
+    }
+
+    /// Planted: `open` with a Relaxed store.
+    #[cfg(loom)]
+    fn planted_open_relaxed(&self) {
+        self.state.store(OPEN, Ordering::Relaxed);
+    }
+
+    /// Planted: a withdrawal by plain store, whatever the worker did meanwhile.
+    #[cfg(loom)]
+    fn planted_withdraw_by_store(&self) -> Express {
+        self.state.store(OPEN, Ordering::Relaxed);
+        Express::Withdrawn
+    }
+
+    /// Planted: `close` with a plain store (a posted request dropped).
+    #[cfg(loom)]
+    fn planted_close_by_store(&self) -> usize {
+        self.state.store(CLOSED, Ordering::Release);
+        0
     }
 
     #[cfg(loom)]
@@ -156,10 +193,15 @@ impl ExpressLane {
     /// Worker: opens the lane (it polls now). Only the worker moves the lane out of
     /// `CLOSED`, so a plain store.
     pub fn open(&self) {
+        // Relaxed: only the worker leaves CLOSED, and this thread closed it.
+        debug_assert_eq!(
+            self.state.load(Ordering::Relaxed),
+            CLOSED,
+            "ivm: an express lane opened twice"
+        );
         #[cfg(loom)]
         if self.planted(Planted::OpenRelaxed) {
-            self.state.store(OPEN, Ordering::Relaxed);
-            return;
+            return self.planted_open_relaxed();
         }
         // Release: a poster that posted before we closed, and reads this reopened lane as
         // its answer, must see the copy we did before closing (module docs).
@@ -181,6 +223,11 @@ impl ExpressLane {
         {
             return false;
         }
+        #[cfg(loom)]
+        if let Some(memory) = self.memory {
+            // The model's stand-in for the tensor's bytes: the copy below touches them.
+            memory.with_mut(|_| ());
+        }
         self.req.with_mut(|r| {
             // SAFETY: in `TAKEN` the worker owns the request (module docs); `at..at+len`
             // is valid and nobody else's until we answer (`read` / `write`'s contract).
@@ -198,35 +245,35 @@ impl ExpressLane {
         true
     }
 
-    /// Worker, before it sleeps or exits: closes the lane, doing a posted access first.
-    pub fn close(&self) {
+    /// Worker, before it sleeps or exits: closes the lane, doing posted accesses first (one
+    /// may be posted while it closes the last). Returns how many it did.
+    pub fn close(&self) -> usize {
         #[cfg(loom)]
         if self.planted(Planted::CloseByStore) {
-            self.state.store(CLOSED, Ordering::Release);
-            return;
+            return self.planted_close_by_store();
         }
+        let mut served = 0;
         loop {
             // Relaxed: the compare-exchange below decides.
             let s = self.state.load(Ordering::Relaxed);
             match s {
-                CLOSED => return,
+                CLOSED => return served,
                 // `TAKEN` is the worker's own, never seen here; a posted access is done
                 // first (and may be withdrawn meanwhile: then the look comes back OPEN).
-                POSTED | TAKEN => {
-                    self.serve();
-                }
+                POSTED | TAKEN => served += usize::from(self.serve()),
                 // OPEN or ANSWERED. Relaxed: a read-modify-write continues the release
-                // sequence of our ANSWERED store, so a poster whose Acquire load reads
-                // CLOSED as its answer still synchronises with that store and sees our
-                // copy; nothing else is published (the ordering mutant of a Release here
-                // survives the loom model for that reason).
+                // sequence of the store it reads (our ANSWERED, or our reopening), so a
+                // poster whose Acquire load reads CLOSED as its answer still synchronises
+                // with that store and sees our copy; nothing else is published (the
+                // ordering mutant of a Release here survives the loom model for that
+                // reason).
                 _ => {
                     if self
                         .state
                         .compare_exchange(s, CLOSED, Ordering::Relaxed, Ordering::Relaxed)
                         .is_ok()
                     {
-                        return;
+                        return served;
                     }
                 }
             }
@@ -303,6 +350,10 @@ impl ExpressLane {
             q.write = write;
             if write {
                 q.buf[..len].copy_from_slice(src);
+            } else {
+                // Loom model only: a read whose request is dropped would return this.
+                #[cfg(loom)]
+                q.buf.fill(0xEE);
             }
         });
         // Release: publishes the request to the worker's Acquire in `serve`.
@@ -327,6 +378,14 @@ impl ExpressLane {
             // reopening store, both after the answer): the copy is visible.
             match self.state.load(answer_order) {
                 POSTED => {
+                    #[cfg(loom)]
+                    if self.planted(Planted::WithdrawByStore) {
+                        if give_up() {
+                            return self.planted_withdraw_by_store();
+                        }
+                        ivm_core::sync::spin_loop();
+                        continue;
+                    }
                     // Relaxed: a withdrawn request was never read; nothing to order.
                     if give_up()
                         && self
@@ -337,7 +396,11 @@ impl ExpressLane {
                         return Express::Withdrawn;
                     }
                 }
-                TAKEN => {}
+                // The worker is copying; `give_up` also yields our CPU once the spin is
+                // over (a worker preempted mid-copy may need it). Too late to withdraw.
+                TAKEN => {
+                    let _ = give_up();
+                }
                 // ANSWERED (left so: it is as open as OPEN), or CLOSED / OPEN after the
                 // worker closed (and reopened).
                 _ => return Express::Done,
