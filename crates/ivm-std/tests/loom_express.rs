@@ -30,7 +30,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ivm_std::{Express, ExpressLane, Planted};
-use loom::cell::UnsafeCell as LoomCell;
+use loom::cell::UnsafeCell as LoomUnsafeCell;
 
 /// The tensor's bytes (host memory the lane's pointer points to), with a loom cell that
 /// stands for them (the lane's worker accesses it where it copies; a poster where it
@@ -38,7 +38,7 @@ use loom::cell::UnsafeCell as LoomCell;
 /// state aborts the binary.
 struct Memory {
     bytes: std::cell::UnsafeCell<[u8; 8]>,
-    tracker: &'static LoomCell<()>,
+    tracker: &'static LoomUnsafeCell<()>,
 }
 
 // SAFETY: `bytes` is accessed by a poster directly only when the lane did nothing, or by
@@ -96,7 +96,7 @@ fn access(
 
 fn model(planted: Planted, gives_up: bool) {
     loom::model(move || {
-        let tracker = leak(LoomCell::new(()));
+        let tracker = leak(LoomUnsafeCell::new(()));
         let lane = leak(ExpressLane::with_planted(planted, tracker));
         let mem = leak(Memory {
             bytes: std::cell::UnsafeCell::new([0; 8]),
