@@ -7,4 +7,5 @@ pub(crate) mod builder;
 pub mod completion;
 pub mod custom;
 pub mod lazy;
+pub(crate) mod small_ring;
 pub(crate) mod sync_access;

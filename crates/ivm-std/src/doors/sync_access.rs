@@ -3,9 +3,11 @@
 //!
 //! A sync small access (ARCHITECTURE.md, "Sync small-memory access"):
 //! * runs on the tensor's device **default** stream;
-//! * takes a reusable instruction from a thread-local ring per (VM, stream, kind) with
-//!   `Arc::get_mut` (exclusive, and synchronising with the last holder's drop), and
-//!   allocates only when every ring entry is still in flight;
+//! * with nothing in flight, becomes no instruction at all: the caller copies itself
+//!   (`inline_sync_access`), or hands the copy to the stream's polling worker (the
+//!   express lane, `model/express.rs`);
+//! * else takes a reusable instruction from a thread-local ring per (VM, stream, kind)
+//!   (`small_ring.rs`), and allocates only when every ring entry is still in flight;
 //! * the executor copies into / out of a 16-byte buffer inside the instruction, never the
 //!   caller's memory; the caller copies after its Acquire;
 //! * notify-skip when fewer than `skip_blocking_threshold` instructions are in flight;
@@ -13,147 +15,18 @@
 //!   the wait fails with a diagnostic, and the instruction is abandoned (dropped from the
 //!   ring, never reused).
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
+use crate::doors::small_ring::{SmallKind, abandon, take_small};
 use crate::engine::worker::{caller_runs, caller_runs_any};
 use crate::model::instruction::{Instruction, Kind, ReadFn, Waiter, WriteFn, status};
 use crate::model::stream::StreamShared;
 use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
-use crate::util::tuning::{RING_MAX, SLOTS};
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum SmallKind {
-    Read,
-    Write,
-    /// `VirtualMachine::sync`'s barrier (reusable too: `sync()` allocates nothing).
-    Sync,
-}
-
-struct RingSlot {
-    vm: usize,
-    stream: u32,
-    kind: SmallKind,
-    instrs: heapless::Vec<Arc<Instruction>, RING_MAX>,
-}
-
-thread_local! {
-    static RING: RefCell<heapless::Vec<RingSlot, SLOTS>> = const { RefCell::new(heapless::Vec::new()) };
-}
-
-fn small_instruction(
-    stream: &Arc<StreamShared>,
-    kind: SmallKind,
-    offset: usize,
-    len: usize,
-) -> Instruction {
-    let (name, k) = match kind {
-        SmallKind::Read => ("read_small", Kind::SmallRead { offset, len }),
-        SmallKind::Write => ("write_small", Kind::SmallWrite { offset, len }),
-        SmallKind::Sync => ("sync", Kind::Noop),
-    };
-    let mut i = Instruction::new(name, stream.clone(), k);
-    i.waiter = Some(Waiter::new());
-    i.barrier = kind == SmallKind::Sync;
-    i
-}
-
-/// Takes an instruction for one small access: a ring entry this thread holds exclusively
-/// (reset in place, no allocation), a ring filled to its capacity on its first use
-/// (warm-up), or — when every entry is in flight — the first one the engine releases (so
-/// a steady state never allocates). Also returns how many of this ring's earlier accesses
-/// finished but are not released yet.
-fn take_small(
-    shared: &VmShared,
-    stream: &Arc<StreamShared>,
-    kind: SmallKind,
-    offset: usize,
-    len: usize,
-) -> (Arc<Instruction>, usize) {
-    let cap = shared.core.config.sync_ring_capacity.min(RING_MAX);
-    RING.with(|r| {
-        let mut ring = r.borrow_mut();
-        let pos = ring
-            .iter()
-            .position(|s| s.vm == shared.id && s.stream == stream.index && s.kind == kind);
-        let pos = match pos {
-            Some(p) => p,
-            None => {
-                if ring.is_full() {
-                    ring.remove(0);
-                }
-                let slot = RingSlot {
-                    vm: shared.id,
-                    stream: stream.index,
-                    kind,
-                    instrs: heapless::Vec::new(),
-                };
-                // Cannot fail: we made room above.
-                let _ = ring.push(slot);
-                ring.len() - 1
-            }
-        };
-        let slot = &mut ring[pos];
-        let mut waiting_since: Option<std::time::Instant> = None;
-        let mut _hook = None;
-        loop {
-            // Our own earlier accesses that finished but are not released yet (they still
-            // count in `flying`; see `wait_small`).
-            let mut own_done = 0;
-            let mut free = None;
-            for (k, entry) in slot.instrs.iter_mut().enumerate() {
-                // `get_mut` checks strong == 1 and weak == 0 with Acquire, so the engine's
-                // and the executor's last uses happen before we reset it.
-                if Arc::get_mut(entry).is_some() {
-                    free.get_or_insert(k);
-                } else if entry.waiter.as_ref().is_some_and(|w| w.btb.is_done()) {
-                    own_done += 1;
-                }
-            }
-            if let Some(k) = free {
-                let entry = &mut slot.instrs[k];
-                if let Some(m) = Arc::get_mut(entry) {
-                    *m = small_instruction(stream, kind, offset, len);
-                }
-                return (entry.clone(), own_done);
-            }
-            if slot.instrs.len() < cap {
-                // Warm-up, once per slot: the ring is filled to its capacity at once, so
-                // that no later access allocates, however the engine's releases are timed
-                // (growing one entry at a time, a ring that the releases kept small
-                // during a warm-up would grow, and allocate, under a later burst).
-                let fresh = Arc::new(small_instruction(stream, kind, offset, len));
-                let _ = slot.instrs.push(fresh.clone());
-                while slot.instrs.len() < cap {
-                    let spare = Arc::new(small_instruction(stream, kind, 0, 0));
-                    let _ = slot.instrs.push(spare);
-                }
-                return (fresh, own_done);
-            }
-            // Every entry is still held by the engine (finished, not yet released, or
-            // still running): wait for one instead of allocating, helping the engine
-            // release it when nobody drives it. After a whole timeout period (a stuck
-            // VM: the access itself will report it) fall back to a fresh instruction.
-            let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
-            _hook.get_or_insert_with(|| shared.core.wait_scope());
-            if since.elapsed() >= shared.core.config.timeout_period {
-                let fresh = Arc::new(small_instruction(stream, kind, offset, len));
-                return (fresh, own_done);
-            }
-            if shared.core.single_thread() {
-                let _ = shared.core.drive();
-            } else {
-                shared.core.help();
-            }
-            std::thread::yield_now();
-        }
-    })
-}
 
 /// `VirtualMachine::sync`'s barrier instruction (with a waiter), from this thread's ring.
 pub(crate) fn sync_barrier(shared: &VmShared) -> Arc<Instruction> {
@@ -173,19 +46,6 @@ pub(crate) fn sync_wait(shared: &VmShared, instr: Arc<Instruction>) -> Result<()
         return Err(e);
     }
     Ok(())
-}
-
-/// Drops `instr` from this thread's ring (after an error: never reuse it).
-fn abandon(instr: &Arc<Instruction>) {
-    RING.with(|r| {
-        let mut ring = r.borrow_mut();
-        for slot in ring.iter_mut() {
-            if let Some(p) = slot.instrs.iter().position(|i| Arc::ptr_eq(i, instr)) {
-                slot.instrs.swap_remove(p);
-                return;
-            }
-        }
-    });
 }
 
 pub(crate) fn check_size(len: usize) -> Result<()> {
