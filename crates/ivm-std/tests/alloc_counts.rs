@@ -132,6 +132,47 @@ fn steady_state_allocates_nothing() {
         vm.shutdown().unwrap();
     }
 
+    // With inline accesses off, accesses that went through the worker's express lane (no
+    // instruction) warm the instruction ring all the same: one that later falls back to an
+    // instruction (here: the worker asleep, its lane closed) allocates nothing either.
+    {
+        let vm = VirtualMachine::new(Config::default().with_inline_sync_access(false)).unwrap();
+        let t = vm.new_tensor(16).unwrap();
+        start_threads(&vm);
+        let s = vm.default_stream();
+        let ran = std::sync::Arc::new(AtomicBool::new(false));
+        let mut all_express = false;
+        for _ in 0..20 {
+            // A kernel that raises a flag wakes the worker (its lane opens while it polls).
+            ran.store(false, Ordering::Relaxed);
+            let r = ran.clone();
+            vm.run(|b| b.call(&s, &[], &[&t], move |_| r.store(true, Ordering::Release)))
+                .unwrap();
+            while !ran.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            let before = vm.debug_express_accesses();
+            sync_accesses(&vm, &t, 1);
+            if vm.debug_express_accesses() - before == 2 {
+                all_express = true;
+                break;
+            }
+        }
+        if all_express {
+            // Long past the worker's poll window: it sleeps, and the lane is closed.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let n = allocs_during(|| sync_accesses(&vm, &t, 10));
+            assert_eq!(
+                n, 0,
+                "allocations in accesses that fell back from the express lane to instructions"
+            );
+        } else {
+            eprintln!("no round of accesses went all through the express lane: skipped");
+        }
+        drop(t);
+        vm.shutdown().unwrap();
+    }
+
     // Pooled instruction kinds.
     for cfg in [Config::default(), Config::single_thread()] {
         let mode = format!("{:?}", cfg.mode);

@@ -49,6 +49,51 @@ fn small_instruction(
     i
 }
 
+/// The index of this thread's ring slot for (`shared`, `stream`, `kind`), made (empty) if
+/// there is none, evicting the oldest slot when all are taken.
+fn slot_of(
+    ring: &mut heapless::Vec<RingSlot, SLOTS>,
+    shared: &VmShared,
+    stream: &StreamShared,
+    kind: SmallKind,
+) -> usize {
+    let pos = ring
+        .iter()
+        .position(|s| s.vm == shared.id && s.stream == stream.index && s.kind == kind);
+    pos.unwrap_or_else(|| {
+        if ring.is_full() {
+            ring.remove(0);
+        }
+        let slot = RingSlot {
+            vm: shared.id,
+            stream: stream.index,
+            kind,
+            instrs: heapless::Vec::new(),
+        };
+        // Cannot fail: we made room above.
+        let _ = ring.push(slot);
+        ring.len() - 1
+    })
+}
+
+/// Fills this thread's ring slot for (`shared`, `stream`, `kind`) to its capacity if it is
+/// not yet: the warm-up of [`take_small`], for an access that needs no instruction this
+/// time (the express lane) but may need one later — a steady state that falls back to an
+/// instruction now and then must not allocate then.
+pub(crate) fn warm(shared: &VmShared, stream: &Arc<StreamShared>, kind: SmallKind) {
+    let cap = shared.core.config.sync_ring_capacity.min(RING_MAX);
+    RING.with(|r| {
+        let mut ring = r.borrow_mut();
+        let pos = slot_of(&mut ring, shared, stream, kind);
+        let slot = &mut ring[pos];
+        while slot.instrs.len() < cap {
+            let _ = slot
+                .instrs
+                .push(Arc::new(small_instruction(stream, kind, 0, 0)));
+        }
+    });
+}
+
 /// Takes an instruction for one small access: a ring entry this thread holds exclusively
 /// (reset in place, no allocation), a ring filled to its capacity on its first use
 /// (warm-up), or — when every entry is in flight — the first one the engine releases (so
@@ -64,26 +109,7 @@ pub(crate) fn take_small(
     let cap = shared.core.config.sync_ring_capacity.min(RING_MAX);
     RING.with(|r| {
         let mut ring = r.borrow_mut();
-        let pos = ring
-            .iter()
-            .position(|s| s.vm == shared.id && s.stream == stream.index && s.kind == kind);
-        let pos = match pos {
-            Some(p) => p,
-            None => {
-                if ring.is_full() {
-                    ring.remove(0);
-                }
-                let slot = RingSlot {
-                    vm: shared.id,
-                    stream: stream.index,
-                    kind,
-                    instrs: heapless::Vec::new(),
-                };
-                // Cannot fail: we made room above.
-                let _ = ring.push(slot);
-                ring.len() - 1
-            }
-        };
+        let pos = slot_of(&mut ring, shared, stream, kind);
         let slot = &mut ring[pos];
         let mut waiting_since: Option<std::time::Instant> = None;
         let mut _hook = None;

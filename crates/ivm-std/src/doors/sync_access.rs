@@ -179,7 +179,14 @@ pub(crate) fn small_access(
         && !crate::engine::core::inside(shared.id)
     {
         // The access runs on the stream's worker, which polls: with nothing in flight it
-        // needs no instruction either, only the worker's hands (`model/express.rs`).
+        // needs no instruction either, only the worker's hands (`model/express.rs`). The
+        // ring is warmed all the same, for the access that falls back to an instruction.
+        let kind = if read.is_some() {
+            SmallKind::Read
+        } else {
+            SmallKind::Write
+        };
+        crate::doors::small_ring::warm(shared, &stream, kind);
         let mut result = None;
         let read = &mut read;
         if shared.core.try_direct(|| {
