@@ -162,7 +162,13 @@ pub(crate) fn small_access(
     let stream = shared.default_stream_of(t.device())?;
     soft_sync(shared, t, &stream)?;
     let host = !stream.dev.is_async() && t.blob().mem.host_ptr().is_some();
-    if host && shared.core.config.inline_sync_access {
+    let kind = if read.is_some() {
+        SmallKind::Read
+    } else {
+        SmallKind::Write
+    };
+    let inline = shared.core.config.inline_sync_access;
+    if host && inline {
         // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
         let mut result = None;
         let read = &mut read;
@@ -172,20 +178,21 @@ pub(crate) fn small_access(
         }) {
             return result.unwrap_or(Ok(()));
         }
-    } else if host
-        && let Some(worker) = stream.thread.as_deref()
+    }
+    // The stream's worker, when this caller is not a thread of the VM and waits for it
+    // with one running (multi-thread mode).
+    let worker = stream
+        .thread
+        .as_deref()
+        .filter(|_| !shared.core.single_thread() && !crate::engine::core::inside(shared.id));
+    if host
+        && !inline
+        && let Some(worker) = worker
         && worker.express.is_open()
-        && !shared.core.single_thread()
-        && !crate::engine::core::inside(shared.id)
     {
         // The access runs on the stream's worker, which polls: with nothing in flight it
         // needs no instruction either, only the worker's hands (`model/express.rs`). The
         // ring is warmed all the same, for the access that falls back to an instruction.
-        let kind = if read.is_some() {
-            SmallKind::Read
-        } else {
-            SmallKind::Write
-        };
         crate::doors::small_ring::warm(shared, &stream, kind);
         let mut result = None;
         let read = &mut read;
@@ -197,16 +204,8 @@ pub(crate) fn small_access(
             return r;
         }
     }
-    let kind = if read.is_some() {
-        SmallKind::Read
-    } else {
-        SmallKind::Write
-    };
     let (instr, own_done) = take_small(shared, &stream, kind, offset, len);
-    if stream.thread.is_some()
-        && !shared.core.single_thread()
-        && !crate::engine::core::inside(shared.id)
-    {
+    if worker.is_some() {
         // This caller waits for it below and runs it itself while its worker sleeps
         // (`worker::caller_runs`): the push that queues it may leave the worker's wake
         // to us (`thread_ctx.rs`, "A wake left to the waiting caller"); `wait_small`
