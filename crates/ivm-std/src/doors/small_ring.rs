@@ -85,13 +85,20 @@ pub(crate) fn warm(shared: &VmShared, stream: &Arc<StreamShared>, kind: SmallKin
     RING.with(|r| {
         let mut ring = r.borrow_mut();
         let pos = slot_of(&mut ring, shared, stream, kind);
-        let slot = &mut ring[pos];
-        while slot.instrs.len() < cap {
-            let _ = slot
-                .instrs
-                .push(Arc::new(small_instruction(stream, kind, 0, 0)));
-        }
+        fill(&mut ring[pos], stream, cap);
     });
+}
+
+/// Fills `slot` with fresh instructions up to `cap`, at once: so that no later access
+/// allocates, however the engine's releases are timed (growing one entry at a time, a
+/// ring that the releases kept small during a warm-up would grow, and allocate, under a
+/// later burst).
+fn fill(slot: &mut RingSlot, stream: &Arc<StreamShared>, cap: usize) {
+    while slot.instrs.len() < cap {
+        let _ = slot
+            .instrs
+            .push(Arc::new(small_instruction(stream, slot.kind, 0, 0)));
+    }
 }
 
 /// Takes an instruction for one small access: a ring entry this thread holds exclusively
@@ -135,17 +142,10 @@ pub(crate) fn take_small(
                 return (entry.clone(), own_done);
             }
             if slot.instrs.len() < cap {
-                // Warm-up, once per slot: the ring is filled to its capacity at once, so
-                // that no later access allocates, however the engine's releases are timed
-                // (growing one entry at a time, a ring that the releases kept small
-                // during a warm-up would grow, and allocate, under a later burst).
-                let fresh = Arc::new(small_instruction(stream, kind, offset, len));
-                let _ = slot.instrs.push(fresh.clone());
-                while slot.instrs.len() < cap {
-                    let spare = Arc::new(small_instruction(stream, kind, 0, 0));
-                    let _ = slot.instrs.push(spare);
-                }
-                return (fresh, own_done);
+                // Warm-up, once per slot (or after an abandoned entry): the next look
+                // takes one of the fresh entries.
+                fill(slot, stream, cap);
+                continue;
             }
             // Every entry is still held by the engine (finished, not yet released, or
             // still running): wait for one instead of allocating, helping the engine
