@@ -103,6 +103,11 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
                 ran = true;
                 run(i);
             });
+            // A small access posted to our lane counts as work run.
+            if ctx.express.serve() {
+                served(1);
+                ran = true;
+            }
             if ran {
                 just_woken = false;
                 idle_since = None;
@@ -113,14 +118,6 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             if !end.may_sleep() {
                 // A push is half done: its producer may not wake us. Never sleep here.
                 backoff.spin();
-                continue;
-            }
-            if ctx.express.serve() {
-                served(1);
-                just_woken = false;
-                idle_since = None;
-                (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
-                backoff.reset();
                 continue;
             }
             owed.settle(&shared, false);
