@@ -112,9 +112,9 @@ pub struct ExpressLane {
 }
 
 // SAFETY: `req` (with its raw pointer) is written by the one poster only while the state
-// is `OPEN`, `ANSWERED` or `CLOSED`, which the worker never reads it in, and read and written by the
-// worker only in `TAKEN`; the hand-overs are the Release/Acquire pairs of the module
-// docs. The pointer is the poster's to hand over (`read` / `write`'s contract).
+// is `OPEN`, `ANSWERED` or `CLOSED`, which the worker never reads it in, and read and
+// written by the worker only in `TAKEN`; the hand-overs are the Release/Acquire pairs of
+// the module docs. The pointer is the poster's to hand over (`read` / `write`'s contract).
 unsafe impl Sync for ExpressLane {}
 // SAFETY: as above; the lane owns nothing the pointer points to.
 unsafe impl Send for ExpressLane {}
@@ -208,7 +208,8 @@ impl ExpressLane {
         self.state.store(OPEN, Ordering::Release);
     }
 
-    /// Worker, while it polls: does a posted access. Returns whether it did one.
+    /// Worker, after each look at its queue while the lane is open: does a posted access.
+    /// Returns whether it did one.
     pub fn serve(&self) -> bool {
         // Relaxed: a cheap look every poll step; the compare-exchange below acquires.
         if self.state.load(Ordering::Relaxed) != POSTED {
@@ -341,9 +342,9 @@ impl ExpressLane {
         }
         self.req.with_mut(|q| {
             // SAFETY: we are the only poster and have posted nothing: the state is OPEN,
-            // ANSWERED or CLOSED, in which the worker never touches the request; its last use of it
-            // (serving our, or an earlier poster's, request) happened before the answer
-            // that poster acquired, and the engine's hand-over orders posters.
+            // ANSWERED or CLOSED, in which the worker never touches the request; its last
+            // use of it (serving our, or an earlier poster's, request) happened before the
+            // answer that poster acquired, and the engine's hand-over orders posters.
             let q = unsafe { &mut *q };
             q.at = at;
             q.len = len;
