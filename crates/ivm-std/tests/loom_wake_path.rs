@@ -28,7 +28,7 @@ use ivm_core::LoomWait;
 use ivm_core::btb::BlockingThenBusy;
 use ivm_core::mpsc::{self, MpscQueue};
 use ivm_core::notifier::Notifier;
-use ivm_core::sync::{AtomicBool, Ordering, UnsafeCell};
+use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 use ivm_std::EngineToken;
 
 struct Job {
@@ -87,6 +87,8 @@ struct Vm {
     /// Notified by the driver that released the instruction (the model's observer: the
     /// release must happen without any later input, such as shutdown, nudging the engine).
     released_n: Notifier<LoomWait>,
+    /// Releases so far, for the observer (the engine's own count is read at the end).
+    released_cnt: AtomicUsize,
     stop: AtomicBool,
 }
 
@@ -109,6 +111,46 @@ enum Variant {
     PlantedNoMark,
     /// Planted: drivers let go of the engine ignoring marks left meanwhile.
     PlantedUnlockIgnoresMark,
+    /// The caller submits a second job and waits for the engine to be handed over
+    /// (`acquire_or_want`); drivers hand over at step boundaries (`hand_over`).
+    CallerWants,
+    /// Planted: as `CallerWants`, but the caller gives up without withdrawing its want.
+    PlantedWantWithoutWithdraw,
+    /// Planted: as `CallerWants`, but the hand-over is Relaxed.
+    PlantedHandOverRelaxed,
+}
+
+impl Variant {
+    /// Jobs the caller submits.
+    fn jobs(self) -> usize {
+        match self {
+            Variant::CallerWants
+            | Variant::PlantedWantWithoutWithdraw
+            | Variant::PlantedHandOverRelaxed => 2,
+            _ => 1,
+        }
+    }
+
+    /// The caller's submission (`VmCore::after_push`): takes the engine, or marks it (and
+    /// in the hand-over variants waits a little for the holder to hand it over). Whether
+    /// it got the engine.
+    fn submit(self, vm: &Vm) -> bool {
+        // One look, then give up (the real caller: a few microseconds).
+        let mut looks = 0;
+        let keep_waiting = move || {
+            looks += 1;
+            looks <= 1
+        };
+        match self {
+            Variant::CallerWants | Variant::PlantedHandOverRelaxed => {
+                vm.wake.acquire_or_want(keep_waiting)
+            }
+            Variant::PlantedWantWithoutWithdraw => vm
+                .wake
+                .planted_acquire_or_want_without_withdraw(keep_waiting),
+            _ => vm.wake.acquire_or_mark(),
+        }
+    }
 }
 
 /// One engine step by the token holder; returns whether anything changed.
@@ -132,6 +174,9 @@ fn step(vm: &Vm) -> bool {
         e.lively.retain(|j| !j.done.load(Ordering::Acquire));
         if before != e.lively.len() {
             e.released += before - e.lively.len();
+            // Release: nothing is read through it but the count itself.
+            vm.released_cnt
+                .fetch_add(before - e.lively.len(), Ordering::Release);
             let _ = vm.released_n.notify();
         }
         progress | (before != e.lively.len())
@@ -144,7 +189,7 @@ fn released(vm: &Vm) -> usize {
 }
 
 /// A caller's or worker's drive (`VmShared::drive_as`): step until clean, hand over to
-/// the scheduler at shutdown.
+/// the scheduler at shutdown, or to a caller that wants the engine after a step.
 fn drive(vm: &Vm, variant: Variant) {
     loop {
         let progress = step(vm);
@@ -153,6 +198,14 @@ fn drive(vm: &Vm, variant: Variant) {
             return;
         }
         if progress {
+            let handed = if variant == Variant::PlantedHandOverRelaxed {
+                vm.wake.planted_hand_over_relaxed()
+            } else {
+                vm.wake.wanted() && vm.wake.hand_over()
+            };
+            if handed {
+                return;
+            }
             continue;
         }
         let unlocked = if variant == Variant::PlantedUnlockIgnoresMark {
@@ -167,54 +220,75 @@ fn drive(vm: &Vm, variant: Variant) {
 }
 
 fn model(skip: bool, variant: Variant) {
-    loom::model(move || {
-        let vm = Arc::new(Vm {
+    let mut builder = loom::model::Builder::new();
+    if variant.jobs() == 2 {
+        // The hand-over bugs need three preemptions (the caller gives up between the
+        // worker's drain and its look for a want); without the scheduler thread that
+        // stays small (seconds).
+        builder.preemption_bound = Some(3);
+    }
+    builder.check(move || {
+        // Dropped by hand at the end: when loom reports a planted bug (a panic in this
+        // thread), the VM may still hold queued jobs, whose loom objects must not be
+        // dropped while the execution unwinds (a panic in a destructor aborts).
+        let vm = std::mem::ManuallyDrop::new(Arc::new(Vm {
             pending: MpscQueue::new(),
             wake: EngineToken::new(),
             engine: UnsafeCell::new(Engine::default()),
             worker_q: MpscQueue::new(),
             worker_n: Notifier::new(),
             released_n: Notifier::new(),
+            released_cnt: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
-        });
-        let job = Arc::new(Job {
-            pending: mpsc::Links::new(),
-            worker: mpsc::Links::new(),
-            data: UnsafeCell::new(0),
-            done: AtomicBool::new(false),
-            btb: BlockingThenBusy::new(),
-        });
+        }));
+        let jobs = variant.jobs();
+        let new_job = || {
+            Arc::new(Job {
+                pending: mpsc::Links::new(),
+                worker: mpsc::Links::new(),
+                data: UnsafeCell::new(0),
+                done: AtomicBool::new(false),
+                btb: BlockingThenBusy::new(),
+            })
+        };
+        let job = new_job();
 
-        // The scheduler thread (`scheduler.rs`).
-        let v = vm.clone();
-        let scheduler = loom::thread::spawn(move || {
-            loop {
-                if v.wake.try_lock() {
-                    let exit = loop {
-                        if step(&v) {
-                            continue;
+        // The scheduler thread (`scheduler.rs`). Not in the hand-over variants, to keep
+        // their state space small: there only the caller and the worker drive (no device
+        // completion, no shutdown hand-over), so a lost input is a deadlock all the same.
+        let v = Arc::clone(&vm);
+        let scheduler = (jobs == 1).then(|| {
+            loom::thread::spawn(move || {
+                loop {
+                    if v.wake.try_lock() {
+                        let exit = loop {
+                            if step(&v) {
+                                continue;
+                            }
+                            if v.stop.load(Ordering::Acquire) && released(&v) == jobs {
+                                break true;
+                            }
+                            if v.wake.unlock() {
+                                break false;
+                            }
+                        };
+                        if exit {
+                            return; // keeps the token
                         }
-                        if v.stop.load(Ordering::Acquire) && released(&v) == 1 {
-                            break true;
-                        }
-                        if v.wake.unlock() {
-                            break false;
-                        }
-                    };
-                    if exit {
-                        return; // keeps the token
                     }
+                    let _ = v.wake.park(|| v.wake.dirty_unlocked(), None);
                 }
-                let _ = v.wake.park(|| v.wake.dirty_unlocked(), None);
-            }
+            })
         });
 
-        // The worker thread (`worker.rs`): one instruction, then exit.
-        let v = vm.clone();
+        // The worker thread (`worker.rs`): `jobs` instructions, then exit.
+        let v = Arc::clone(&vm);
         let worker = loom::thread::spawn(move || {
-            let mut consumer = v.worker_q.consume();
+            // Dropped by hand (its drop lets go of the consumer role, a loom store, which
+            // must not run while loom unwinds a reported deadlock).
+            let mut consumer = std::mem::ManuallyDrop::new(v.worker_q.consume());
+            let mut ran = 0;
             loop {
-                let mut ran = false;
                 let end = consumer.drain(|j| {
                     let _ = j.btb.notify();
                     // SAFETY: the worker owns `data` between dispatch and DONE.
@@ -224,7 +298,11 @@ fn model(skip: bool, variant: Variant) {
                     j.btb.decrease();
                     drop(j);
                     match variant {
-                        Variant::WorkerDrives | Variant::PlantedUnlockIgnoresMark => {
+                        Variant::WorkerDrives
+                        | Variant::PlantedUnlockIgnoresMark
+                        | Variant::CallerWants
+                        | Variant::PlantedWantWithoutWithdraw
+                        | Variant::PlantedHandOverRelaxed => {
                             if v.wake.acquire_or_mark() {
                                 drive(&v, variant);
                             }
@@ -244,9 +322,9 @@ fn model(skip: bool, variant: Variant) {
                         }
                         Variant::PlantedNoMark => {}
                     }
-                    ran = true;
+                    ran += 1;
                 });
-                if ran {
+                if ran == jobs {
                     break;
                 }
                 if !end.may_sleep() {
@@ -255,29 +333,54 @@ fn model(skip: bool, variant: Variant) {
                 }
                 v.worker_n.wait_and_clear().unwrap();
             }
+            drop(std::mem::ManuallyDrop::into_inner(consumer));
         });
 
         // The caller (`shared.rs` receive + `drive.rs` after_push + `sync_access.rs`).
         vm.pending.push(job.clone());
-        if vm.wake.acquire_or_mark() {
+        if variant.submit(&vm) {
             drive(&vm, variant);
         }
-        if skip {
-            job.btb.skip_blocking();
+        // Dropped by hand at the end, as `vm`.
+        let mut waited = std::mem::ManuallyDrop::new(vec![job]);
+        if jobs == 2 {
+            // A second submission, while the worker may be driving after the first.
+            let second = new_job();
+            vm.pending.push(second.clone());
+            if variant.submit(&vm) {
+                drive(&vm, variant);
+            }
+            waited.push(second);
         }
-        job.btb.wait_until_done(Duration::MAX, || false).unwrap();
-        // SAFETY: the wait acquired the worker's Release decrease.
-        assert_eq!(job.data.with(|p| unsafe { *p }), 42);
-        // The engine releases it without further input.
-        vm.released_n.wait_and_clear().unwrap();
-        // Shutdown (`vm/mod.rs`): stop, then unpark (marks the word).
-        vm.stop.store(true, Ordering::Release);
-        vm.wake.unpark();
-        worker.join().unwrap();
-        scheduler.join().unwrap();
-        // The scheduler exited holding the token after the release; read it through the
-        // cell (joins order everything before us).
-        assert_eq!(released(&vm), 1, "released exactly once");
+        for job in waited.iter() {
+            if skip {
+                job.btb.skip_blocking();
+            }
+            job.btb.wait_until_done(Duration::MAX, || false).unwrap();
+            // SAFETY: the wait acquired the worker's Release decrease.
+            assert_eq!(job.data.with(|p| unsafe { *p }), 42);
+        }
+        // The engine releases them without further input.
+        while vm.released_cnt.load(Ordering::Acquire) < jobs {
+            vm.released_n.wait_and_clear().unwrap();
+        }
+        if let Some(scheduler) = scheduler {
+            // Shutdown (`vm/mod.rs`): stop, then unpark (marks the word).
+            vm.stop.store(true, Ordering::Release);
+            vm.wake.unpark();
+            worker.join().unwrap();
+            scheduler.join().unwrap();
+            // The scheduler exited holding the token after the release; read it through
+            // the cell (joins order everything before us).
+        } else {
+            worker.join().unwrap();
+            // Every driver let go of the engine (a hand-over nobody took would leave it
+            // unlocked but never drained: the wait above would have deadlocked).
+            assert!(vm.wake.try_lock(), "the engine was let go");
+        }
+        assert_eq!(released(&vm), jobs, "released exactly once");
+        drop(std::mem::ManuallyDrop::into_inner(waited));
+        drop(std::mem::ManuallyDrop::into_inner(vm));
     });
 }
 
@@ -316,4 +419,28 @@ fn planted_completion_without_mark() {
 #[should_panic(expected = "deadlock")]
 fn planted_unlock_ignoring_marks() {
     model(false, Variant::PlantedUnlockIgnoresMark);
+}
+
+/// A caller that submits again while a worker drives, and waits for the worker to hand
+/// the engine over (`acquire_or_want` / `hand_over`): nothing lost, one driver at a time.
+#[test]
+fn wake_path_caller_wants() {
+    model(false, Variant::CallerWants);
+}
+
+/// A caller that gives up waiting for the hand-over without withdrawing its want: the
+/// holder hands the engine to nobody and the second job is never dispatched. Loom must
+/// find it.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_want_without_withdraw() {
+    model(false, Variant::PlantedWantWithoutWithdraw);
+}
+
+/// A Relaxed hand-over: the caller that takes the engine does not see what the worker
+/// did to it (a race on the engine's cell). Loom must find it.
+#[test]
+#[should_panic]
+fn planted_hand_over_relaxed() {
+    model(false, Variant::PlantedHandOverRelaxed);
 }

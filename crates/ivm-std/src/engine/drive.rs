@@ -32,8 +32,9 @@
 //!
 //! # The state word
 //!
-//! [`EngineToken::state`] holds a [`TokenWord`] with two named bits: `LOCKED` (somebody
-//! holds the engine) and `DIRTY` (input was published that the engine may not have seen).
+//! [`EngineToken::state`] holds a [`TokenWord`] with three named bits: `LOCKED` (somebody
+//! holds the engine), `DIRTY` (input was published that the engine may not have seen) and
+//! `WANTED` (a submitting caller waits for the engine to be handed over, below).
 //! Every write to it is a read-modify-write, so its modification order is a single chain and the Release/Acquire
 //! pairs below form release sequences that no plain store breaks.
 //!
@@ -59,6 +60,14 @@
 //! scheduler sees `DIRTY` on an unlocked word or the producer sees it parked and wakes it).
 //! A half-done push to the pending queue (`Inconsistent`) needs no spinning: its producer
 //! marks the word *after* its push completes, so some driver drains it then.
+//!
+//! **The hand-back.** A submitting caller that finds the engine held may instead ask for it
+//! ([`acquire_or_want`](EngineToken::acquire_or_want)): it marks `DIRTY | WANTED` and spins
+//! a few microseconds; the holder, at its next step boundary or when it would let go,
+//! [`hand_over`](EngineToken::hand_over)s (clears only `LOCKED`, Release) and the caller
+//! takes the engine (Acquire). A caller leaves only from a locked word (the holder then sees
+//! its mark) or after withdrawing its want by compare-exchange on a locked word, so a
+//! hand-over always finds its taker. ARCHITECTURE.md, "Who may drive the engine", says why.
 //!
 //! A driver that must stop before the engine is clean (step budget spent, a probe or user
 //! barrier needs the scheduler thread, shutdown) hands over with
@@ -88,7 +97,7 @@ pub(crate) fn mark_graph_thread() {
     GRAPH_THREAD.with(|g| g.set(true));
 }
 
-/// A value of the token's state word: two named bits.
+/// A value of the token's state word: three named bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct TokenWord(u32);
 
@@ -99,15 +108,33 @@ impl TokenWord {
     const LOCKED: TokenWord = TokenWord(1);
     /// Input was published that the engine may not have seen.
     const DIRTY: TokenWord = TokenWord(2);
+    /// A submitting caller waits for the holder to hand the engine over
+    /// ([`EngineToken::acquire_or_want`]).
+    const WANTED: TokenWord = TokenWord(4);
 
     /// Whether somebody holds the engine.
     fn locked(self) -> bool {
         self.0 & Self::LOCKED.0 != 0
     }
 
+    /// Whether input is marked.
+    fn dirty(self) -> bool {
+        self.0 & Self::DIRTY.0 != 0
+    }
+
+    /// Whether a caller waits for the hand-over.
+    fn wanted(self) -> bool {
+        self.0 & Self::WANTED.0 != 0
+    }
+
     /// This word with the bits of `other` set too.
     fn with(self, other: TokenWord) -> TokenWord {
         TokenWord(self.0 | other.0)
+    }
+
+    /// This word with the bits of `other` clear.
+    fn without(self, other: TokenWord) -> TokenWord {
+        TokenWord(self.0 & !other.0)
     }
 }
 
@@ -398,6 +425,174 @@ impl EngineToken {
         }
     }
 
+    /// A submitting caller, after publishing its input: takes the engine if nobody holds
+    /// it (returns `true`: drive it, see [`VmCore::drive`]); else marks the word and asks
+    /// the holder to hand the engine over (`WANTED`), and spins while `keep_waiting()`
+    /// for the hand-over ([`hand_over`](Self::hand_over)): `true` once it got the engine,
+    /// `false` when it need not drive (somebody took the engine after its mark, or it
+    /// gave up and withdrew the want, leaving its mark to the holder as
+    /// [`acquire_or_mark`](Self::acquire_or_mark) does). When another caller already
+    /// waits for the hand-over, it only marks: that one drains this input too.
+    ///
+    /// Why: a worker that finished an instruction and took the engine to release it
+    /// would otherwise receive and dispatch everything a busy caller submits meanwhile,
+    /// on the critical path, instead of running its next kernel (ARCHITECTURE.md, "Who
+    /// may drive the engine", the hand-back).
+    ///
+    /// Nothing is lost: the caller leaves only after reading a *locked* word (a holder
+    /// then sees its mark when it lets go, or an acquisition after the mark drains it), or
+    /// after its own compare-exchange withdrew the want from a locked word; an unlocked
+    /// word it takes. `tests/loom_wake_path.rs` (`wake_path_caller_wants`) checks it.
+    pub fn acquire_or_want(&self, keep_waiting: impl FnMut() -> bool) -> bool {
+        self.acquire_or_want_impl(keep_waiting, true)
+    }
+
+    /// [`acquire_or_want`](Self::acquire_or_want) that gives up without withdrawing its
+    /// want: a planted bug for the loom model `tests/loom_wake_path.rs` (a holder may hand
+    /// the engine to a caller that left, and nobody drives the input).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_acquire_or_want_without_withdraw(
+        &self,
+        keep_waiting: impl FnMut() -> bool,
+    ) -> bool {
+        self.acquire_or_want_impl(keep_waiting, false)
+    }
+
+    /// [`acquire_or_want`](Self::acquire_or_want); `withdraw: false` only for the planted
+    /// bug.
+    #[inline]
+    fn acquire_or_want_impl(&self, mut keep_waiting: impl FnMut() -> bool, withdraw: bool) -> bool {
+        // Relaxed: only a first guess; the RMWs below decide.
+        let mut s = self.state.load(Ordering::Relaxed);
+        loop {
+            if !s.locked() {
+                // Acquire: as in `acquire_or_mark`.
+                match self.state.compare_exchange_weak(
+                    s,
+                    TokenWord::LOCKED,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return true,
+                    Err(x) => s = x,
+                }
+                continue;
+            }
+            // Release: as in `unpark` (publishes our input to whoever drains it).
+            let want = if s.wanted() {
+                s.with(TokenWord::DIRTY)
+            } else {
+                s.with(TokenWord::DIRTY).with(TokenWord::WANTED)
+            };
+            match self
+                .state
+                .compare_exchange_weak(s, want, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) if s.wanted() => return false,
+                Ok(_) => break,
+                Err(x) => s = x,
+            }
+        }
+        // Waiting for the hand-over.
+        loop {
+            // Relaxed: the CAS below decides, with its own Acquire.
+            let s = self.state.load(Ordering::Relaxed);
+            if !s.locked() {
+                // Handed over (or let go). Acquire: pairs with the holder's Release
+                // hand-over (the engine's state) and the marks in its release sequence.
+                if self
+                    .state
+                    .compare_exchange_weak(
+                        s,
+                        TokenWord::LOCKED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    return true;
+                }
+                continue;
+            }
+            if !s.wanted() {
+                // The want was cleared on a locked word: by an acquisition or a holder's
+                // re-drive after our mark (both read it and drain our input), or by a
+                // second caller's withdrawal (then our mark is still there for the holder).
+                return false;
+            }
+            if !keep_waiting() {
+                if !withdraw {
+                    return false;
+                }
+                // Withdraw the want; our mark stays for the holder. Relaxed: an RMW, so it
+                // continues the release sequence of our marking RMW; it publishes nothing
+                // new. Fails if the word changed (a hand-over: then we take the engine).
+                if self
+                    .state
+                    .compare_exchange(
+                        s,
+                        s.without(TokenWord::WANTED),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    return false;
+                }
+                continue;
+            }
+            ivm_core::sync::spin_loop();
+        }
+    }
+
+    /// Holder: whether a caller waits for the engine (`WANTED`), a hint for
+    /// [`hand_over`](Self::hand_over).
+    pub fn wanted(&self) -> bool {
+        // Relaxed: a hint; `hand_over` decides with its own RMW.
+        self.state.load(Ordering::Relaxed).wanted()
+    }
+
+    /// Holder, at a step boundary: if a caller waits for the engine
+    /// ([`acquire_or_want`](Self::acquire_or_want)), lets go of it, leaving the marks for
+    /// that caller, which takes it and drives (it never leaves an unlocked word), and
+    /// returns `true`; else keeps it and returns `false`.
+    pub fn hand_over(&self) -> bool {
+        // Release: publishes the engine's state (and the input we leave unhandled) to
+        // the wanting caller's Acquire when it takes the engine.
+        self.hand_over_impl(Ordering::Release)
+    }
+
+    /// [`hand_over`](Self::hand_over) with a Relaxed compare-exchange: a planted bug for
+    /// the loom model `tests/loom_wake_path.rs` (the caller that takes the engine does not
+    /// see the state the holder left).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_hand_over_relaxed(&self) -> bool {
+        self.hand_over_impl(Ordering::Relaxed)
+    }
+
+    /// [`hand_over`](Self::hand_over) with its ordering (`Release`; `Relaxed` only for the
+    /// planted bug).
+    #[inline]
+    fn hand_over_impl(&self, order: Ordering) -> bool {
+        // Relaxed: a first guess; the CAS decides.
+        let mut s = self.state.load(Ordering::Relaxed);
+        while s.wanted() {
+            debug_assert!(s.locked(), "ivm: hand-over of an engine we do not hold");
+            match self.state.compare_exchange_weak(
+                s,
+                s.without(TokenWord::LOCKED),
+                order,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(x) => s = x,
+            }
+        }
+        false
+    }
+
     /// Producer, after publishing its input: marks the word and returns whether nobody
     /// held the engine. Then the caller **owes** a drive: it must take the engine and drive
     /// it, unless it sees [`dirty_unlocked`](Self::dirty_unlocked) turn false first
@@ -431,8 +626,9 @@ impl EngineToken {
     }
 
     /// Holder, when the engine made no progress: lets go of the engine and returns `true`,
-    /// unless input was marked meanwhile: then it clears the mark, keeps the engine and
-    /// returns `false` (drive again).
+    /// unless input was marked meanwhile: then it hands the engine over to a caller that
+    /// wants it ([`hand_over`](Self::hand_over), returns `true`), or clears the mark, keeps
+    /// the engine and returns `false` (drive again).
     pub fn unlock(&self) -> bool {
         // Release: publishes the engine's state to the next holder's Acquire.
         if self
@@ -447,11 +643,15 @@ impl EngineToken {
         {
             return true;
         }
+        if self.hand_over() {
+            return true;
+        }
         // Acquire: synchronises with the marking RMWs (their input is visible to us now).
+        // A want set since `hand_over` looked is cleared too: its caller sees that and
+        // leaves its input to us.
         let prev = self.state.swap(TokenWord::LOCKED, Ordering::Acquire);
-        debug_assert_eq!(
-            prev,
-            TokenWord::LOCKED.with(TokenWord::DIRTY),
+        debug_assert!(
+            prev.locked() && prev.dirty(),
             "ivm: unlock of an engine we do not hold"
         );
         false
@@ -476,6 +676,8 @@ impl EngineToken {
     }
 
     /// Whether input is marked on an engine nobody holds (the scheduler's park re-check).
+    /// `false` on a word a holder handed over (`DIRTY | WANTED`): its wanting caller takes
+    /// it (it never leaves an unlocked word), so nobody else owes a drive for it.
     pub fn dirty_unlocked(&self) -> bool {
         // Relaxed: nothing is read through this answer. `true` only keeps the scheduler
         // awake, and it then takes the engine with `try_lock`'s Acquire before it looks at
@@ -707,7 +909,15 @@ impl VmCore {
             self.parking.unpark();
             return;
         }
-        if self.parking.acquire_or_mark() {
+        // Waits for a holder to hand the engine back for a few microseconds at most (a
+        // holder hands it over at its next step boundary).
+        let start = std::time::Instant::now();
+        let mut looks = 0u32;
+        let keep_waiting = || {
+            looks = looks.wrapping_add(1);
+            !looks.is_multiple_of(32) || start.elapsed() < crate::util::tuning::HAND_BACK_PATIENCE
+        };
+        if self.parking.acquire_or_want(keep_waiting) {
             self.drive_as(Driver::Caller(claim));
         }
     }
@@ -757,6 +967,10 @@ impl VmCore {
                 if steps >= budget {
                     self.parking.unlock_to_scheduler();
                     return DriveEnd::HandedOver;
+                }
+                // A submitting caller waits for the engine: it drives from here on.
+                if self.parking.wanted() && self.parking.hand_over() {
+                    return DriveEnd::Unlocked;
                 }
                 continue;
             }

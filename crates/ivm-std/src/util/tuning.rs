@@ -10,6 +10,11 @@ use std::time::Duration;
 /// engine itself.
 pub(crate) const RELEASE_DEFER: Duration = Duration::from_micros(20);
 
+/// How long a submitting caller that found the engine held spins for the holder to hand
+/// it over (`EngineToken::acquire_or_want`) before it leaves its input to the holder. A
+/// holder hands over at its next step boundary, usually within a microsecond or two.
+pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
+
 /// How long a caller whose instruction is running (or about to run) on a worker spins,
 /// yielding its CPU, before it falls back to the blocking-then-busy wait. Long enough to
 /// cover a worker that was just woken (35–50 µs on a 2-vCPU VM) so that its completion
