@@ -383,7 +383,7 @@ fn help_graphs(shared: &VmShared) -> bool {
     if ran {
         shared
             .core
-            .after_push(true, crate::engine::drive::Claim::NONE);
+            .after_push(true, crate::engine::drive::Claim::NONE, false);
     }
     ran
 }
@@ -471,7 +471,7 @@ pub(crate) fn sync_callback<R: Send + 'static>(
         }
         shared
             .core
-            .after_push(true, crate::engine::drive::Claim::NONE);
+            .after_push(true, crate::engine::drive::Claim::NONE, false);
     }
     wait(shared, &instr, true)?;
     // SAFETY: the wait returned Ok: the executor is done with `failure`.

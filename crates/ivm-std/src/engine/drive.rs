@@ -903,10 +903,20 @@ impl VmCore {
     /// Multi-thread mode, after instructions were pushed to the pending queue: makes sure
     /// the engine sees them — by driving it here when nobody holds it and `may_drive`, by
     /// a mark for the holder, or by waking the scheduler. `claim`: the instruction the
-    /// engine may hand back to this caller if it drives ([`Claim`]).
-    pub(crate) fn after_push(&self, may_drive: bool, claim: Claim) {
+    /// engine may hand back to this caller if it drives ([`Claim`]). `want`: a holder is
+    /// asked to hand the engine over ([`EngineToken::acquire_or_want`]) — when what was
+    /// pushed goes to a worker with work queued, whose time driving would be taken from
+    /// that work; else a held engine is only marked (a worker with nothing queued may as
+    /// well drive, and a hand-over costs both threads a transfer of the engine's data).
+    pub(crate) fn after_push(&self, may_drive: bool, claim: Claim, want: bool) {
         if !may_drive {
             self.parking.unpark();
+            return;
+        }
+        if !want {
+            if self.parking.acquire_or_mark() {
+                self.drive_as(Driver::Caller(claim));
+            }
             return;
         }
         // Waits for a holder to hand the engine back for a few microseconds at most (a

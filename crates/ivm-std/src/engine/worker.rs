@@ -43,6 +43,8 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let poll = shared.config.worker_poll_window;
     // A release this worker owes the engine (see `helping::Owed`).
     let owed = crate::engine::helping::Owed::default();
+    let sampled = std::cell::Cell::new(0u32);
+    let avg_ns = std::cell::Cell::new(0u64);
     let run = |instr: Arc<Instruction>| {
         // Before running anything (it may take long), settle what we owe, unless a
         // helper spins: it takes care of it (`helping::Helping`).
@@ -50,7 +52,22 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             owed.settle(&shared, !shared.helper_spinning());
         }
         let sync_access = instr.waiter.is_some();
+        // Every 8th instruction is timed: whether kernels run long on average
+        // (`ThreadCtx::long_kernels`, an exponential average of the samples).
+        let n = sampled.get().wrapping_add(1);
+        sampled.set(n);
+        let t0 = n.is_multiple_of(8).then(Instant::now);
         crate::engine::execute::execute(&instr);
+        if let Some(t0) = t0 {
+            let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let avg = (avg_ns.get() * 3 + ns) / 4;
+            avg_ns.set(avg);
+            let long = avg >= crate::util::tuning::LONG_KERNEL_NS;
+            // Relaxed: a hint.
+            if ctx.long_kernels.load(Ordering::Relaxed) != long {
+                ctx.long_kernels.store(long, Ordering::Relaxed);
+            }
+        }
         drop(instr);
         // After DONE (Release inside `execute`): the engine must release it.
         if sync_access {
@@ -238,7 +255,7 @@ pub(crate) fn caller_runs(
         shared.stats.caller_ran(ran);
         // After DONE (Release inside `execute`): the engine must release them. Drives
         // here when nobody holds the engine, else marks it for the holder.
-        shared.after_push(true, crate::engine::drive::Claim::NONE);
+        shared.after_push(true, crate::engine::drive::Claim::NONE, false);
     }
     ran > 0
 }

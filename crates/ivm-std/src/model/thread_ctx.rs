@@ -51,6 +51,10 @@ pub(crate) struct ThreadCtx {
     /// until it runs again after a wake). Waiters spin with spin-loop hints only while it
     /// is clear (the worker is running), and yield their CPU otherwise.
     pub(crate) parked: AtomicBool,
+    /// A hint, not part of any protocol: the worker's recent instructions ran long
+    /// (sampled, see `worker.rs`). A submitting caller then asks a driving worker to hand
+    /// the engine back (`VmCore::after_push`): its time is the kernels'.
+    pub(crate) long_kernels: AtomicBool,
     /// Small accesses handed straight to this worker while it polls (`express.rs`).
     pub(crate) express: ExpressLane,
     /// How many of them the worker did (a statistic, written by the worker only).
@@ -72,6 +76,7 @@ impl ThreadCtx {
             queue: MpscQueue::new(),
             notifier: Notifier::new(),
             parked: AtomicBool::new(false),
+            long_kernels: AtomicBool::new(false),
             express: ExpressLane::new(),
             express_served: AtomicUsize::new(0),
         }

@@ -15,6 +15,12 @@ pub(crate) const RELEASE_DEFER: Duration = Duration::from_micros(20);
 /// holder hands over at its next step boundary, usually within a microsecond or two.
 pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
 
+/// A worker whose instructions take at least this long on average (nanoseconds) runs long
+/// kernels: the engine's work per instruction (receive, dispatch, release: about half a
+/// microsecond) is then worth moving off that worker, so submitting callers ask it to hand
+/// the engine back.
+pub(crate) const LONG_KERNEL_NS: u64 = 1_000;
+
 /// How long a caller whose instruction is running (or about to run) on a worker spins,
 /// yielding its CPU, before it falls back to the blocking-then-busy wait. Long enough to
 /// cover a worker that was just woken (35–50 µs on a 2-vCPU VM) so that its completion
