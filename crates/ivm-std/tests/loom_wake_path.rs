@@ -201,7 +201,7 @@ fn drive(vm: &Vm, variant: Variant) {
             let handed = if variant == Variant::PlantedHandOverRelaxed {
                 vm.wake.planted_hand_over_relaxed()
             } else {
-                vm.wake.wanted() && vm.wake.hand_over()
+                vm.wake.hand_over()
             };
             if handed {
                 return;

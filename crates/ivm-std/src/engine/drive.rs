@@ -393,6 +393,14 @@ impl EngineToken {
     /// `true`: the caller must now drive, see [`VmCore::drive`]), or leaves a `DIRTY` mark
     /// for the holder (returns `false`: the holder will see the input).
     pub fn acquire_or_mark(&self) -> bool {
+        self.acquire_or(|s| s.with(TokenWord::DIRTY)).is_ok()
+    }
+
+    /// Takes the engine if nobody holds it (`Ok`), else writes `mark(word)` over the held
+    /// word and returns the word it replaced (`Err`): the loop of
+    /// [`acquire_or_mark`](Self::acquire_or_mark) and [`acquire_or_want`](Self::acquire_or_want).
+    #[inline]
+    fn acquire_or(&self, mark: impl Fn(TokenWord) -> TokenWord) -> Result<(), TokenWord> {
         // Relaxed: only a first guess; the RMWs below decide.
         let mut s = self.state.load(Ordering::Relaxed);
         loop {
@@ -406,7 +414,7 @@ impl EngineToken {
                     Ordering::Acquire,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => return true,
+                    Ok(_) => return Ok(()),
                     Err(x) => s = x,
                 }
             } else {
@@ -414,11 +422,11 @@ impl EngineToken {
                 // RMW, so it extends the release sequence the holder's Acquire reads.
                 match self.state.compare_exchange_weak(
                     s,
-                    s.with(TokenWord::DIRTY),
+                    mark(s),
                     Ordering::Release,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => return false,
+                    Ok(prev) => return Err(prev),
                     Err(x) => s = x,
                 }
             }
@@ -463,54 +471,28 @@ impl EngineToken {
     /// bug.
     #[inline]
     fn acquire_or_want_impl(&self, mut keep_waiting: impl FnMut() -> bool, withdraw: bool) -> bool {
-        // Relaxed: only a first guess; the RMWs below decide.
-        let mut s = self.state.load(Ordering::Relaxed);
-        loop {
-            if !s.locked() {
-                // Acquire: as in `acquire_or_mark`.
-                match self.state.compare_exchange_weak(
-                    s,
-                    TokenWord::LOCKED,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => return true,
-                    Err(x) => s = x,
-                }
-                continue;
-            }
-            // Release: as in `unpark` (publishes our input to whoever drains it).
-            let want = if s.wanted() {
+        // Mark, and want the engine unless another caller already does (it drains our
+        // input too).
+        match self.acquire_or(|s| {
+            if s.wanted() {
                 s.with(TokenWord::DIRTY)
             } else {
                 s.with(TokenWord::DIRTY).with(TokenWord::WANTED)
-            };
-            match self
-                .state
-                .compare_exchange_weak(s, want, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) if s.wanted() => return false,
-                Ok(_) => break,
-                Err(x) => s = x,
             }
+        }) {
+            Ok(()) => return true,
+            Err(prev) if prev.wanted() => return false,
+            Err(_) => {}
         }
         // Waiting for the hand-over.
         loop {
-            // Relaxed: the CAS below decides, with its own Acquire.
+            // Relaxed: `try_lock` and the withdrawal decide with their own RMWs.
             let s = self.state.load(Ordering::Relaxed);
             if !s.locked() {
-                // Handed over (or let go). Acquire: pairs with the holder's Release
-                // hand-over (the engine's state) and the marks in its release sequence.
-                if self
-                    .state
-                    .compare_exchange_weak(
-                        s,
-                        TokenWord::LOCKED,
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-                {
+                // Handed over (or let go). `try_lock`'s Acquire pairs with the holder's
+                // Release hand-over (the engine's state) and the marks in its release
+                // sequence.
+                if self.try_lock() {
                     return true;
                 }
                 continue;
@@ -544,13 +526,6 @@ impl EngineToken {
             }
             ivm_core::sync::spin_loop();
         }
-    }
-
-    /// Holder: whether a caller waits for the engine (`WANTED`), a hint for
-    /// [`hand_over`](Self::hand_over).
-    pub fn wanted(&self) -> bool {
-        // Relaxed: a hint; `hand_over` decides with its own RMW.
-        self.state.load(Ordering::Relaxed).wanted()
     }
 
     /// Holder, at a step boundary: if a caller waits for the engine
@@ -979,7 +954,7 @@ impl VmCore {
                     return DriveEnd::HandedOver;
                 }
                 // A submitting caller waits for the engine: it drives from here on.
-                if self.parking.wanted() && self.parking.hand_over() {
+                if self.parking.hand_over() {
                     return DriveEnd::Unlocked;
                 }
                 continue;
