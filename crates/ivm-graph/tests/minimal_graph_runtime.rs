@@ -4,7 +4,8 @@
 //! place), the output critical section, the callbacks, the callback notifier. The VM
 //! launches it through critical sections exactly as it launches ivm-graph's: eager
 //! reads see each run's output, the parameter's updates are ordered with eager work, and
-//! closing the graph ends the runtime's thread. Both modes.
+//! closing the graph ends the runtime's thread. Both modes. A second test gives the VM a
+//! progress probe (`LazyGraph::set_progress_probe`) and sees a waiting caller use it.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -12,8 +13,8 @@ use std::thread::JoinHandle;
 use ivm_std::lazy::{LazyGraph, mark_graph_thread};
 use ivm_std::{Config, Tensor, VirtualMachine};
 
-/// y = x * w, then w += 1 (in place).
-fn serve(lazy: LazyGraph) -> JoinHandle<u64> {
+/// y = x * w, then w += 1 (in place); `work` runs first in each run's kernel.
+fn serve(lazy: LazyGraph, work: impl Fn() + Send + 'static) -> JoinHandle<u64> {
     std::thread::spawn(move || {
         mark_graph_thread();
         let b = lazy.buffers();
@@ -28,6 +29,7 @@ fn serve(lazy: LazyGraph) -> JoinHandle<u64> {
             // SAFETY: between this run's pop from the source tick and its `finish` below,
             // the parameter belongs to the run, and this is its only slice.
             let w = unsafe { job.param_mut(0) };
+            work();
             let wv = u64::from_ne_bytes(w[..8].try_into().unwrap());
             let y = u64::from_ne_bytes(x) * wv;
             w[..8].copy_from_slice(&(wv + 1).to_ne_bytes());
@@ -63,7 +65,7 @@ fn a_graph_runtime_written_against_the_public_protocol_runs_lazy_launches() {
             .param("w", 8)
             .build()
             .unwrap();
-        let runtime = serve(lazy.clone());
+        let runtime = serve(lazy.clone(), || {});
         let (x, y, w) = (
             vm.new_tensor(8).unwrap(),
             vm.new_tensor(8).unwrap(),
@@ -88,4 +90,65 @@ fn a_graph_runtime_written_against_the_public_protocol_runs_lazy_launches() {
         let c = vm.debug_counters();
         assert_eq!((c.instructions, c.flying), (0, 0), "{mode:?}");
     }
+}
+
+/// A graph that computes for a long time in many small steps, each counted by its
+/// progress probe: a caller waiting for its output asks the probe (so that it can tell a
+/// computing graph from a stalled one, and spin instead of sleeping). The VM asks only
+/// when a wait outlasts its first spins, which a run of about a millisecond does; a few
+/// runs are allowed in case the test thread is preempted through one.
+#[test]
+fn a_waiting_caller_asks_the_graphs_progress_probe() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::time::{Duration, Instant};
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let lazy = LazyGraph::builder("slow")
+        .input("x", 8)
+        .output("y", 8)
+        .param("w", 8)
+        .build()
+        .unwrap();
+    let (steps, asked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (count, calls) = (steps.clone(), asked.clone());
+    assert!(lazy.set_progress_probe(move || {
+        calls.fetch_add(1, Relaxed);
+        count.load(Relaxed)
+    }));
+    let runtime = serve(lazy.clone(), move || {
+        // About a millisecond of work, 10 µs at a time.
+        for _ in 0..100 {
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_micros(10) {
+                std::hint::spin_loop();
+            }
+            steps.fetch_add(1, Relaxed);
+        }
+    });
+    let (x, y, w) = (
+        vm.new_tensor(8).unwrap(),
+        vm.new_tensor(8).unwrap(),
+        vm.new_tensor(8).unwrap(),
+    );
+    vm.write_small(&w, 0, &1u64.to_ne_bytes()).unwrap();
+    let s = vm.default_stream();
+    let mut runs = 0u64;
+    while runs < 20 && asked.load(Relaxed) == 0 {
+        vm.run(|b| {
+            b.call(&s, &[], &[&x], move |k| k.output_u64(0)[0] = 3)?;
+            b.launch_lazy_job(&[&x], &[&y], &[&w], &lazy)
+        })
+        .unwrap();
+        assert_eq!(read(&vm, &y), 3 * (runs + 1), "run {runs}");
+        runs += 1;
+    }
+    assert!(
+        asked.load(Relaxed) > 0,
+        "no wait asked the probe in {runs} runs"
+    );
+    // The first launch sealed the offer.
+    assert!(!lazy.set_progress_probe(|| 0));
+    vm.sync().unwrap();
+    lazy.close();
+    assert_eq!(runtime.join().unwrap(), runs);
+    vm.shutdown().unwrap();
 }

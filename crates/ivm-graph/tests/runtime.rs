@@ -425,8 +425,10 @@ fn a_waiting_caller_runs_an_on_caller_graph() {
         g.output("y", y);
         g.threads(1).poll_window(Duration::ZERO).run_on_caller(true);
         let graph = g.build().unwrap();
-        // The graph offered its helper already: a second one is refused.
+        // The graph offered its helper and its progress probe already: second ones are
+        // refused.
         assert!(!graph.lazy().set_caller_helper(|| false));
+        assert!(!graph.lazy().set_progress_probe(|| 0));
         // Single-thread mode: the caller drives the engine and leaves the graph to its
         // thread (values only).
         let multi = config.mode == ivm_std::Mode::MultiThread;

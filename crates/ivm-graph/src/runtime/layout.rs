@@ -336,5 +336,11 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
             .lazy
             .set_caller_helper(move || weak.upgrade().is_some_and(|s| s.help()));
     }
+    // The VM's waiting callers see the graph compute (the firings of its actors) and keep
+    // spinning through a run instead of sleeping until its output ends. Weak, as above.
+    let weak = Arc::downgrade(&shared);
+    shared
+        .lazy
+        .set_progress_probe(move || weak.upgrade().map_or(0, |s| s.firings()));
     Ok(graph)
 }

@@ -403,6 +403,18 @@ impl Shared {
         any
     }
 
+    /// The firings of all actors so far (wrapping): the graph's progress count for the
+    /// VM's waiting callers (`LazyGraph::set_progress_probe`). Reads every actor's `done`,
+    /// so it is for rare calls only.
+    fn firings(&self) -> u64 {
+        self.actors
+            .iter()
+            // Relaxed: a count compared with an earlier one; nothing is read through it.
+            .fold(0u64, |sum, a| {
+                sum.wrapping_add(a.done.load(Ordering::Relaxed) as u64)
+            })
+    }
+
     fn notify(&self, actor: usize) {
         let _ = self.notifiers[self.actors[actor].thread].notify();
     }

@@ -338,7 +338,10 @@ fn wait_small(
         ) {
             return Ok(());
         }
-    } else if crate::engine::helping::spin_while_progress(&shared.core, &mut done) {
+    } else if crate::engine::helping::spin_while_progress(&shared.core, &mut done, || {
+        // A lazy graph computing counts as progress (`LazyGraph::set_progress_probe`).
+        shared.lazy_if_used().and_then(|l| l.graph_progress())
+    }) {
         return Ok(());
     }
     if let Some(w) = instr.stream.thread.as_deref()

@@ -268,9 +268,18 @@ pub(crate) fn spin_yield_until(
 /// keep coming, so spinning then costs little and saves the wake at the end; a long kernel
 /// in front stops the releases and the caller goes to sleep after [`CALLER_STALL`].
 ///
+/// `elsewhere()` counts progress the engine does not see (a lazy graph's kernels: no
+/// instruction finishes while a graph computes): `None` when there is nothing to count.
+/// It is asked only when the releases stall, and a count that moved since it was last
+/// asked counts as a release.
+///
 /// The caller is a [`Helping`] helper meanwhile: it releases what workers finish, so they
 /// run their next instructions without driving the engine.
-pub(crate) fn spin_while_progress(shared: &VmCore, mut done: impl FnMut() -> bool) -> bool {
+pub(crate) fn spin_while_progress(
+    shared: &VmCore,
+    mut done: impl FnMut() -> bool,
+    mut elsewhere: impl FnMut() -> Option<u64>,
+) -> bool {
     let helping = Helping::enter(shared);
     for _ in 0..64 {
         if done() {
@@ -283,6 +292,7 @@ pub(crate) fn spin_while_progress(shared: &VmCore, mut done: impl FnMut() -> boo
     let mut last_change = start;
     // Relaxed: a progress counter compared with itself; no data is read through it.
     let mut last = shared.finished.load(Ordering::Relaxed);
+    let mut last_elsewhere = elsewhere();
     loop {
         if done() {
             return true;
@@ -294,7 +304,12 @@ pub(crate) fn spin_while_progress(shared: &VmCore, mut done: impl FnMut() -> boo
             last = f;
             last_change = now;
         } else if now.duration_since(last_change) >= CALLER_STALL {
-            return false;
+            let e = elsewhere();
+            if e.is_none() || e == last_elsewhere {
+                return false;
+            }
+            last_elsewhere = e;
+            last_change = now;
         }
         if now.duration_since(start) >= CALLER_PROGRESS_SPIN {
             return false;
@@ -313,5 +328,51 @@ pub(crate) fn spin_while_progress(shared: &VmCore, mut done: impl FnMut() -> boo
             // Nothing released lately: a thread we wait for may need this core.
             std::thread::yield_now();
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn vm() -> crate::VirtualMachine {
+        crate::VirtualMachine::new(crate::Config::single_thread()).unwrap()
+    }
+
+    /// No instruction finishes and the outside count stands still: the caller gives up
+    /// (to sleep) instead of spinning on.
+    #[test]
+    fn a_stalled_wait_gives_up() {
+        let vm = vm();
+        let asked = Cell::new(0);
+        let elsewhere = || {
+            asked.set(asked.get() + 1);
+            Some(7)
+        };
+        assert!(!spin_while_progress(&vm.shared().core, || false, elsewhere));
+        assert_eq!(asked.get(), 2, "asked at the start and at the stall");
+        assert!(!spin_while_progress(&vm.shared().core, || false, || None));
+    }
+
+    /// Progress the engine does not see (a lazy graph computing) keeps the caller
+    /// spinning past a stall: here the wait ends only after the count was asked at a
+    /// stall and had moved. A preempted test thread can overrun the whole spin budget
+    /// (1 ms) between two looks, so a few tries are allowed; a wait that ignores the
+    /// count never gets past the first stall.
+    #[test]
+    fn progress_elsewhere_keeps_the_caller_spinning() {
+        let vm = vm();
+        let ok = (0..10).any(|_| {
+            let asked = Cell::new(0u64);
+            let elsewhere = || {
+                asked.set(asked.get() + 1);
+                Some(asked.get())
+            };
+            // Done once the count was asked at a stall (its second look) and moved.
+            let done = || asked.get() >= 2;
+            spin_while_progress(&vm.shared().core, done, elsewhere)
+        });
+        assert!(ok, "the caller slept although the count kept moving");
     }
 }

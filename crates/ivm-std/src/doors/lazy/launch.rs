@@ -19,7 +19,7 @@ use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::lazy::{
     CallerHelper, CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph,
-    LazyInner, SharedEventRecord,
+    LazyInner, ProgressProbe, SharedEventRecord,
 };
 use crate::engine::core::NEXT_BLOB_ID;
 use crate::model::blob::Blob;
@@ -156,17 +156,29 @@ impl LauncherQueue {
 pub(crate) struct VmLazy {
     pub(crate) queue: Arc<LauncherQueue>,
     pub(crate) transport: Arc<Blob>,
-    /// The caller helpers of the graphs this VM launched ([`LazyGraph::set_caller_helper`]),
-    /// registered at each graph's first launch (a graph serves one VM), with the graph's
-    /// description to tell when it is gone. At most [`HELPERS`] graphs alive at once; more
-    /// are not registered (those run on their own threads only).
-    helpers: Mutex<heapless::Vec<(Weak<LazyInner>, CallerHelper), HELPERS>>,
-    /// Whether `helpers` was ever non-empty: a wait looks at it without the lock.
+    /// What the graphs this VM launched offered a waiting caller: a caller helper
+    /// ([`LazyGraph::set_caller_helper`]) and a progress probe
+    /// ([`LazyGraph::set_progress_probe`]), registered at each graph's first launch (a
+    /// graph serves one VM), with the graph's description to tell when it is gone. At most
+    /// [`OFFERS`] graphs alive at once; more are not registered (those run on their own
+    /// threads only, and a caller waiting for them sleeps as for any long work).
+    offers: Mutex<heapless::Vec<GraphOffer, OFFERS>>,
+    /// Whether a registered offer ever had a helper: a wait looks at it without the lock.
     has_helpers: AtomicBool,
+    /// Whether a registered offer ever had a progress probe (as `has_helpers`).
+    has_probes: AtomicBool,
 }
 
-/// Most caller helpers one VM keeps.
-const HELPERS: usize = 8;
+/// One graph's offer to waiting callers (see [`VmLazy::offers`]).
+#[derive(Clone)]
+struct GraphOffer {
+    graph: Weak<LazyInner>,
+    helper: Option<CallerHelper>,
+    progress: Option<ProgressProbe>,
+}
+
+/// Most graph offers one VM keeps.
+const OFFERS: usize = 8;
 
 impl VmLazy {
     pub(crate) fn new(vm_id: usize) -> Self {
@@ -178,21 +190,37 @@ impl VmLazy {
                 Device::CPU,
                 0,
             )),
-            helpers: Mutex::new(heapless::Vec::new()),
+            offers: Mutex::new(heapless::Vec::new()),
             has_helpers: AtomicBool::new(false),
+            has_probes: AtomicBool::new(false),
         }
     }
 
-    fn register(&self, graph: &Arc<LazyInner>, helper: &CallerHelper) {
-        let mut helpers = lock(&self.helpers);
-        // The helpers of graphs dropped since make room.
-        helpers.retain(|(g, _)| g.strong_count() > 0);
-        if helpers
-            .push((Arc::downgrade(graph), helper.clone()))
-            .is_ok()
-        {
-            // Relaxed: a hint for waits; the helpers themselves are read under the lock.
-            self.has_helpers.store(true, Ordering::Relaxed);
+    /// Registers what `graph` offers at its first launch (nothing when it offers nothing).
+    fn register(&self, graph: &Arc<LazyInner>) {
+        // The first launch seals both slots (see `LazyInner::helper`).
+        let helper = graph.helper.get_or_init(|| None).clone();
+        let progress = graph.progress.get_or_init(|| None).clone();
+        if helper.is_none() && progress.is_none() {
+            return;
+        }
+        let (has_helper, has_probe) = (helper.is_some(), progress.is_some());
+        let mut offers = lock(&self.offers);
+        // The offers of graphs dropped since make room.
+        offers.retain(|o| o.graph.strong_count() > 0);
+        let offer = GraphOffer {
+            graph: Arc::downgrade(graph),
+            helper,
+            progress,
+        };
+        if offers.push(offer).is_ok() {
+            // Relaxed: hints for waits; the offers themselves are read under the lock.
+            if has_helper {
+                self.has_helpers.store(true, Ordering::Relaxed);
+            }
+            if has_probe {
+                self.has_probes.store(true, Ordering::Relaxed);
+            }
         }
     }
 
@@ -206,11 +234,31 @@ impl VmLazy {
     /// Runs the caller helpers (a caller about to wait, outside the engine): whether any
     /// ran something. Allocates nothing; the helpers run without the lock.
     pub(crate) fn help(&self) -> bool {
-        let helpers = lock(&self.helpers).clone();
-        helpers
+        let offers = lock(&self.offers).clone();
+        offers
             .iter()
-            .filter(|(g, _)| g.strong_count() > 0)
-            .fold(false, |any, (_, h)| h() | any)
+            .filter(|o| o.graph.strong_count() > 0)
+            .filter_map(|o| o.helper.as_ref())
+            .fold(false, |any, h| h() | any)
+    }
+
+    /// The sum of the live graphs' progress counts (wrapping), or `None` when no graph
+    /// with a probe was ever launched here. A waiting caller compares two of these to see
+    /// whether a graph did work in between. Allocates nothing; the probes run without the
+    /// lock.
+    pub(crate) fn graph_progress(&self) -> Option<u64> {
+        // Relaxed: see `register`.
+        if !self.has_probes.load(Ordering::Relaxed) {
+            return None;
+        }
+        let offers = lock(&self.offers).clone();
+        Some(
+            offers
+                .iter()
+                .filter(|o| o.graph.strong_count() > 0)
+                .filter_map(|o| o.progress.as_ref())
+                .fold(0u64, |sum, p| sum.wrapping_add(p())),
+        )
     }
 }
 
@@ -373,11 +421,8 @@ impl InstructionsBuilder<'_> {
         for t in inputs.iter().chain(outputs).chain(parameters) {
             vm.check_tensor(t)?;
         }
-        // The first launch seals the helper slot (see `LazyInner::helper`).
-        if graph.bind(vm.id)?
-            && let Some(h) = g.helper.get_or_init(|| None)
-        {
-            vm.lazy().register(g, h);
+        if graph.bind(vm.id)? {
+            vm.lazy().register(g);
         }
         let sizes = g
             .inputs

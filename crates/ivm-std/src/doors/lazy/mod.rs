@@ -156,11 +156,18 @@ pub(crate) struct LazyInner {
     /// runtime had not offered one), so that an offer racing the first launch is either
     /// seen by it or refused, never lost.
     pub(crate) helper: std::sync::OnceLock<Option<CallerHelper>>,
+    /// The graph runtime's progress count ([`LazyGraph::set_progress_probe`]); set and
+    /// sealed like `helper`.
+    pub(crate) progress: std::sync::OnceLock<Option<ProgressProbe>>,
 }
 
 /// A graph runtime's offer to make progress on a thread of the VM's caller: runs what of
 /// the graph is ready, returns whether anything ran.
 pub type CallerHelper = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// A graph runtime's progress count: any number that grows while the graph does work
+/// (kernels fired, say) and stays put while it waits.
+pub type ProgressProbe = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// The description of a lazy job that the VM launches: job name, interface ops, parameters
 /// and the job's named buffers. Cheap to clone (shared). Build one with
@@ -267,6 +274,43 @@ impl LazyGraph {
         self.inner.helper.set(Some(Arc::new(helper))).is_ok()
     }
 
+    /// Tells the VM how to see this graph's progress: `probe` returns a count that grows
+    /// while the graph does work (ivm-graph counts its actors' firings) and stays put
+    /// while it waits. A caller waiting for the VM spins while instructions keep finishing
+    /// and sleeps once none has for a while (ARCHITECTURE.md, "Who may drive the
+    /// engine"); while a graph computes, no instruction finishes until its output
+    /// critical section ends, so without a probe a caller waiting for a graph's output
+    /// sleeps through the graph's forward pass and pays a wake-up at its end. With one,
+    /// it keeps spinning (yielding its CPU) while the count moves. The VM calls `probe`
+    /// rarely (when a caller would otherwise sleep, about every 50 µs of a wait), from
+    /// any thread; it must be cheap and must not block or call into the VM.
+    ///
+    /// Set once, before the first launch; returns `false` (and drops `probe`) when one
+    /// was set before or the graph was launched already, like
+    /// [`set_caller_helper`](Self::set_caller_helper).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use ivm_std::lazy::LazyGraph;
+    ///
+    /// let g = LazyGraph::builder("step").output("loss", 4).build()?;
+    /// let fired = Arc::new(AtomicU64::new(0)); // the runtime bumps it per kernel
+    /// let count = fired.clone();
+    /// assert!(g.set_progress_probe(move || count.load(Ordering::Relaxed)));
+    /// assert!(!g.set_progress_probe(|| 0)); // set once
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    pub fn set_progress_probe(&self, probe: impl Fn() -> u64 + Send + Sync + 'static) -> bool {
+        // Relaxed: as in `set_caller_helper`.
+        if self.inner.vm.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        self.inner.progress.set(Some(Arc::new(probe))).is_ok()
+    }
+
     /// Closes the job's buffers (graph runtime shutdown): later runs fail with
     /// [`Error::GraphClosed`] instead of waiting.
     pub fn close(&self) {
@@ -274,7 +318,7 @@ impl LazyGraph {
     }
 
     /// Binds the graph to VM `vm` on its first launch; returns whether this was the first
-    /// (the caller then registers the graph's helper, if any).
+    /// (the caller then registers the graph's helper and progress probe, if any).
     ///
     /// # Errors
     /// [`Error::InvalidGraph`] if another VM launched it before.
@@ -402,6 +446,7 @@ impl LazyGraphBuilder {
                 params: self.params,
                 buffers,
                 helper: std::sync::OnceLock::new(),
+                progress: std::sync::OnceLock::new(),
             }),
         })
     }
