@@ -41,8 +41,14 @@ pub(crate) const PURE_SPIN: Duration = Duration::from_micros(10);
 pub(crate) const WORKER_PURE_SPIN: Duration = Duration::from_micros(2);
 
 /// A caller waiting behind other instructions keeps spinning (yielding) only while some
-/// instruction was released within this long.
-pub(crate) const CALLER_STALL: Duration = Duration::from_micros(50);
+/// instruction was released within this long. Sleeping costs the instruction's finisher a
+/// futex wake on its critical path (about 30 µs of syscall on this KVM, seen as a gap
+/// before the next kernel in the training demo's trace) and the caller as much again to
+/// wake, so a kernel of up to this long in front is spun through; a longer one is long
+/// work, and the caller sleeps having spent at most this much. At 50 µs, the demo with
+/// `--hidden 1024` (forward matmuls of 45–60 µs) paid the wake every step: eager +18 to
+/// +23 % against +3 to +11 % at 200 µs (interleaved runs; 100 µs was in between).
+pub(crate) const CALLER_STALL: Duration = Duration::from_micros(200);
 
 /// ... and at most this long in all before it sleeps.
 pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);

@@ -282,7 +282,7 @@ impl LazyGraph {
     /// critical section ends, so without a probe a caller waiting for a graph's output
     /// sleeps through the graph's forward pass and pays a wake-up at its end. With one,
     /// it keeps spinning (yielding its CPU) while the count moves. The VM calls `probe`
-    /// rarely (when a caller would otherwise sleep, about every 50 µs of a wait), from
+    /// rarely (when a caller would otherwise sleep, at most every 200 µs of a wait), from
     /// any thread; it must be cheap and must not block or call into the VM.
     ///
     /// Set once, before the first launch; returns `false` (and drops `probe`) when one
