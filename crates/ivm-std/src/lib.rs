@@ -60,15 +60,15 @@ pub use doors::custom::{Done, InstructionPolicy};
 pub use doors::lazy::LazyGraph;
 pub use doors::{completion, custom, lazy};
 pub use engine::DebugCounters;
-/// Loom models only: the engine token and the scheduler's parking word (`drive.rs`).
+/// Loom models only: the engine token and the scheduler's parking word (`engine/drive/token.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::drive::EngineToken;
-/// Loom models only: single-thread mode's waiting word (`drive.rs`).
+/// Loom models only: single-thread mode's waiting word (`engine/drive/single_waits.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::drive::SingleWaits;
-/// Loom models only: the helper count of the `Helping` protocol (`drive.rs`).
+/// Loom models only: the helper count of the `Helping` protocol (`engine/helping.rs`).
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::helping::Helpers;

@@ -1,4 +1,4 @@
-//! Loom model of the `Helping` protocol of `drive.rs` at small scale, with the VM's own
+//! Loom model of the `Helping` protocol of `engine/helping.rs` at small scale, with the VM's own
 //! engine token (`ivm_std::EngineToken`) and helper count (`ivm_std::Helpers`, both hidden,
 //! `cfg(loom)` only) in the order of operations of `worker.rs`'s `run` closure,
 //! `helping::Owed` and `helping::Helping`:

@@ -1,5 +1,5 @@
 //! Loom models of single-thread mode's waiting word (`ivm_std::SingleWaits`, hidden,
-//! `cfg(loom)` only; `engine/drive.rs`), in the order of operations of `drive_until`:
+//! `cfg(loom)` only; `engine/drive/single_waits.rs`), in the order of operations of `drive_until`:
 //!
 //! * **announcements publish**: a notifier publishes a result (a loom `UnsafeCell` plus a
 //!   Release flag) and `notify`s; a waiter takes a `snapshot`, checks the flag (Acquire)

@@ -1,6 +1,6 @@
 //! Loom model of the VM's wake path at small scale, with the VM's own engine token
 //! (`ivm_std::EngineToken`, hidden, `cfg(loom)` only) and the same ivm-core building blocks and
-//! order of operations as `drive.rs` / `scheduler.rs` / `worker.rs` / `sync_access.rs`:
+//! order of operations as `engine/drive/` / `scheduler.rs` / `worker.rs` / `sync_access.rs`:
 //!
 //! * caller: pushes its instruction to the pending queue, then `acquire_or_mark`: if it got
 //!   the engine it drives it (drain pending, dispatch to the worker queue with a notify on
@@ -160,7 +160,7 @@ fn step(vm: &Vm) -> bool {
         let e = unsafe { &mut *e };
         let mut progress = false;
         let mut consumer = vm.pending.consume();
-        // Inconsistent needs no retry: the producer marks after its push (drive.rs).
+        // Inconsistent needs no retry: the producer marks after its push (engine/drive/token.rs).
         let _ = consumer.drain(|j| {
             progress = true;
             e.lively.push(j.clone());
@@ -336,7 +336,7 @@ fn model(skip: bool, variant: Variant) {
             drop(std::mem::ManuallyDrop::into_inner(consumer));
         });
 
-        // The caller (`shared.rs` receive + `drive.rs` after_push + `sync_access.rs`).
+        // The caller (`shared.rs` receive + `engine/drive/` after_push + `sync_access.rs`).
         vm.pending.push(job.clone());
         if variant.submit(&vm) {
             drive(&vm, variant);

@@ -145,7 +145,7 @@ pub(crate) struct VmCore {
     /// runtime spawns them and keeps their handles); `None` once closed.
     workers: Mutex<Option<Vec<Arc<ThreadCtx>>>>,
     /// Multi-thread mode: the engine, driven by whoever holds the token in `parking`
-    /// (`drive.rs`). Empty in single-thread mode.
+    /// (`drive/`). Empty in single-thread mode.
     pub(crate) cell: crate::engine::drive::EngineCell,
     /// Single-thread mode: the engine, driven by callers.
     pub(crate) engine: Option<Mutex<Engine>>,
@@ -331,7 +331,7 @@ impl VmCore {
     /// After pushes to the pending queue (`was_empty`: one of them found it empty): the
     /// engine must see them. Single-thread mode: the caller drives next; wake a parked
     /// driver on the empty edge. Multi-thread mode: drive here if nobody holds the engine
-    /// and this is not a VM thread, else mark it / wake the scheduler (`drive.rs`).
+    /// and this is not a VM thread, else mark it / wake the scheduler (`drive/`).
     pub(crate) fn pushed(&self, was_empty: bool) {
         self.pushed_claiming(was_empty, Claim::NONE, false);
     }

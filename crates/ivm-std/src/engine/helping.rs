@@ -2,7 +2,7 @@
 //! to the engine ([`Owed`]), a spinning caller registered as a *helper* that pays such debts
 //! ([`Helping`], [`Helpers`], checked by `tests/loom_helpers.rs`), and the two spin loops
 //! of a caller waiting for a result ([`spin_yield_until`], [`spin_while_progress`]). The
-//! token they drive through is `drive.rs`'s.
+//! token they drive through is `drive/token.rs`'s.
 
 use core::time::Duration;
 
@@ -328,51 +328,5 @@ pub(crate) fn spin_while_progress(
             // Nothing released lately: a thread we wait for may need this core.
             std::thread::yield_now();
         }
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use std::cell::Cell;
-
-    fn vm() -> crate::VirtualMachine {
-        crate::VirtualMachine::new(crate::Config::single_thread()).unwrap()
-    }
-
-    /// No instruction finishes and the outside count stands still: the caller gives up
-    /// (to sleep) instead of spinning on.
-    #[test]
-    fn a_stalled_wait_gives_up() {
-        let vm = vm();
-        let asked = Cell::new(0);
-        let elsewhere = || {
-            asked.set(asked.get() + 1);
-            Some(7)
-        };
-        assert!(!spin_while_progress(&vm.shared().core, || false, elsewhere));
-        assert_eq!(asked.get(), 2, "asked at the start and at the stall");
-        assert!(!spin_while_progress(&vm.shared().core, || false, || None));
-    }
-
-    /// Progress the engine does not see (a lazy graph computing) keeps the caller
-    /// spinning past a stall: here the wait ends only after the count was asked at a
-    /// stall and had moved. A preempted test thread can overrun the whole spin budget
-    /// (1 ms) between two looks, so a few tries are allowed; a wait that ignores the
-    /// count never gets past the first stall.
-    #[test]
-    fn progress_elsewhere_keeps_the_caller_spinning() {
-        let vm = vm();
-        let ok = (0..10).any(|_| {
-            let asked = Cell::new(0u64);
-            let elsewhere = || {
-                asked.set(asked.get() + 1);
-                Some(asked.get())
-            };
-            // Done once the count was asked at a stall (its second look) and moved.
-            let done = || asked.get() >= 2;
-            spin_while_progress(&vm.shared().core, done, elsewhere)
-        });
-        assert!(ok, "the caller slept although the count kept moving");
     }
 }

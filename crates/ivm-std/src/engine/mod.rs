@@ -120,7 +120,7 @@ pub struct DebugCounters {
 pub(crate) struct Engine {
     pub(crate) core: Core,
     probes: Vec<Probe>,
-    /// Who runs the current steps (`drive.rs`): probes and user barriers are the
+    /// Who runs the current steps (`drive/`): probes and user barriers are the
     /// scheduler thread's.
     driver: Driver,
     /// Set by a step when a non-scheduler driver met work reserved to the scheduler thread

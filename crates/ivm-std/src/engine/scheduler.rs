@@ -1,4 +1,4 @@
-//! The scheduler thread: the engine's driver of last resort (see `drive.rs`).
+//! The scheduler thread: the engine's driver of last resort (see `drive/`).
 //!
 //! Callers and workers drive the engine themselves whenever it is free, so on the common
 //! paths this thread sleeps. It takes the engine when it is woken: a device completion,

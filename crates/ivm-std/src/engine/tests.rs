@@ -288,3 +288,53 @@ fn released_instruction_goes_back_to_the_pool_and_is_reused_in_place() {
     assert!(body.inputs.as_slice().is_empty() && body.outputs.as_slice().is_empty());
     assert_eq!(Arc::strong_count(&a), 1, "the release let go of the blob");
 }
+
+// A waiting caller's spin (`helping::spin_while_progress`).
+
+fn single_vm() -> crate::VirtualMachine {
+    crate::VirtualMachine::new(crate::Config::single_thread()).unwrap()
+}
+
+/// No instruction finishes and the outside count stands still: the caller gives up
+/// (to sleep) instead of spinning on.
+#[test]
+fn a_stalled_wait_gives_up() {
+    let vm = single_vm();
+    let asked = std::cell::Cell::new(0);
+    let elsewhere = || {
+        asked.set(asked.get() + 1);
+        Some(7)
+    };
+    assert!(!crate::engine::helping::spin_while_progress(
+        &vm.shared().core,
+        || false,
+        elsewhere
+    ));
+    assert_eq!(asked.get(), 2, "asked at the start and at the stall");
+    assert!(!crate::engine::helping::spin_while_progress(
+        &vm.shared().core,
+        || false,
+        || None
+    ));
+}
+
+/// Progress the engine does not see (a lazy graph computing) keeps the caller
+/// spinning past a stall: here the wait ends only after the count was asked at a
+/// stall and had moved. A preempted test thread can overrun the whole spin budget
+/// (1 ms) between two looks, so a few tries are allowed; a wait that ignores the
+/// count never gets past the first stall.
+#[test]
+fn progress_elsewhere_keeps_the_caller_spinning() {
+    let vm = single_vm();
+    let ok = (0..10).any(|_| {
+        let asked = std::cell::Cell::new(0u64);
+        let elsewhere = || {
+            asked.set(asked.get() + 1);
+            Some(asked.get())
+        };
+        // Done once the count was asked at a stall (its second look) and moved.
+        let done = || asked.get() >= 2;
+        crate::engine::helping::spin_while_progress(&vm.shared().core, done, elsewhere)
+    });
+    assert!(ok, "the caller slept although the count kept moving");
+}

@@ -1,7 +1,7 @@
 //! Worker threads: one per thread context, running the instructions the engine hands them.
 //!
 //! A worker drains its queue, runs each instruction, marks it done and has the engine
-//! release it (driving the engine itself when nobody holds it, see `drive.rs`); then it
+//! release it (driving the engine itself when nobody holds it, see `drive/`); then it
 //! keeps polling for the configured window (`worker_poll_window`) and only then blocks on
 //! its notifier. The engine notifies only when its push found the
 //! queue empty (the MPSC was-empty protocol), and the notifier makes no wake call when the
@@ -81,7 +81,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             owed.mark(&shared, false);
         } else {
             // Releases it here (readying its successors, on any stream) when nobody
-            // holds the engine, else marks it for the holder (`drive.rs`).
+            // holds the engine, else marks it for the holder (`drive/token.rs`).
             shared.completed();
             owed.discharged();
         }

@@ -58,7 +58,7 @@ impl Sticky {
 
 /// How a completion that happens outside the engine (a device's event callback, a graph
 /// runtime finishing a lazy-job instruction) gets the engine to see it: the engine token
-/// (`drive.rs`) implements it. A trait, so that streams (a lower layer) do not name the
+/// (`engine/drive/token.rs`) implements it. A trait, so that streams (a lower layer) do not name the
 /// engine layer.
 pub(crate) trait CompletionSink: Send + Sync {
     /// After publishing a completion (`DONE`, with Release): marks the engine dirty and

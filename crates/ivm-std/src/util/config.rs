@@ -203,7 +203,7 @@ impl Default for Config {
     /// The defaults. The windows are the original design's (200 µs worker poll, 1 ms
     /// scheduler window) on machines with at least [`SPIN_WINDOW_MIN_CORES`] hardware threads.
     /// Below, the scheduler window is zero (callers and workers drive the engine
-    /// themselves, see `drive.rs`, so the scheduler thread has nothing to poll for) and the
+    /// themselves, see `engine/drive/`, so the scheduler thread has nothing to poll for) and the
     /// worker polls for 100 µs, yielding its CPU after a few spins: measured on a loaded
     /// 2-vCPU machine, a zero poll window made every cross-thread hand-over a futex wake
     /// (a two-stream chain ran at ≈65 K instructions/s, ≈860 K/s with the window), while

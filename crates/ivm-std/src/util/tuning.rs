@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-// Spinning and yielding while another thread works (the engine token, `drive.rs`).
+// Spinning and yielding while another thread works (the engine token, `engine/drive/`).
 /// How long a worker leaves the release of a finished sync access to its caller (who
 /// usually comes back and drives the engine within a microsecond) before it drives the
 /// engine itself.
