@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ivm::graph::{BlobId, Graph, GraphBuilder, GraphCtx};
-use ivm::ivm_std::{Error, Result, Stream, Tensor, VirtualMachine};
+use ivm::ivm_std::{DeviceMemory, Error, HostMemory, Result, Stream, Tensor, VirtualMachine};
 
 use crate::kernels;
 use crate::program::{Program, Role};
@@ -82,17 +82,67 @@ pub struct TrainRows {
     pub width: usize,
 }
 
-/// Plain: the same kernels called directly on host vectors, one thread, no VM.
+/// `f32`s in the memory the VM gives a cpu tensor ([`HostMemory`]: aligned to 128 bytes),
+/// so that the plain baseline computes on memory laid out like the VM modes' and the
+/// comparison measures the VM, not the allocator (with `Vec<f32>`, 16-byte aligned, the
+/// kernels' vector loads straddle cache lines where the VM's do not).
+#[derive(Default)]
+struct PlainBuf {
+    mem: Option<HostMemory>,
+    len: usize,
+}
+
+impl PlainBuf {
+    fn from_slice(v: &[f32]) -> Self {
+        Self {
+            mem: Some(HostMemory::from_bytes(&bytes_of(v))),
+            len: v.len(),
+        }
+    }
+
+    fn as_slice(&self) -> &[f32] {
+        match &self.mem {
+            // SAFETY: the memory holds `len` initialised `f32`s (4 * len bytes, copied in
+            // or written through `as_mut_slice`), is aligned to 128 bytes, and is owned by
+            // `self`, which this shared borrow keeps from being written meanwhile.
+            Some(m) => unsafe {
+                std::slice::from_raw_parts(
+                    m.host_ptr().expect("host memory").as_ptr().cast::<f32>(),
+                    self.len,
+                )
+            },
+            None => &[],
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        match &self.mem {
+            // SAFETY: as in `as_slice`; the exclusive borrow of `self` makes this the only
+            // view of the memory.
+            Some(m) => unsafe {
+                std::slice::from_raw_parts_mut(
+                    m.host_ptr().expect("host memory").as_ptr().cast::<f32>(),
+                    self.len,
+                )
+            },
+            None => &mut [],
+        }
+    }
+}
+
+/// Plain: the same kernels called directly on host buffers, one thread, no VM.
 pub struct Plain {
     prog: Arc<Program>,
     rows: TrainRows,
-    bufs: Vec<Vec<f32>>,
+    bufs: Vec<PlainBuf>,
 }
 
 impl Plain {
     /// A plain trainer with the program's initial state.
     pub fn new(prog: Arc<Program>, rows: TrainRows) -> Self {
-        let bufs = (0..prog.bufs.len()).map(|i| prog.initial(i)).collect();
+        let bufs = (0..prog.bufs.len())
+            .map(|i| PlainBuf::from_slice(&prog.initial(i)))
+            .collect();
         Self { prog, rows, bufs }
     }
 }
@@ -103,23 +153,23 @@ impl Trainer for Plain {
         let idx = &batch.order[batch.start..batch.start + p.batch];
         let (rows, bufs) = (&self.rows, &mut self.bufs);
         trace::span("gather", Cat::Kernel, || {
-            kernels::gather(&rows.x, idx, &mut bufs[p.x], rows.width)
+            kernels::gather(&rows.x, idx, bufs[p.x].as_mut_slice(), rows.width)
         });
         trace::span("gather", Cat::Kernel, || {
-            kernels::gather(&rows.y, idx, &mut bufs[p.y], 1)
+            kernels::gather(&rows.y, idx, bufs[p.y].as_mut_slice(), 1)
         });
         for op in &p.ops {
             let mut out = std::mem::take(&mut self.bufs[op.write]);
             let mut reads: [&[f32]; 4] = [&[]; 4];
             for (r, &i) in reads.iter_mut().zip(&op.reads) {
-                *r = &self.bufs[i];
+                *r = self.bufs[i].as_slice();
             }
             trace::span(op.name, Cat::Kernel, || {
-                (op.kernel)(&reads[..op.reads.len()], &mut out)
+                (op.kernel)(&reads[..op.reads.len()], out.as_mut_slice())
             });
             self.bufs[op.write] = out;
         }
-        Ok(self.bufs[p.loss][0])
+        Ok(self.bufs[p.loss].as_slice()[0])
     }
 
     fn weights(&mut self) -> Result<Weights> {
@@ -127,7 +177,12 @@ impl Trainer for Plain {
             .prog
             .weights
             .iter()
-            .map(|&(w, b)| (self.bufs[w].clone(), self.bufs[b].clone()))
+            .map(|&(w, b)| {
+                (
+                    self.bufs[w].as_slice().to_vec(),
+                    self.bufs[b].as_slice().to_vec(),
+                )
+            })
             .collect())
     }
 }
