@@ -25,6 +25,11 @@
 //! load read a store that is not yet visible to it (stale values), so the planted models
 //! without either fence must fail.
 //!
+//! A submitting caller (`helping::Submitting`, registered for the length of
+//! `VirtualMachine::run`) is the same protocol with its own `Helpers` count: it enters,
+//! drives once when it pushes (a poll), leaves and polls once more; a worker keeps a debt
+//! for it only after seeing it registered after the mark (`helpers_submitter`).
+//!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_helpers`.
 #![cfg(loom)]
@@ -194,6 +199,12 @@ fn helpers_helper_polls() {
 #[test]
 fn helpers_helper_leaves_without_polling() {
     model(0, Variant::WorkerMarks);
+}
+
+/// A submitter: registered, drives once (its push), leaves, polls once more.
+#[test]
+fn helpers_submitter() {
+    model(1, Variant::WorkerMarks);
 }
 
 #[test]

@@ -25,17 +25,26 @@ use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE
 ///   kernels they were a third of a microsecond per instruction, mostly cache misses on
 ///   engine data last touched by the caller).
 ///
+/// * **a caller is submitting** ([`Submitting`]) while this worker has more instructions
+///   queued: the submission drives the engine before it returns, so the release may wait
+///   for it, but only for the length of the worker's next kernel (the debt's *grace*): a
+///   submission runs user code, which may take long.
+///
 /// Nothing is lost while it waits: the first thread that takes the engine after the mark
 /// drains every input, and the only write that clears `DIRTY` on an unlocked word is such
 /// an acquisition. So the debt is gone as soon as the word no longer reads "dirty,
 /// unlocked". Otherwise the worker pays it (drives) before it runs the next instruction
-/// unless a helper spins, before it sleeps, when idle and nobody helps, and for a patient
-/// debt after about [`RELEASE_DEFER`] of polling.
+/// unless a helper spins (or, once, a submitter is still inside its submission), before it
+/// sleeps, when idle and nobody helps, and for a patient debt after about
+/// [`RELEASE_DEFER`] of polling.
 #[derive(Debug, Default)]
 pub(crate) struct Owed {
     owed: std::cell::Cell<bool>,
     /// Only finished sync accesses are owed (their callers come back to drive).
     patient: std::cell::Cell<bool>,
+    /// The debt was left to a submitting caller ([`Submitting`]) and no instruction has
+    /// run since: the worker may run one more before it pays.
+    grace: std::cell::Cell<bool>,
     /// `settle(false)` calls since the mark (the clock is read only from the 64th on).
     steps: std::cell::Cell<u32>,
     since: std::cell::Cell<Option<std::time::Instant>>,
@@ -44,17 +53,26 @@ pub(crate) struct Owed {
 impl Owed {
     /// After a finished instruction the worker does not release itself: mark the word;
     /// owe a drive if nobody held it. `patient`: a finished sync access (see above).
-    pub(crate) fn mark(&self, shared: &VmCore, patient: bool) {
+    /// `grace`: left to a submitting caller (a new debt may outlast one more kernel; one
+    /// already owed keeps the grace it has left, so no release waits longer than that).
+    pub(crate) fn mark(&self, shared: &VmCore, patient: bool, grace: bool) {
         if shared.parking.mark() {
             if !self.owed.get() {
                 self.owed.set(true);
                 self.patient.set(patient);
+                self.grace.set(grace);
                 self.steps.set(0);
                 self.since.set(None);
             } else if !patient {
                 self.patient.set(false);
             }
         }
+    }
+
+    /// Whether the debt may outlast the instruction about to run (its grace, used up by
+    /// asking).
+    pub(crate) fn take_grace(&self) -> bool {
+        self.grace.replace(false)
     }
 
     /// A drive attempt (`VmCore::completed`) took care of everything marked so far.
@@ -137,6 +155,38 @@ impl Drop for Helping<'_> {
         // pairs with the worker's mark, fence and load of the count (type docs).
         self.shared.parking.helpers.leave();
         self.poll();
+    }
+}
+
+/// A caller inside a submission (`VirtualMachine::run`, its user closure included),
+/// registered so that a worker that finishes an instruction meanwhile, with more queued,
+/// may leave its release to this caller for the length of one kernel ([`Owed`]'s grace)
+/// instead of driving the engine between its kernels: the submission drives the engine
+/// when it pushes, and leaving polls once more (drives if the word reads "dirty,
+/// unlocked"), with the same fences as [`Helping`] (a worker that saw the submitter
+/// registered after its mark is seen by the leaving submitter's poll). Producers never
+/// count on a submitter (they count on helpers only, see `EngineToken::unpark`): a user
+/// closure may block, and then a device completion must still wake the scheduler.
+pub(crate) struct Submitting<'a> {
+    shared: &'a VmCore,
+}
+
+impl<'a> Submitting<'a> {
+    /// Registers a submitter (multi-thread mode, a caller outside any VM thread).
+    pub(crate) fn enter(shared: &'a VmCore) -> Self {
+        shared.parking.submitters.enter();
+        Self { shared }
+    }
+}
+
+impl Drop for Submitting<'_> {
+    fn drop(&mut self) {
+        // Deregister (RMW, then SeqCst fence), then the load of the wake word: pairs with
+        // the worker's mark, fence and load of the count (`VmCore::submitter_active`).
+        self.shared.parking.submitters.leave();
+        if self.shared.parking.dirty_unlocked() {
+            self.shared.help();
+        }
     }
 }
 
@@ -228,6 +278,12 @@ impl VmCore {
     /// a SeqCst fence orders the worker's preceding mark before the load).
     pub(crate) fn helper_spinning(&self) -> bool {
         self.parking.helpers.spinning()
+    }
+
+    /// Whether a caller is inside a submission ([`Submitting`]; a SeqCst fence orders the
+    /// worker's preceding mark before the load, as in [`helper_spinning`](Self::helper_spinning)).
+    pub(crate) fn submitter_active(&self) -> bool {
+        self.parking.submitters.spinning()
     }
 }
 

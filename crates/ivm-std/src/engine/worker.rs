@@ -47,9 +47,16 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let avg_ns = std::cell::Cell::new(0u64);
     let run = |instr: Arc<Instruction>| {
         // Before running anything (it may take long), settle what we owe, unless a
-        // helper spins: it takes care of it (`helping::Helping`).
+        // helper spins: it takes care of it (`helping::Helping`); or a caller is still
+        // submitting and the debt has its grace left: it may wait for this one kernel
+        // (`helping::Submitting`). Both checks come after the mark (fence, then load).
         if owed.is_owed() {
-            owed.settle(&shared, !shared.helper_spinning());
+            // The grace is used up by this instruction whoever keeps the debt.
+            let grace = owed.take_grace();
+            let kept = shared.helper_spinning() || (grace && shared.submitter_active());
+            if !kept {
+                owed.settle(&shared, true);
+            }
         }
         let sync_access = instr.waiter.is_some();
         // Every 8th instruction is timed: whether kernels run long on average
@@ -74,11 +81,17 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // Its caller is about to come back and drive the engine anyway (usually
             // within a microsecond): leave the release to it, so the engine's data stays
             // in the caller's cache; settled below if nobody takes the engine soon.
-            owed.mark(&shared, true);
+            owed.mark(&shared, true, false);
         } else if !ctx.queue.is_empty() && shared.helper_spinning() {
             // More to run, and a caller spins waiting: it releases this one while we run
             // the next (checked again after the mark, before the next instruction).
-            owed.mark(&shared, false);
+            owed.mark(&shared, false, false);
+        } else if !ctx.queue.is_empty() && shared.submitter_active() {
+            // More to run, and a caller is submitting: its push drives the engine, likely
+            // before our next kernel ends; if not, we pay before the one after (checked
+            // again after the mark, before the next instruction), or, should our queue
+            // run dry first, after polling for `RELEASE_DEFER` (a patient debt).
+            owed.mark(&shared, true, true);
         } else {
             // Releases it here (readying its successors, on any stream) when nobody
             // holds the engine, else marks it for the holder (`drive/token.rs`).

@@ -502,6 +502,10 @@ impl VirtualMachine {
     /// [`Error::ShutDown`]; whatever `f` returns.
     pub fn run<R>(&self, f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>) -> Result<R> {
         self.shared.core.check_caller()?;
+        // Multi-thread mode: a worker finishing an instruction meanwhile may leave its
+        // release to this submission for one kernel (`engine::helping::Submitting`).
+        let _submitting = (!self.shared.core.single_thread())
+            .then(|| crate::engine::helping::Submitting::enter(&self.shared.core));
         let mut b = InstructionsBuilder::new(&self.shared);
         let r = f(&mut b)?;
         b.submit()?;

@@ -176,6 +176,11 @@ pub struct EngineToken {
     /// Callers spinning in a wait that drive the engine when they see input marked
     /// ([`Helping`]): while one is registered, a producer need not wake the scheduler.
     pub(crate) helpers: Helpers,
+    /// Callers inside a submission (`VirtualMachine::run`), which drive the engine before
+    /// they return ([`Submitting`](crate::engine::helping::Submitting)): a worker may leave
+    /// them a release for the length of one kernel. Unlike `helpers`, producers do not
+    /// count on them (a submission's user closure may block).
+    pub(crate) submitters: Helpers,
     /// The VM, for completions that drive the engine on their own thread
     /// ([`complete_outside`](Self::complete_outside)); set once the VM exists.
     vm: std::sync::OnceLock<VmLink>,
@@ -225,6 +230,7 @@ impl EngineToken {
             state: TokenState::new(),
             parking: Parking::new(),
             helpers: Helpers::new(),
+            submitters: Helpers::new(),
             vm: std::sync::OnceLock::new(),
             single,
             waits: SingleWaits::new(),
