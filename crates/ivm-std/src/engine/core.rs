@@ -136,6 +136,10 @@ pub(crate) struct VmCore {
     pub(crate) flying: AtomicUsize,
     /// Released instructions, ever (progress detection for timeouts).
     pub(crate) finished: AtomicUsize,
+    /// Workers whose `ThreadCtx::long_kernels` hint is set: a submission registers as a
+    /// [`Submitting`](crate::engine::helping::Submitting) caller only when some worker may
+    /// leave it a release (a hint, Relaxed: nothing is published through it).
+    pub(crate) long_kernel_workers: AtomicUsize,
     pub(crate) bp_seq: AtomicU32,
     pub(crate) bp_waiters: AtomicUsize,
     pub(crate) probes: Mutex<Vec<Probe>>,
@@ -184,6 +188,7 @@ impl VmCore {
             stop: AtomicBool::new(false),
             flying: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
+            long_kernel_workers: AtomicUsize::new(0),
             bp_seq: AtomicU32::new(0),
             bp_waiters: AtomicUsize::new(0),
             probes: Mutex::new(Vec::new()),
