@@ -2,7 +2,8 @@
 # Ordering mutants: how many weakened memory orderings and deleted wake calls the loom
 # models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
 #
-# For every site in ivm-core's sources and in ivm-std's engine token (engine/drive.rs) —
+# For every site in ivm-core's sources and in ivm-std's engine token (engine/drive/token.rs,
+# engine/drive/single_waits.rs) —
 # or in the files named on the command line (ivm-std's `model/thread_ctx.rs` and
 # `model/express.rs`, ivm-engine's
 # `completer.rs` have models too) —
@@ -11,7 +12,7 @@
 #     time (a `fence(..)` call is deleted instead: a Relaxed fence is not allowed);
 #   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
 # then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
-# models for an ivm-core mutant, ivm-std's wake-path and helper models for a drive.rs
+# models for an ivm-core mutant, ivm-std's wake-path and helper models for an engine/drive
 # mutant (and the caller-runs model), ivm-engine's models for an ivm-engine mutant. A
 # mutant is *killed* when a model fails (or does not build), *survives* when
 # every model passes. The survivors are printed at the end, as `file:line (what)`.
@@ -31,7 +32,7 @@ timeout_s="${MUTANT_TIMEOUT:-600}"
 if [ "$#" -gt 0 ]; then
     files=("$@")
 else
-    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs; echo crates/ivm-std/src/engine/drive.rs)
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs)
 fi
 backup="$(mktemp -d)"
 restore() {

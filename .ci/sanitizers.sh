@@ -5,7 +5,7 @@
 # (-Zbuild-std: an uninstrumented std hides its own atomics from TSan and its allocations
 # from ASan). Prints each step's wall time; fails on any report.
 #
-# ThreadSanitizer does not model standalone fences (`fence(SeqCst)` in `engine/drive.rs`'s
+# ThreadSanitizer does not model standalone fences (`fence(SeqCst)` in `engine/helping.rs`'s
 # `Helpers`, `engine/shared.rs`'s backpressure; the Acquire fence in ivm-graph's `runtime/mod.rs`),
 # nor the futex as synchronisation. None of the covered tests reports a race there: those
 # fences order liveness (who sees whose mark), while data is published through

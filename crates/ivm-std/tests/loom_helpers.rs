@@ -25,10 +25,12 @@
 //! load read a store that is not yet visible to it (stale values), so the planted models
 //! without either fence must fail.
 //!
-//! A submitting caller (`helping::Submitting`, registered for the length of
-//! `VirtualMachine::run`) is the same protocol with its own `Helpers` count: it enters,
-//! drives once when it pushes (a poll), leaves and polls once more; a worker keeps a debt
-//! for it only after seeing it registered after the mark (`helpers_submitter`).
+//! A submitting caller (`helping::Submitting`, registered from its push to its drive) uses
+//! a second `Helpers` count with the same protocol: it enters, drives once (its push, a
+//! poll), leaves and polls once more. `helpers_submitter_grace` runs the worker's actual
+//! rule with both counts: before its next instruction it keeps the debt if a helper spins
+//! or (once: the debt's grace) a submitter is registered, else pays; before the
+//! instruction after that, only a spinning helper lets it keep the debt.
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_helpers`.
@@ -47,6 +49,8 @@ struct Engine {
 struct Vm {
     wake: EngineToken,
     helpers: Helpers,
+    /// Submitting callers (`Variant::SubmitterGrace` registers the caller here).
+    submitters: Helpers,
     engine: UnsafeCell<Engine>,
     /// The job's output, written by the worker before its Release DONE.
     data: UnsafeCell<u32>,
@@ -70,6 +74,8 @@ enum Variant {
     PlantedLeaveWithoutFence,
     /// Planted: the worker reads the helper count without the SeqCst fence.
     PlantedSpinningWithoutFence,
+    /// The caller is a submitter, not a helper; the worker applies its grace rule.
+    SubmitterGrace,
 }
 
 impl Vm {
@@ -136,6 +142,7 @@ fn model(polls: usize, variant: Variant) {
         let vm: &'static Vm = Box::leak(Box::new(Vm {
             wake: EngineToken::new(),
             helpers: Helpers::new(),
+            submitters: Helpers::new(),
             engine: UnsafeCell::new(Engine {
                 lively: true,
                 released: 0,
@@ -159,6 +166,24 @@ fn model(polls: usize, variant: Variant) {
             } else {
                 vm.wake.mark()
             };
+            if variant == Variant::SubmitterGrace {
+                // `worker.rs` `run`, before each of the next two instructions: keep the
+                // debt if a helper spins or, the first time only, a submitter is
+                // registered; else `settle(true)`: gone if somebody took the engine after
+                // the mark, else pay.
+                let mut owed = owed;
+                for grace in [true, false] {
+                    let kept = vm.helpers.spinning() || (grace && vm.submitters.spinning());
+                    if owed && !kept {
+                        owed = false;
+                        if vm.wake.dirty_unlocked() && vm.wake.try_lock() {
+                            vm.drive();
+                        }
+                    }
+                    // Runs that instruction.
+                }
+                return;
+            }
             // Before the next instruction: `owed.settle(&shared, !shared.helper_spinning())`.
             if owed {
                 let force = !vm.spinning(variant);
@@ -174,12 +199,22 @@ fn model(polls: usize, variant: Variant) {
             // Runs the next instruction "for ever": never settles again.
         });
 
-        // The helper (`helping::spin_while_progress`): registers, polls, leaves, polls.
-        vm.helpers.enter();
+        // The helper (`helping::spin_while_progress`): registers, polls, leaves, polls. A
+        // submitter (`helping::Submitting`) the same on its own count.
+        let count = if variant == Variant::SubmitterGrace {
+            &vm.submitters
+        } else {
+            &vm.helpers
+        };
+        count.enter();
         for _ in 0..polls {
             vm.poll();
         }
-        vm.leave(variant);
+        if variant == Variant::SubmitterGrace {
+            count.leave();
+        } else {
+            vm.leave(variant);
+        }
         vm.poll();
 
         worker.join().unwrap();
@@ -201,10 +236,17 @@ fn helpers_helper_leaves_without_polling() {
     model(0, Variant::WorkerMarks);
 }
 
-/// A submitter: registered, drives once (its push), leaves, polls once more.
+/// A submitter: registered, drives once (its push), leaves, polls once more; the worker
+/// keeps the debt past one instruction at most, by its grace rule.
 #[test]
-fn helpers_submitter() {
-    model(1, Variant::WorkerMarks);
+fn helpers_submitter_grace() {
+    model(1, Variant::SubmitterGrace);
+}
+
+/// A submitter that leaves without driving in between (its push found the engine held).
+#[test]
+fn helpers_submitter_grace_no_drive() {
+    model(0, Variant::SubmitterGrace);
 }
 
 #[test]

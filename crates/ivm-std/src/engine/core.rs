@@ -323,6 +323,17 @@ impl VmCore {
             list.clear();
             return Err(e);
         }
+        // From here to its drive the submission never waits for anything: a worker that
+        // finishes an instruction meanwhile may leave the release to it for one kernel
+        // (`helping::Submitting`), if any worker runs long kernels (only those do;
+        // registering costs two RMWs and a fence). Not around the backpressure wait
+        // above, nor the user's `run` closure: either may outlast any kernel.
+        // Relaxed: a hint; a worker that misses the registration releases itself.
+        // A VM thread (a kernel dropping a tensor) does not drive here: not a submitter.
+        let _submitting = (!self.single_thread()
+            && self.long_kernel_workers.load(Ordering::Relaxed) > 0
+            && !inside(self.id))
+        .then(|| crate::engine::helping::Submitting::enter(self));
         // Relaxed: a count; the instructions themselves are published by the pushes.
         self.flying.fetch_add(list.len(), Ordering::Relaxed);
         // One chain: the submission reaches the engine in one piece (see `pending`).

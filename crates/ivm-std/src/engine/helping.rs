@@ -25,10 +25,10 @@ use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE
 ///   kernels they were a third of a microsecond per instruction, mostly cache misses on
 ///   engine data last touched by the caller).
 ///
-/// * **a caller is submitting** ([`Submitting`]) while this worker has more instructions
-///   queued: the submission drives the engine before it returns, so the release may wait
-///   for it, but only for the length of the worker's next kernel (the debt's *grace*): a
-///   submission runs user code, which may take long.
+/// * **a caller is submitting** ([`Submitting`]: between its push and its drive, a few
+///   microseconds of VM code that never waits) while this worker runs long kernels and has
+///   more queued: the submission drives the engine right after, so the release may wait
+///   for it, for the length of the worker's next kernel at most (the debt's *grace*).
 ///
 /// Nothing is lost while it waits: the first thread that takes the engine after the mark
 /// drains every input, and the only write that clears `DIRTY` on an unlocked word is such
@@ -158,15 +158,17 @@ impl Drop for Helping<'_> {
     }
 }
 
-/// A caller inside a submission (`VirtualMachine::run`, its user closure included),
-/// registered so that a worker that finishes an instruction meanwhile, with more queued,
-/// may leave its release to this caller for the length of one kernel ([`Owed`]'s grace)
+/// A caller inside a submission, from its push to its drive (`VmCore::receive_list`, after
+/// any backpressure wait; never around the user's `run` closure), registered so that a
+/// worker that finishes an instruction meanwhile, with long kernels and more queued, may
+/// leave its release to this caller for the length of one kernel ([`Owed`]'s grace)
 /// instead of driving the engine between its kernels: the submission drives the engine
-/// when it pushes, and leaving polls once more (drives if the word reads "dirty,
-/// unlocked"), with the same fences as [`Helping`] (a worker that saw the submitter
-/// registered after its mark is seen by the leaving submitter's poll). Producers never
-/// count on a submitter (they count on helpers only, see `EngineToken::unpark`): a user
-/// closure may block, and then a device completion must still wake the scheduler.
+/// right after, and leaving polls once more (drives if the word reads "dirty, unlocked"),
+/// with the same fences as [`Helping`] (a worker that saw the submitter registered after
+/// its mark is seen by the leaving submitter's poll). The window is VM code that never
+/// waits, so a kernel that itself waits for work on another stream cannot wait for a
+/// release left to a submitter that is blocked somewhere. Producers never count on a
+/// submitter (they count on helpers only, see `EngineToken::unpark`).
 pub(crate) struct Submitting<'a> {
     shared: &'a VmCore,
 }
@@ -326,8 +328,8 @@ pub(crate) fn spin_yield_until(
 ///
 /// `elsewhere()` counts progress the engine does not see (a lazy graph's kernels: no
 /// instruction finishes while a graph computes): `None` when there is nothing to count.
-/// It is asked only when the releases stall, and a count that moved since it was last
-/// asked counts as a release.
+/// It is asked once when the spinning starts (the baseline) and then only when the
+/// releases stall; a count that moved since it was last asked counts as a release.
 ///
 /// The caller is a [`Helping`] helper meanwhile: it releases what workers finish, so they
 /// run their next instructions without driving the engine.

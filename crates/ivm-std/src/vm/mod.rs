@@ -502,15 +502,6 @@ impl VirtualMachine {
     /// [`Error::ShutDown`]; whatever `f` returns.
     pub fn run<R>(&self, f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>) -> Result<R> {
         self.shared.core.check_caller()?;
-        // Multi-thread mode: a worker finishing an instruction meanwhile may leave its
-        // release to this submission for one kernel (`engine::helping::Submitting`), if
-        // any worker runs long kernels (only those do; registering costs two RMWs and a
-        // fence, a tenth of a one-instruction `run`).
-        let core = &self.shared.core;
-        // Relaxed: a hint; a worker that misses the registration releases itself.
-        let _submitting = (!core.single_thread()
-            && core.long_kernel_workers.load(Ordering::Relaxed) > 0)
-            .then(|| crate::engine::helping::Submitting::enter(core));
         let mut b = InstructionsBuilder::new(&self.shared);
         let r = f(&mut b)?;
         b.submit()?;

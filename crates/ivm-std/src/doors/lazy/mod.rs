@@ -281,9 +281,10 @@ impl LazyGraph {
     /// engine"); while a graph computes, no instruction finishes until its output
     /// critical section ends, so without a probe a caller waiting for a graph's output
     /// sleeps through the graph's forward pass and pays a wake-up at its end. With one,
-    /// it keeps spinning (yielding its CPU) while the count moves. The VM calls `probe`
-    /// rarely (when a caller would otherwise sleep, at most every 200 µs of a wait), from
-    /// any thread; it must be cheap and must not block or call into the VM.
+    /// it keeps spinning (yielding its CPU) while the count moves, within the wait's
+    /// overall spin limit (1 ms). The VM calls `probe` rarely (once when a wait starts
+    /// spinning, then when the caller would otherwise sleep, at most every 200 µs of a
+    /// wait), from any thread; it must be cheap and must not block or call into the VM.
     ///
     /// Set once, before the first launch; returns `false` (and drops `probe`) when one
     /// was set before or the graph was launched already, like

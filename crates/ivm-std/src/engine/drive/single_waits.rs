@@ -22,7 +22,7 @@ use crate::util::futex::FutexWait;
 /// waiter's checks.
 ///
 /// Announced: pushes that find the pending queue empty, device and lazy-job completions
-/// ([`EngineToken::unpark`]), every engine step that made progress, and a release of the engine
+/// ([`EngineToken::unpark`](super::EngineToken::unpark)), every engine step that made progress, and a release of the engine
 /// that a waiter asked for ([`want_engine`](Self::want_engine),
 /// [`released`](Self::released)). A release nobody asked for is not announced, so that
 /// two callers waiting for the same slow graph do not wake each other in turn.

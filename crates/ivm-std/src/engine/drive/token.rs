@@ -174,7 +174,7 @@ pub struct EngineToken {
     state: TokenState,
     parking: Parking<FutexWait>,
     /// Callers spinning in a wait that drive the engine when they see input marked
-    /// ([`Helping`]): while one is registered, a producer need not wake the scheduler.
+    /// ([`Helping`](crate::engine::helping::Helping)): while one is registered, a producer need not wake the scheduler.
     pub(crate) helpers: Helpers,
     /// Callers inside a submission (`VirtualMachine::run`), which drive the engine before
     /// they return ([`Submitting`](crate::engine::helping::Submitting)): a worker may leave
@@ -500,7 +500,7 @@ impl EngineToken {
     /// held the engine. Then the caller **owes** a drive: it must take the engine and drive
     /// it, unless it sees [`dirty_unlocked`](Self::dirty_unlocked) turn false first
     /// (every write that clears `DIRTY` is a lock acquisition after our mark, which
-    /// synchronises with it and drains all input). See [`Owed`].
+    /// synchronises with it and drains all input). See [`Owed`](crate::engine::helping::Owed).
     pub fn mark(&self) -> bool {
         // Release: as in `unpark`.
         !self
