@@ -86,47 +86,42 @@ pub struct TrainRows {
 /// so that the plain baseline computes on memory laid out like the VM modes' and the
 /// comparison measures the VM, not the allocator (with `Vec<f32>`, 16-byte aligned, the
 /// kernels' vector loads straddle cache lines where the VM's do not).
-#[derive(Default)]
 struct PlainBuf {
-    mem: Option<HostMemory>,
+    mem: HostMemory,
     len: usize,
+}
+
+impl Default for PlainBuf {
+    fn default() -> Self {
+        Self::from_slice(&[])
+    }
 }
 
 impl PlainBuf {
     fn from_slice(v: &[f32]) -> Self {
         Self {
-            mem: Some(HostMemory::from_bytes(&bytes_of(v))),
+            mem: HostMemory::from_bytes(&bytes_of(v)),
             len: v.len(),
         }
     }
 
+    fn ptr(&self) -> *mut f32 {
+        let p = self.mem.host_ptr().expect("cpu memory has a host pointer");
+        p.as_ptr().cast()
+    }
+
     fn as_slice(&self) -> &[f32] {
-        match &self.mem {
-            // SAFETY: the memory holds `len` initialised `f32`s (4 * len bytes, copied in
-            // or written through `as_mut_slice`), is aligned to 128 bytes, and is owned by
-            // `self`, which this shared borrow keeps from being written meanwhile.
-            Some(m) => unsafe {
-                std::slice::from_raw_parts(
-                    m.host_ptr().expect("host memory").as_ptr().cast::<f32>(),
-                    self.len,
-                )
-            },
-            None => &[],
-        }
+        // SAFETY: the memory holds `len` initialised `f32`s (4 * len bytes, copied in or
+        // written through `as_mut_slice`; none for an empty buffer, whose pointer is
+        // aligned and non-null), is aligned to 128 bytes, and is owned by `self`, which
+        // this shared borrow keeps from being written meanwhile.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
 
     fn as_mut_slice(&mut self) -> &mut [f32] {
-        match &self.mem {
-            // SAFETY: as in `as_slice`; the exclusive borrow of `self` makes this the only
-            // view of the memory.
-            Some(m) => unsafe {
-                std::slice::from_raw_parts_mut(
-                    m.host_ptr().expect("host memory").as_ptr().cast::<f32>(),
-                    self.len,
-                )
-            },
-            None => &mut [],
-        }
+        // SAFETY: as in `as_slice`; the exclusive borrow of `self` makes this the only view
+        // of the memory.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len) }
     }
 }
 

@@ -25,7 +25,7 @@
 //! load read a store that is not yet visible to it (stale values), so the planted models
 //! without either fence must fail.
 //!
-//! A submitting caller (`helping::Submitting`, registered from its push to its drive) uses
+//! A submitting caller (`helping::Helping::submitting`, registered from its push to its drive) uses
 //! a second `Helpers` count with the same protocol: it enters, drives once (its push, a
 //! poll), leaves and polls once more. `helpers_submitter_grace` runs the worker's actual
 //! rule with both counts: before its next instruction it keeps the debt if a helper spins
@@ -200,7 +200,7 @@ fn model(polls: usize, variant: Variant) {
         });
 
         // The helper (`helping::spin_while_progress`): registers, polls, leaves, polls. A
-        // submitter (`helping::Submitting`) the same on its own count.
+        // submitter (`helping::Helping::submitting`) the same on its own count.
         let count = if variant == Variant::SubmitterGrace {
             &vm.submitters
         } else {

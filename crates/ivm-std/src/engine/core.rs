@@ -137,7 +137,7 @@ pub(crate) struct VmCore {
     /// Released instructions, ever (progress detection for timeouts).
     pub(crate) finished: AtomicUsize,
     /// Workers whose `ThreadCtx::long_kernels` hint is set: a submission registers as a
-    /// [`Submitting`](crate::engine::helping::Submitting) caller only when some worker may
+    /// [submitting](crate::engine::helping::Helping::submitting) caller only when some worker may
     /// leave it a release (a hint, Relaxed: nothing is published through it).
     pub(crate) long_kernel_workers: AtomicUsize,
     pub(crate) bp_seq: AtomicU32,
@@ -325,7 +325,7 @@ impl VmCore {
         }
         // From here to its drive the submission never waits for anything: a worker that
         // finishes an instruction meanwhile may leave the release to it for one kernel
-        // (`helping::Submitting`), if any worker runs long kernels (only those do;
+        // (`helping::Helping::submitting`), if any worker runs long kernels (only those do;
         // registering costs two RMWs and a fence). Not around the backpressure wait
         // above, nor the user's `run` closure: either may outlast any kernel.
         // Relaxed: a hint; a worker that misses the registration releases itself.
@@ -333,7 +333,7 @@ impl VmCore {
         let _submitting = (!self.single_thread()
             && self.long_kernel_workers.load(Ordering::Relaxed) > 0
             && !inside(self.id))
-        .then(|| crate::engine::helping::Submitting::enter(self));
+        .then(|| crate::engine::helping::Helping::submitting(self));
         // Relaxed: a count; the instructions themselves are published by the pushes.
         self.flying.fetch_add(list.len(), Ordering::Relaxed);
         // One chain: the submission reaches the engine in one piece (see `pending`).

@@ -25,7 +25,7 @@ use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE
 ///   kernels they were a third of a microsecond per instruction, mostly cache misses on
 ///   engine data last touched by the caller).
 ///
-/// * **a caller is submitting** ([`Submitting`]: between its push and its drive, a few
+/// * **a caller is submitting** ([`Helping::submitting`]: between its push and its drive, a few
 ///   microseconds of VM code that never waits) while this worker runs long kernels and has
 ///   more queued: the submission drives the engine right after, so the release may wait
 ///   for it, for the length of the worker's next kernel at most (the debt's *grace*).
@@ -42,7 +42,7 @@ pub(crate) struct Owed {
     owed: std::cell::Cell<bool>,
     /// Only finished sync accesses are owed (their callers come back to drive).
     patient: std::cell::Cell<bool>,
-    /// The debt was left to a submitting caller ([`Submitting`]) and no instruction has
+    /// The debt was left to a submitting caller ([`Helping::submitting`]) and no instruction has
     /// run since: the worker may run one more before it pays.
     grace: std::cell::Cell<bool>,
     /// `settle(false)` calls since the mark (the clock is read only from the 64th on).
@@ -129,15 +129,40 @@ impl Owed {
 /// store-buffering pattern): either the worker sees no helper and pays its debt before it
 /// runs on, or the leaving helper sees the mark and drives. The counter and its fences
 /// live in [`Helpers`]; the loom model `tests/loom_helpers.rs` checks the protocol.
+///
+/// A submitting caller registers the same way in a count of its own
+/// ([`submitting`](Self::submitting)).
 pub(crate) struct Helping<'a> {
     shared: &'a VmCore,
+    /// The count this registration is in: `helpers`, or `submitters`.
+    count: &'a Helpers,
 }
 
 impl<'a> Helping<'a> {
     /// Registers a helper (multi-thread mode, a caller outside any VM thread).
     pub(crate) fn enter(shared: &'a VmCore) -> Self {
-        shared.parking.helpers.enter();
-        Self { shared }
+        Self::register(shared, &shared.parking.helpers)
+    }
+
+    /// Registers a caller inside a submission, from its push to its drive
+    /// (`VmCore::receive_list`, after any backpressure wait; never around the user's `run`
+    /// closure), in the `submitters` count: a worker that finishes an instruction
+    /// meanwhile, with long kernels and more queued, may leave its release to this caller
+    /// for the length of one kernel ([`Owed`]'s grace) instead of driving the engine
+    /// between its kernels: the submission drives the engine right after, and leaving
+    /// polls once more, with the same fences as a helper (a worker that saw the submitter
+    /// registered after its mark is seen by the leaving submitter's poll). The window is
+    /// VM code that never waits, so a kernel that itself waits for work on another stream
+    /// cannot wait for a release left to a submitter that is blocked somewhere. Producers
+    /// never count on a submitter (they count on helpers only, see
+    /// `EngineToken::unpark`).
+    pub(crate) fn submitting(shared: &'a VmCore) -> Self {
+        Self::register(shared, &shared.parking.submitters)
+    }
+
+    fn register(shared: &'a VmCore, count: &'a Helpers) -> Self {
+        count.enter();
+        Self { shared, count }
     }
 
     /// Drives the engine if a worker left it input and nobody holds it.
@@ -153,42 +178,8 @@ impl Drop for Helping<'_> {
     fn drop(&mut self) {
         // Deregister (RMW, then SeqCst fence), then the load of the wake word in `poll`:
         // pairs with the worker's mark, fence and load of the count (type docs).
-        self.shared.parking.helpers.leave();
+        self.count.leave();
         self.poll();
-    }
-}
-
-/// A caller inside a submission, from its push to its drive (`VmCore::receive_list`, after
-/// any backpressure wait; never around the user's `run` closure), registered so that a
-/// worker that finishes an instruction meanwhile, with long kernels and more queued, may
-/// leave its release to this caller for the length of one kernel ([`Owed`]'s grace)
-/// instead of driving the engine between its kernels: the submission drives the engine
-/// right after, and leaving polls once more (drives if the word reads "dirty, unlocked"),
-/// with the same fences as [`Helping`] (a worker that saw the submitter registered after
-/// its mark is seen by the leaving submitter's poll). The window is VM code that never
-/// waits, so a kernel that itself waits for work on another stream cannot wait for a
-/// release left to a submitter that is blocked somewhere. Producers never count on a
-/// submitter (they count on helpers only, see `EngineToken::unpark`).
-pub(crate) struct Submitting<'a> {
-    shared: &'a VmCore,
-}
-
-impl<'a> Submitting<'a> {
-    /// Registers a submitter (multi-thread mode, a caller outside any VM thread).
-    pub(crate) fn enter(shared: &'a VmCore) -> Self {
-        shared.parking.submitters.enter();
-        Self { shared }
-    }
-}
-
-impl Drop for Submitting<'_> {
-    fn drop(&mut self) {
-        // Deregister (RMW, then SeqCst fence), then the load of the wake word: pairs with
-        // the worker's mark, fence and load of the count (`VmCore::submitter_active`).
-        self.shared.parking.submitters.leave();
-        if self.shared.parking.dirty_unlocked() {
-            self.shared.help();
-        }
     }
 }
 
@@ -282,7 +273,7 @@ impl VmCore {
         self.parking.helpers.spinning()
     }
 
-    /// Whether a caller is inside a submission ([`Submitting`]; a SeqCst fence orders the
+    /// Whether a caller is inside a submission ([`Helping::submitting`]; a SeqCst fence orders the
     /// worker's preceding mark before the load, as in [`helper_spinning`](Self::helper_spinning)).
     pub(crate) fn submitter_active(&self) -> bool {
         self.parking.submitters.spinning()

@@ -49,7 +49,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         // Before running anything (it may take long), settle what we owe, unless a
         // helper spins: it takes care of it (`helping::Helping`); or a caller is still
         // submitting and the debt has its grace left: it may wait for this one kernel
-        // (`helping::Submitting`). Both checks come after the mark (fence, then load).
+        // (`helping::Helping::submitting`). Both checks come after the mark (fence, then load).
         if owed.is_owed() {
             // The grace is used up by this instruction whoever keeps the debt.
             let grace = owed.take_grace();
@@ -81,17 +81,18 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             }
         }
         drop(instr);
+        let more = !ctx.queue.is_empty();
         // After DONE (Release inside `execute`): the engine must release it.
         if sync_access {
             // Its caller is about to come back and drive the engine anyway (usually
             // within a microsecond): leave the release to it, so the engine's data stays
             // in the caller's cache; settled below if nobody takes the engine soon.
             owed.mark(&shared, true, false);
-        } else if !ctx.queue.is_empty() && shared.helper_spinning() {
+        } else if more && shared.helper_spinning() {
             // More to run, and a caller spins waiting: it releases this one while we run
             // the next (checked again after the mark, before the next instruction).
             owed.mark(&shared, false, false);
-        } else if !ctx.queue.is_empty()
+        } else if more
             // Relaxed: a hint.
             && ctx.long_kernels.load(Ordering::Relaxed)
             && shared.submitter_active()

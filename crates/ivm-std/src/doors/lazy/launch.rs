@@ -234,12 +234,16 @@ impl VmLazy {
     /// Runs the caller helpers (a caller about to wait, outside the engine): whether any
     /// ran something. Allocates nothing; the helpers run without the lock.
     pub(crate) fn help(&self) -> bool {
-        let offers = lock(&self.offers).clone();
-        offers
-            .iter()
-            .filter(|o| o.graph.strong_count() > 0)
-            .filter_map(|o| o.helper.as_ref())
+        self.live_offers()
+            .filter_map(|o| o.helper)
             .fold(false, |any, h| h() | any)
+    }
+
+    /// The offers of the graphs still alive, copied out of the lock (nothing allocated:
+    /// a fixed-capacity vector of shared handles), so that what they call runs unlocked.
+    fn live_offers(&self) -> impl Iterator<Item = GraphOffer> {
+        let offers = lock(&self.offers).clone();
+        offers.into_iter().filter(|o| o.graph.strong_count() > 0)
     }
 
     /// The sum of the live graphs' progress counts (wrapping), or `None` when no graph
@@ -251,12 +255,9 @@ impl VmLazy {
         if !self.has_probes.load(Ordering::Relaxed) {
             return None;
         }
-        let offers = lock(&self.offers).clone();
         Some(
-            offers
-                .iter()
-                .filter(|o| o.graph.strong_count() > 0)
-                .filter_map(|o| o.progress.as_ref())
+            self.live_offers()
+                .filter_map(|o| o.progress)
                 .fold(0u64, |sum, p| sum.wrapping_add(p())),
         )
     }

@@ -22,7 +22,7 @@
 //!   queued leaves its releases to it (`helping::Owed`) and any producer skips waking the
 //!   scheduler ([`EngineToken::unpark`]);
 //! * a **submitting caller**, from its push to its drive, may be left a worker's release
-//!   for one kernel (`helping::Submitting`), since it drives the engine right after;
+//!   for one kernel (`helping::Helping::submitting`), since it drives the engine right after;
 //! * a **lazy-job completion** on a graph runtime's thread drives the engine right there
 //!   when nobody holds it and no helper spins ([`EngineToken::complete_outside`]);
 //! * the **scheduler thread** is the driver of last resort: probes, user barriers (their

@@ -174,12 +174,12 @@ pub struct EngineToken {
     state: TokenState,
     parking: Parking<FutexWait>,
     /// Callers spinning in a wait that drive the engine when they see input marked
-    /// ([`Helping`](crate::engine::helping::Helping)): while one is registered, a producer need not wake the scheduler.
+    /// ([`Helping`](crate::engine::helping::Helping)): while one is registered, a producer
+    /// need not wake the scheduler.
     pub(crate) helpers: Helpers,
-    /// Callers inside a submission (`VirtualMachine::run`), which drive the engine before
-    /// they return ([`Submitting`](crate::engine::helping::Submitting)): a worker may leave
-    /// them a release for the length of one kernel. Unlike `helpers`, producers do not
-    /// count on them (a submission's user closure may block).
+    /// Callers between their push and their drive
+    /// ([`Helping::submitting`](crate::engine::helping::Helping::submitting)): a worker may
+    /// leave them a release for the length of one kernel. Producers do not count on them.
     pub(crate) submitters: Helpers,
     /// The VM, for completions that drive the engine on their own thread
     /// ([`complete_outside`](Self::complete_outside)); set once the VM exists.
