@@ -247,6 +247,14 @@ struct Device<'vm> {
     /// The dataset on the host (the host data loader's source).
     rows: TrainRows,
     lat: Vec<Duration>,
+    /// The program's kernels, one per op, for the instructions' closures to borrow. Leaked
+    /// on purpose (a few dozen pointers per mode and run): a closure that cloned the
+    /// kernel's `Arc` would have the caller increment and the worker decrement its count
+    /// for every op, a cache line moving between the two cores for each instruction
+    /// (the worker's decrement was about 1 % of its kernel time in `perf`); plain pays
+    /// nothing of the kind, and a runtime keeps its kernels in a registry that outlives
+    /// its instructions.
+    kernels: Vec<&'static crate::program::Kernel>,
 }
 
 impl<'vm> Device<'vm> {
@@ -288,6 +296,11 @@ impl<'vm> Device<'vm> {
                 (None, Some(staging))
             }
         };
+        let kernels = prog
+            .ops
+            .iter()
+            .map(|op| &*Box::leak(Box::new(op.kernel.clone())))
+            .collect();
         Ok(Self {
             vm,
             stream,
@@ -297,6 +310,7 @@ impl<'vm> Device<'vm> {
             staging,
             rows: rows.clone(),
             lat: Vec::new(),
+            kernels,
         })
     }
 
@@ -479,8 +493,8 @@ impl<'vm> Device<'vm> {
             (Some(_), Some(next)) => d.load(b, next, slot ^ 1),
             (Some(_), None) => Ok(()),
         })?;
-        for op in &d.prog.ops {
-            d.vm.run(|b| d.push_op(b, op, slot))?;
+        for (i, op) in d.prog.ops.iter().enumerate() {
+            d.vm.run(|b| d.push_op(b, i, op, slot))?;
         }
         if let (Some(_), Some(_)) = (&d.staging, next) {
             d.vm.run(|b| d.handover(b, slot ^ 1))?;
@@ -492,6 +506,7 @@ impl<'vm> Device<'vm> {
     fn push_op(
         &self,
         b: &mut ivm::ivm_std::InstructionsBuilder<'_>,
+        op_index: usize,
         op: &crate::program::Op,
         slot: usize,
     ) -> Result<()> {
@@ -501,7 +516,7 @@ impl<'vm> Device<'vm> {
         for (t, &i) in ins.iter_mut().zip(&op.reads) {
             *t = self.tensor(i, slot);
         }
-        let (kernel, name) = (op.kernel.clone(), op.name);
+        let (kernel, name) = (self.kernels[op_index], op.name);
         b.call_named(op.name, &self.stream, &ins[..n], &[out], move |k| {
             let mut reads: [&[f32]; 4] = [&[]; 4];
             for (j, r) in reads.iter_mut().enumerate().take(n) {
