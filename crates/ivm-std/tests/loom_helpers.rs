@@ -30,7 +30,11 @@
 //! poll), leaves and polls once more. `helpers_submitter_grace` runs the worker's actual
 //! rule with both counts: before its next instruction it keeps the debt if a helper spins
 //! or (once: the debt's grace) a submitter is registered, else pays; before the
-//! instruction after that, only a spinning helper lets it keep the debt.
+//! instruction after that, only a spinning helper lets it keep the debt. That bound is
+//! checked too: once the worker has settled without grace, the word must not read "dirty,
+//! unlocked" (the release is done, or held by a thread that will do it).
+//! `planted_grace_never_used_up` keeps the debt whenever a submitter is registered, and
+//! loom must find the release left waiting past the grace.
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_helpers`.
@@ -55,6 +59,8 @@ struct Vm {
     /// The job's output, written by the worker before its Release DONE.
     data: UnsafeCell<u32>,
     done: AtomicBool,
+    /// Set by the worker when its debt outlived its grace (the submitter variants).
+    late: AtomicBool,
 }
 
 // SAFETY: `engine` is touched only by the holder of the token in `wake`, `data` by the
@@ -76,6 +82,19 @@ enum Variant {
     PlantedSpinningWithoutFence,
     /// The caller is a submitter, not a helper; the worker applies its grace rule.
     SubmitterGrace,
+    /// Planted: as `SubmitterGrace`, but the grace is never used up (the worker keeps
+    /// the debt whenever a submitter is registered).
+    PlantedGraceNeverUsedUp,
+}
+
+impl Variant {
+    /// The caller is a submitting caller (registered in `submitters`).
+    fn submitter(self) -> bool {
+        matches!(
+            self,
+            Variant::SubmitterGrace | Variant::PlantedGraceNeverUsedUp
+        )
+    }
 }
 
 impl Vm {
@@ -149,6 +168,7 @@ fn model(polls: usize, variant: Variant) {
             }),
             data: UnsafeCell::new(0),
             done: AtomicBool::new(false),
+            late: AtomicBool::new(false),
         }));
 
         // The worker (`worker.rs` `run`): finishes the job, more instructions queued.
@@ -166,13 +186,14 @@ fn model(polls: usize, variant: Variant) {
             } else {
                 vm.wake.mark()
             };
-            if variant == Variant::SubmitterGrace {
+            if variant.submitter() {
                 // `worker.rs` `run`, before each of the next two instructions: keep the
                 // debt if a helper spins or, the first time only, a submitter is
                 // registered; else `settle(true)`: gone if somebody took the engine after
                 // the mark, else pay.
                 let mut owed = owed;
                 for grace in [true, false] {
+                    let grace = grace || variant == Variant::PlantedGraceNeverUsedUp;
                     let kept = vm.helpers.spinning() || (grace && vm.submitters.spinning());
                     if owed && !kept {
                         owed = false;
@@ -181,6 +202,12 @@ fn model(polls: usize, variant: Variant) {
                         }
                     }
                     // Runs that instruction.
+                }
+                // The grace is over: the release must be done or held by somebody (no
+                // helper spins in this variant, so nobody else would come for it soon).
+                if vm.wake.dirty_unlocked() {
+                    // Relaxed: read after the join (which orders it).
+                    vm.late.store(true, Ordering::Relaxed);
                 }
                 return;
             }
@@ -201,7 +228,7 @@ fn model(polls: usize, variant: Variant) {
 
         // The helper (`helping::spin_while_progress`): registers, polls, leaves, polls. A
         // submitter (`helping::Helping::submitting`) the same on its own count.
-        let count = if variant == Variant::SubmitterGrace {
+        let count = if variant.submitter() {
             &vm.submitters
         } else {
             &vm.helpers
@@ -210,7 +237,7 @@ fn model(polls: usize, variant: Variant) {
         for _ in 0..polls {
             vm.poll();
         }
-        if variant == Variant::SubmitterGrace {
+        if variant.submitter() {
             count.leave();
         } else {
             vm.leave(variant);
@@ -218,6 +245,11 @@ fn model(polls: usize, variant: Variant) {
         vm.poll();
 
         worker.join().unwrap();
+        // Relaxed: the join orders the worker's store before this load.
+        assert!(
+            !vm.late.load(Ordering::Relaxed),
+            "a release outlived its grace"
+        );
         // SAFETY: both threads are joined; nobody holds the engine (checked below).
         let released = vm.engine.with(|e| unsafe { (*e).released });
         assert_eq!(released, 1, "released exactly once");
@@ -270,4 +302,13 @@ fn planted_leave_without_fence() {
 #[should_panic(expected = "released exactly once")]
 fn planted_spinning_without_fence() {
     model(0, Variant::PlantedSpinningWithoutFence);
+}
+
+/// A worker that keeps its debt whenever a submitter is registered, not once: the release
+/// may wait past the one kernel the grace allows (here, until the submitter's last
+/// poll). Loom must find it.
+#[test]
+#[should_panic(expected = "a release outlived its grace")]
+fn planted_grace_never_used_up() {
+    model(1, Variant::PlantedGraceNeverUsedUp);
 }
