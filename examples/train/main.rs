@@ -26,11 +26,16 @@
 //! same losses. The table reports, per mode, the median and interquartile range of the
 //! ratio of each epoch's time to plain's same epoch, over all epochs of all runs; the
 //! core-to-core round trip printed with it says how much each hand-over between threads
-//! costs on the machine at that moment.
+//! costs on the machine at that moment. Every mode's kernels run on one CPU and the host
+//! code driving a VM on another (`pin.rs`; Linux, with two CPUs or more): on a shared host
+//! two vCPUs differ in speed at the same moment, and a mode whose kernels ran on the other
+//! one than plain's would be measured against a different machine. `--no-pin` leaves
+//! placement to the OS.
 //!
 //! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`, `--runs N`,
 //! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy`, `--quiet`,
 //! `--trace PATH` (default: `ivm-train-trace.json` in the temp directory) or `--no-trace`,
+//! `--no-pin`,
 //! `--data-parallel` (under `mpirun`, built with `--features mpi`: `dp.rs`).
 //!
 //! The last epoch of every mode is recorded as spans (kernels on the threads that ran
@@ -45,6 +50,7 @@ mod data;
 mod dp;
 mod kernels;
 mod modes;
+mod pin;
 mod plots;
 mod program;
 mod runs;
@@ -113,12 +119,15 @@ struct Args {
     quiet: bool,
     trace: Option<std::path::PathBuf>,
     runs: usize,
+    /// Every mode's kernels on one CPU, the caller on another (`pin.rs`); `--no-pin`
+    /// leaves placement to the OS.
+    pin: bool,
     /// `--data-parallel`: train over MPI ranks (`dp.rs`).
     data_parallel: bool,
 }
 
 const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
-[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] \
+[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] \
 [--data-parallel (under mpirun; build with --features mpi)]";
 
 fn parse_args() -> Result<Args, String> {
@@ -133,6 +142,7 @@ fn parse_args() -> Result<Args, String> {
         quiet: false,
         trace: Some(std::env::temp_dir().join("ivm-train-trace.json")),
         runs: 5,
+        pin: true,
         data_parallel: false,
     };
     let mut it = std::env::args().skip(1);
@@ -162,6 +172,7 @@ fn parse_args() -> Result<Args, String> {
             "--data-parallel" => a.data_parallel = true,
             "--trace" => a.trace = Some(value(&flag)?.into()),
             "--no-trace" => a.trace = None,
+            "--no-pin" => a.pin = false,
             "--device" => {
                 let v = value(&flag)?;
                 a.device = match v.as_str() {
@@ -676,8 +687,14 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
     println!(
         "\"vs plain\": the VM's share, as the ratio of each epoch's wall time to plain's same \
          epoch of the same run (modes interleaved epoch by epoch, order rotated), over {} \
-         run(s): median and interquartile range.",
-        args.runs
+         run(s): median and interquartile range; {}.",
+        args.runs,
+        match args.pin.then(pin::cpus).flatten() {
+            Some((caller, kernels)) => format!(
+                "every mode's kernels on CPU {kernels}, the caller driving a VM on CPU {caller}"
+            ),
+            None => "threads placed by the OS".to_string(),
+        }
     );
     let rate_of = |m: Mode| runs.iter().find(|r| r.mode == m).map(median_rate);
     if let (Some(two), Some(one)) = (rate_of(Mode::Eager), rate_of(Mode::EagerOneStream)) {

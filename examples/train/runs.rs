@@ -14,6 +14,9 @@ use crate::modes::{Batch, Eager, Lazy, Plain, Trainer};
 use crate::program::{self, Program};
 use crate::{Mode, Run, Setup, data, new_vm, trace};
 
+/// The untimed pause before each epoch when the modes are pinned (`pin.rs`).
+const SETTLE: Duration = Duration::from_micros(300);
+
 /// Runs epoch `epoch` of `trainer` (all its steps, in the epoch's row `order`; `next` is
 /// the next epoch's order, for the prefetch of the last step), appending the losses.
 pub fn epoch(
@@ -66,6 +69,13 @@ pub fn interleaved(
     traced: bool,
 ) -> Result<Vec<Run>> {
     let a = setup.args;
+    // `(caller CPU, kernel CPU)` (`pin.rs`): the VMs, their streams and graphs are made on
+    // the kernel CPU, so that their threads start there.
+    let pins = a
+        .pin
+        .then(crate::pin::cpus)
+        .flatten()
+        .filter(|&(_, kernels)| crate::pin::to(kernels));
     // The VMs first: the trainers borrow them.
     let vms: Vec<Option<(VirtualMachine, Stream, Option<Stream>)>> = modes
         .iter()
@@ -101,6 +111,9 @@ pub fn interleaved(
             last_epoch: Duration::ZERO,
         });
     }
+    if let Some((caller, _)) = pins {
+        crate::pin::to(caller);
+    }
     let rows = setup.rows.y.len();
     let mut next_order: Arc<[u32]> = data::epoch_order(rows, a.seed, 0).into();
     for e in 0..a.epochs {
@@ -116,6 +129,15 @@ pub fn interleaved(
                 trace::start(live.mode.pid());
             }
             let next = (!last).then_some(&next_order);
+            let plain_here = pins.filter(|_| live.mode == Mode::Plain);
+            if pins.is_some() {
+                // Untimed: the threads of the mode before stop polling (their poll windows
+                // are 100 µs); pinned, they would take the kernel CPU from this epoch.
+                std::thread::sleep(SETTLE);
+            }
+            if let Some((_, kernels)) = plain_here {
+                crate::pin::to(kernels);
+            }
             let t = epoch(
                 setup,
                 prog,
@@ -124,6 +146,9 @@ pub fn interleaved(
                 next,
                 &mut live.losses,
             )?;
+            if let Some((caller, _)) = plain_here {
+                crate::pin::to(caller);
+            }
             live.elapsed += t;
             live.last_epoch = t;
             if trace_this {
@@ -132,6 +157,21 @@ pub fn interleaved(
             } else {
                 live.epochs.push(t);
             }
+        }
+        if let Some((_, kernels)) = pins.filter(|_| e == 0) {
+            // Threads the VMs started during the first epochs (a lazy job's workers start
+            // at its first launch) began on the caller CPU.
+            crate::pin::adopt(kernels);
+        }
+    }
+    if let Some((_, kernels)) = pins {
+        crate::pin::restore();
+        let off = crate::pin::misplaced(kernels);
+        if !off.is_empty() {
+            eprintln!(
+                "warning: threads left off the kernel CPU {kernels} (the modes' kernels may not share a CPU): {}",
+                off.join(", ")
+            );
         }
     }
     let mut runs = Vec::with_capacity(lives.len());
