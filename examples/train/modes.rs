@@ -254,7 +254,7 @@ struct Device<'vm> {
     /// (the worker's decrement was about 1 % of its kernel time in `perf`); plain pays
     /// nothing of the kind, and a runtime keeps its kernels in a registry that outlives
     /// its instructions.
-    kernels: Vec<&'static crate::program::Kernel>,
+    kernels: &'static [crate::program::Kernel],
 }
 
 impl<'vm> Device<'vm> {
@@ -296,11 +296,7 @@ impl<'vm> Device<'vm> {
                 (None, Some(staging))
             }
         };
-        let kernels = prog
-            .ops
-            .iter()
-            .map(|op| &*Box::leak(Box::new(op.kernel.clone())))
-            .collect();
+        let kernels = Box::leak(prog.ops.iter().map(|op| op.kernel.clone()).collect());
         Ok(Self {
             vm,
             stream,
@@ -493,8 +489,8 @@ impl<'vm> Device<'vm> {
             (Some(_), Some(next)) => d.load(b, next, slot ^ 1),
             (Some(_), None) => Ok(()),
         })?;
-        for (i, op) in d.prog.ops.iter().enumerate() {
-            d.vm.run(|b| d.push_op(b, i, op, slot))?;
+        for (op, kernel) in d.prog.ops.iter().zip(d.kernels) {
+            d.vm.run(|b| d.push_op(b, op, kernel, slot))?;
         }
         if let (Some(_), Some(_)) = (&d.staging, next) {
             d.vm.run(|b| d.handover(b, slot ^ 1))?;
@@ -506,8 +502,8 @@ impl<'vm> Device<'vm> {
     fn push_op(
         &self,
         b: &mut ivm::ivm_std::InstructionsBuilder<'_>,
-        op_index: usize,
         op: &crate::program::Op,
+        kernel: &'static crate::program::Kernel,
         slot: usize,
     ) -> Result<()> {
         let n = op.reads.len();
@@ -516,7 +512,7 @@ impl<'vm> Device<'vm> {
         for (t, &i) in ins.iter_mut().zip(&op.reads) {
             *t = self.tensor(i, slot);
         }
-        let (kernel, name) = (self.kernels[op_index], op.name);
+        let name = op.name;
         b.call_named(op.name, &self.stream, &ins[..n], &[out], move |k| {
             let mut reads: [&[f32]; 4] = [&[]; 4];
             for (j, r) in reads.iter_mut().enumerate().take(n) {

@@ -84,19 +84,19 @@ pub fn to(_cpu: usize) -> bool {
 /// workers start at the first launch).
 #[cfg(target_os = "linux")]
 pub fn adopt(cpu: usize) {
-    for (tid, _, cpus) in others() {
-        if cpus != cpu.to_string() {
-            set(tid, cpu);
-        }
+    for (tid, _, _) in off(cpu) {
+        set(tid, cpu);
     }
 }
 
 #[cfg(not(target_os = "linux"))]
 pub fn adopt(_cpu: usize) {}
 
-/// The process's threads but the calling one: `(tid, name, Cpus_allowed_list)`.
+/// The process's threads but the calling one whose CPU mask is not `{cpu}`:
+/// `(tid, name, Cpus_allowed_list)`.
 #[cfg(target_os = "linux")]
-fn others() -> Vec<(libc::pid_t, String, String)> {
+fn off(cpu: usize) -> Vec<(libc::pid_t, String, String)> {
+    let want = cpu.to_string();
     // SAFETY: `gettid` has no preconditions.
     let me = unsafe { libc::gettid() };
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
@@ -115,7 +115,8 @@ fn others() -> Vec<(libc::pid_t, String, String)> {
                     .find_map(|l| l.strip_prefix(k))
                     .map(|v| v.trim().to_string())
             };
-            Some((tid, field("Name:")?, field("Cpus_allowed_list:")?))
+            let cpus = field("Cpus_allowed_list:")?;
+            (cpus != want).then(|| (tid, field("Name:").unwrap_or_default(), cpus))
         })
         .collect()
 }
@@ -124,10 +125,8 @@ fn others() -> Vec<(libc::pid_t, String, String)> {
 /// names and masks (empty when all are there, or off Linux).
 #[cfg(target_os = "linux")]
 pub fn misplaced(kernels: usize) -> Vec<String> {
-    let want = kernels.to_string();
-    others()
+    off(kernels)
         .into_iter()
-        .filter(|(_, _, cpus)| *cpus != want)
         .map(|(_, name, cpus)| format!("{name} (CPUs {cpus})"))
         .collect()
 }
