@@ -487,6 +487,8 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
         if barrier {
             self.nodes[n].state = NodeState::Barrier;
             self.barriers.push_back(&mut self.nodes, n);
+            // It waits for the release of every instruction running now.
+            self.tell_running_awaited();
             return;
         }
         self.nodes[n].state = NodeState::Waiting;
@@ -585,9 +587,14 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
         }
         let same_stream = self.nodes[src].stream == self.nodes[dst].stream;
         let strict = same_stream && strict;
-        if same_stream && !strict && self.nodes[src].state == NodeState::Dispatched {
+        let src_dispatched = self.nodes[src].state == NodeState::Dispatched;
+        if same_stream && !strict && src_dispatched {
             // The in-order stream already runs `src` before `dst`, and releases in order.
             return;
+        }
+        if src_dispatched {
+            // `dst` waits for the release of an instruction already handed out.
+            self.tell_awaited(src);
         }
         if let Some(e) = self.nodes[src].out.back()
             && self.edges[e].dst == dst
@@ -650,6 +657,9 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
         slot.running.push_back(&mut self.nodes, n);
         // Preschedule: same-stream successors no longer wait for this one.
         let mut e = self.nodes[n].out.front();
+        // Whether anything still waits for this one's release (a barrier waits for every
+        // instruction received before it; over-approximated as "any barrier pending").
+        let mut awaited = !self.barriers.is_empty();
         while let Some(i) = e {
             e = self.nodes[n].out.next(&self.edges, i);
             let edge = &self.edges[i];
@@ -657,12 +667,17 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
             if !edge.satisfied && !edge.strict && self.nodes[dst].stream == s {
                 self.edges[i].satisfied = true;
                 self.unblock(dst);
+            } else if !edge.satisfied {
+                awaited = true;
             }
         }
         let instr = self.nodes[n]
             .instr
             .as_ref()
             .expect("ivm-engine: node without instruction");
+        if awaited {
+            instr.awaited();
+        }
         let ctx = DispatchCtx {
             nodes: self.nodes.slice(),
             running: self.streams.as_slice()[s as usize].running,
@@ -672,6 +687,28 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
             self.streams.as_mut_slice()[s as usize].claimed = n;
         }
         true
+    }
+
+    /// Tells dispatched node `n`'s instruction that something waits for its release
+    /// ([`Instruction::awaited`]).
+    fn tell_awaited(&self, n: u32) {
+        if let Some(instr) = self.nodes[n].instr.as_ref() {
+            instr.awaited();
+        }
+    }
+
+    /// [`tell_awaited`](Self::tell_awaited) for every dispatched, unreleased node.
+    fn tell_running_awaited(&self) {
+        let mut next_stream = self.active.front();
+        while let Some(s) = next_stream {
+            let running = self.streams.as_slice()[s as usize].running;
+            let mut r = running.front();
+            while let Some(n) = r {
+                r = running.next(&self.nodes, n);
+                self.tell_awaited(n);
+            }
+            next_stream = self.active.next(self.streams.as_slice(), s);
+        }
     }
 
     /// One blocking in-edge of `n` is satisfied; `n` becomes ready at the last one.

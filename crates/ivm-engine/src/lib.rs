@@ -219,6 +219,16 @@ pub unsafe trait Instruction {
     /// Whether the instruction has finished: its effects are visible to whoever runs
     /// next (an `Acquire` read where another thread or an interrupt completes it).
     fn is_done(&self) -> bool;
+
+    /// The engine holds something back until this dispatched instruction is released: a
+    /// successor on another stream or behind a strict edge, or a barrier received after
+    /// it. Whoever finishes it should then have it released promptly rather than leave the
+    /// release to whichever thread steps the engine next (ivm-std's workers leave it when
+    /// nothing is held back). Called by the engine's owner, only between the
+    /// instruction's dispatch and its release, possibly more than once; an instruction
+    /// never told may still be awaited by work received later (whose receiver steps the
+    /// engine). Default: nothing.
+    fn awaited(&self) {}
 }
 
 /// What an [`Executor`] did with a dispatched instruction.

@@ -64,6 +64,20 @@ unsafe impl Instruction for T<'_> {
     fn is_done(&self) -> bool {
         self.done.get()
     }
+    fn awaited(&self) {
+        AWAITED.with(|a| a.borrow_mut().push(self.name));
+    }
+}
+
+std::thread_local! {
+    /// The instructions told they are awaited ([`Instruction::awaited`]), in order, on
+    /// this test's thread.
+    static AWAITED: core::cell::RefCell<Vec<&'static str>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// Takes this thread's record of `awaited` calls.
+fn awaited_log() -> Vec<&'static str> {
+    AWAITED.with(|a| core::mem::take(&mut *a.borrow_mut()))
 }
 
 fn t<'a>(
@@ -179,6 +193,55 @@ fn same_stream_successor_is_prescheduled_and_released_in_order() {
     d1.set(true);
     e.step(&mut x).unwrap();
     assert_eq!(x.released, ["p", "c"]);
+}
+
+#[test]
+fn a_dispatched_instruction_is_told_when_work_waits_for_its_release() {
+    let d: [Dependence; 3] = Default::default();
+    let cells: [Cell<bool>; 6] = Default::default();
+    let mut e: Small<'_> = Engine::new();
+    let mut x = Rec::default();
+    awaited_log();
+    // A same-stream reader is prescheduled: nothing waits for `p`'s release.
+    e.submit(t("p", 0, &d, &[], &[0], &cells[0])).unwrap();
+    e.submit(t("same", 0, &d, &[0], &[], &cells[1])).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["p", "same"]);
+    assert!(
+        awaited_log().is_empty(),
+        "prescheduled successors await nothing"
+    );
+    // A reader on another stream, received while `p` runs, waits for its release.
+    e.submit(t("other", 1, &d, &[0], &[], &cells[2])).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(awaited_log(), ["p"]);
+    // One received before its source's dispatch: told at the dispatch.
+    e.submit(t("q", 0, &d, &[], &[1], &cells[3])).unwrap();
+    e.submit(t("q_reader", 2, &d, &[1], &[], &cells[4]))
+        .unwrap();
+    for c in &cells[..3] {
+        c.set(true);
+    }
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["p", "same", "q"]);
+    assert_eq!(awaited_log(), ["q"]);
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched, ["p", "same", "q", "other"]);
+    // A barrier waits for every running instruction.
+    let mut b = t("barrier", 3, &d, &[], &[], &cells[5]);
+    b.barrier = true;
+    e.submit(b).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(awaited_log(), ["q"], "q is the only one still running");
+    cells[3].set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.dispatched.last(), Some(&"q_reader"));
+    assert_eq!(
+        awaited_log(),
+        ["q_reader"],
+        "dispatched while a barrier waits"
+    );
 }
 
 #[test]

@@ -265,6 +265,16 @@ impl VmCore {
         self.engine.is_some()
     }
 
+    /// After a worker's mark: whether a submitter waits for backpressure (it does not
+    /// drive while it waits, so a release it waits for must not be left for later). The
+    /// SeqCst fence orders the mark before the load; `wait_backpressure` counts itself,
+    /// fences, then looks for a mark (store buffering: one of us sees the other).
+    pub(crate) fn backpressured(&self) -> bool {
+        fence(Ordering::SeqCst);
+        // Relaxed: ordered by the fences (see above).
+        self.bp_waiters.load(Ordering::Relaxed) > 0
+    }
+
     pub(crate) fn flying(&self) -> usize {
         // Relaxed: a heuristic (notify-skip, backpressure re-checks), never a proof.
         self.flying.load(Ordering::Relaxed)
@@ -406,6 +416,17 @@ impl VmCore {
         // decrements `flying`, fences, then reads `bp_waiters`): one of us sees the other.
         self.bp_waiters.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
+        // A worker may have left a release for whoever drives next (an unawaited debt,
+        // `helping::Owed::leave_unless_awaited`) before it could see us: pay it, since
+        // we wait for releases. One it marks after our count sees us and pays itself.
+        // A VM thread does not drive: the scheduler thread does it for it.
+        if self.parking.dirty_unlocked() {
+            if inside(self.id) {
+                self.parking.unpark();
+            } else {
+                self.help();
+            }
+        }
         let period = self.config.timeout_period;
         let mut last = self.finished.load(Ordering::Relaxed);
         let mut period_end = FutexWait::now().saturating_add(period);

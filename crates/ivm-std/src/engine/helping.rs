@@ -29,6 +29,14 @@ use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE
 ///   microseconds of VM code that never waits) while this worker runs long kernels and has
 ///   more queued: the submission drives the engine right after, so the release may wait
 ///   for it, for the length of the worker's next kernel at most (the debt's *grace*).
+/// * **nothing waits for the release** ([`leave_unless_awaited`](Self::leave_unless_awaited)),
+///   while this worker runs long kernels and has more queued: the engine holds nothing
+///   back behind it (no successor on another stream or behind a strict edge, no barrier:
+///   `ivm_engine::Instruction::awaited`) and no submitter waits for backpressure. Work
+///   that comes to need the release later arrives through a submission, whose drive
+///   releases it; so the debt may wait for whichever thread drives next (on a busy VM the
+///   submitting caller, which drives for every `run`) until this worker's queue runs
+///   dry. An *unawaited* debt.
 ///
 /// Nothing is lost while it waits: the first thread that takes the engine after the mark
 /// drains every input, and the only write that clears `DIRTY` on an unlocked word is such
@@ -45,6 +53,9 @@ pub(crate) struct Owed {
     /// The debt was left to a submitting caller ([`Helping::submitting`]) and no instruction has
     /// run since: the worker may run one more before it pays.
     grace: std::cell::Cell<bool>,
+    /// Every release owed is unawaited ([`leave_unless_awaited`](Self::leave_unless_awaited)):
+    /// the debt may outlast any number of instructions (paid when the queue runs dry).
+    unawaited: std::cell::Cell<bool>,
     /// `settle(false)` calls since the mark (the clock is read only from the 64th on).
     steps: std::cell::Cell<u32>,
     since: std::cell::Cell<Option<std::time::Instant>>,
@@ -57,6 +68,8 @@ impl Owed {
     /// already owed keeps the grace it has left, so no release waits longer than that).
     pub(crate) fn mark(&self, shared: &VmCore, patient: bool, grace: bool) {
         if shared.parking.mark() {
+            // Kept by this rule's bounds from now on, whatever was owed before.
+            self.unawaited.set(false);
             if !self.owed.get() {
                 self.owed.set(true);
                 self.patient.set(patient);
@@ -69,6 +82,69 @@ impl Owed {
         }
     }
 
+    /// After a finished instruction `instr`, with more queued and long kernels: marks the
+    /// word; if nobody held the engine, keeps the debt as *unawaited* unless the engine
+    /// told `instr` that something waits for its release (`Instruction::is_awaited`) or a
+    /// submitter waits for backpressure. In those two cases the debt is left to a caller
+    /// that is `submitting()` (for one kernel, as [`mark`](Self::mark) with a grace), or
+    /// paid here.
+    ///
+    /// Why nothing is lost: a holder that told `instr` did so before its unlock, which our
+    /// mark (Acquire) read if it found the word unlocked; a holder that tells it after our
+    /// mark took the engine after it, so it sees `instr` done and releases it in the same
+    /// step (the debt is then gone: the word no longer reads "dirty, unlocked"). A
+    /// submitter about to wait for backpressure counts itself, fences, and drives if it
+    /// finds the word "dirty, unlocked"; we mark, fence ([`VmCore::backpressured`]) and
+    /// read its count: one of us sees the other (store buffering).
+    pub(crate) fn leave_unless_awaited(
+        &self,
+        shared: &VmCore,
+        instr: std::sync::Arc<crate::model::instruction::Instruction>,
+        submitting: impl FnOnce() -> bool,
+    ) {
+        let marked = shared.parking.mark();
+        let awaited = marked && instr.is_awaited();
+        // Let go before any release (the engine recycles what only it holds).
+        drop(instr);
+        if !marked {
+            // A holder drains our mark before it lets go; a debt already owed stays as it
+            // is (`settle` finds it gone).
+            return;
+        }
+        let awaited = awaited || shared.backpressured();
+        if self.owed.get() {
+            // An older debt keeps its own rule's bounds; this release joins it.
+            self.patient.set(false);
+            if awaited {
+                self.unawaited.set(false);
+            }
+            return;
+        }
+        if !awaited {
+            self.owed.set(true);
+            self.patient.set(false);
+            self.grace.set(false);
+            self.unawaited.set(true);
+            self.steps.set(0);
+            self.since.set(None);
+        } else if submitting() {
+            self.owed.set(true);
+            self.patient.set(true);
+            self.grace.set(true);
+            self.unawaited.set(false);
+            self.steps.set(0);
+            self.since.set(None);
+        } else if shared.parking.try_lock() {
+            // Else somebody took the engine after our mark: it sees our input.
+            shared.drive_as(Driver::Worker);
+        }
+    }
+
+    /// Whether the debt is unawaited: the worker may run its next instruction owing it.
+    pub(crate) fn is_unawaited(&self) -> bool {
+        self.owed.get() && self.unawaited.get()
+    }
+
     /// Whether the debt may outlast the instruction about to run (its grace, used up by
     /// asking).
     pub(crate) fn take_grace(&self) -> bool {
@@ -78,6 +154,7 @@ impl Owed {
     /// A drive attempt (`VmCore::completed`) took care of everything marked so far.
     pub(crate) fn discharged(&self) {
         self.owed.set(false);
+        self.unawaited.set(false);
     }
 
     pub(crate) fn is_owed(&self) -> bool {
@@ -93,7 +170,7 @@ impl Owed {
         }
         if !shared.parking.dirty_unlocked() {
             // Somebody took the engine after our mark: it saw our input.
-            self.owed.set(false);
+            self.discharged();
             return;
         }
         let overdue = force || (!self.patient.get() && !shared.helper_spinning()) || {
@@ -109,7 +186,7 @@ impl Owed {
             }
         };
         if overdue {
-            self.owed.set(false);
+            self.discharged();
             // If this fails, somebody took the engine after our mark: it sees our input.
             if shared.parking.try_lock() {
                 shared.drive_as(Driver::Worker);

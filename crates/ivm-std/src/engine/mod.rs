@@ -80,6 +80,12 @@ unsafe impl ivm_engine::Instruction for Job {
         // then owns the body again (ownership step 4).
         self.0.status() & status::DONE != 0
     }
+
+    fn awaited(&self) {
+        // Relaxed: published by our unlock of the engine (Release) to the finishing
+        // worker's mark (Acquire); see `Instruction::is_awaited`.
+        self.0.status.fetch_or(status::AWAITED, Ordering::Relaxed);
+    }
 }
 
 /// What the dependency engine asks of a VM stream: the stream's policy decides.

@@ -46,14 +46,18 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let sampled = std::cell::Cell::new(0u32);
     let avg_ns = std::cell::Cell::new(0u64);
     let run = |instr: Arc<Instruction>| {
-        // Before running anything (it may take long), settle what we owe, unless a
-        // helper spins: it takes care of it (`helping::Helping`); or a caller is still
+        // Before running anything (it may take long), settle what we owe, unless nothing
+        // waits for it (an unawaited debt: whoever drives next pays it); or a helper
+        // spins: it takes care of it (`helping::Helping`); or a caller is still
         // submitting and the debt has its grace left: it may wait for this one kernel
-        // (`helping::Helping::submitting`). Both checks come after the mark (fence, then load).
+        // (`helping::Helping::submitting`). The last two checks come after the mark
+        // (fence, then load).
         if owed.is_owed() {
             // The grace is used up by this instruction whoever keeps the debt.
             let grace = owed.take_grace();
-            let kept = shared.helper_spinning() || (grace && shared.submitter_active());
+            let kept = owed.is_unawaited()
+                || shared.helper_spinning()
+                || (grace && shared.submitter_active());
             if !kept {
                 owed.settle(&shared, true);
             }
@@ -80,32 +84,38 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
                 }
             }
         }
-        drop(instr);
         let more = !ctx.queue.is_empty();
+        // Our reference goes before any release (the engine recycles what only it holds),
+        // except to the one rule that asks the instruction first (and then lets it go).
         // After DONE (Release inside `execute`): the engine must release it.
         if sync_access {
             // Its caller is about to come back and drive the engine anyway (usually
             // within a microsecond): leave the release to it, so the engine's data stays
             // in the caller's cache; settled below if nobody takes the engine soon.
+            drop(instr);
             owed.mark(&shared, true, false);
         } else if more && shared.helper_spinning() {
             // More to run, and a caller spins waiting: it releases this one while we run
             // the next (checked again after the mark, before the next instruction).
+            drop(instr);
             owed.mark(&shared, false, false);
         } else if more
             // Relaxed: a hint.
             && ctx.long_kernels.load(Ordering::Relaxed)
-            && shared.submitter_active()
         {
-            // More to run, and a caller is submitting: its push drives the engine, likely
+            // More to run, behind long kernels. If nothing waits for this release, it
+            // waits for whoever drives next (usually the caller submitting its next
+            // instruction) or until our queue runs dry (`helping::Owed`: an unawaited
+            // debt). Otherwise a caller is submitting: its push drives the engine, likely
             // before our next kernel ends; if not, we pay before the one after (checked
             // again after the mark, before the next instruction), or, should our queue
             // run dry first, after polling for `RELEASE_DEFER` (a patient debt). Only
             // behind long kernels: with short ones the engine's work is the bottleneck,
             // and the submitting caller would do all of it (`perf_report`'s
             // `instr_per_s` fell 1-16 % when every worker deferred).
-            owed.mark(&shared, true, true);
+            owed.leave_unless_awaited(&shared, instr, || shared.submitter_active());
         } else {
+            drop(instr);
             // Releases it here (readying its successors, on any stream) when nobody
             // holds the engine, else marks it for the holder (`drive/token.rs`).
             shared.completed();

@@ -34,6 +34,10 @@ pub(crate) mod status {
     pub(crate) const DEFER_WAKE: u32 = 64;
     /// The push that queued it found the queue empty and left the wake to its caller.
     pub(crate) const WAKE_SKIPPED: u32 = 128;
+    /// The engine holds something back until its release (`ivm_engine::Instruction::awaited`):
+    /// the worker that finishes it must not leave the release for later
+    /// (`helping::Owed::leave_unless_awaited`). Set by the engine's holder.
+    pub(crate) const AWAITED: u32 = 256;
 }
 
 /// Operands inline up to 4, spilled to the heap beyond.
@@ -320,6 +324,14 @@ impl Instruction {
     pub(crate) unsafe fn body(&self) -> &Body {
         // SAFETY: by the caller's contract no one mutates the body meanwhile.
         self.body.with(|p| unsafe { &*p })
+    }
+
+    /// Whether the engine told it that something waits for its release
+    /// ([`status::AWAITED`]). Relaxed: a worker asks after its mark of the engine token,
+    /// whose Acquire read the unlock (Release) of the holder that set the bit; a holder
+    /// that sets it later releases the instruction itself (see `Owed::leave_unless_awaited`).
+    pub(crate) fn is_awaited(&self) -> bool {
+        self.status.load(Ordering::Relaxed) & status::AWAITED != 0
     }
 
     pub(crate) fn status(&self) -> u32 {

@@ -502,10 +502,12 @@ impl EngineToken {
     /// (every write that clears `DIRTY` is a lock acquisition after our mark, which
     /// synchronises with it and drains all input). See [`Owed`](crate::engine::helping::Owed).
     pub fn mark(&self) -> bool {
-        // Release: as in `unpark`.
+        // Release: as in `unpark`. Acquire: a mark that finds the word unlocked reads the
+        // last holder's unlock (Release), so the marker sees what that holder wrote, such
+        // as an instruction's `AWAITED` bit (`Owed::leave_unless_awaited`).
         !self
             .state
-            .fetch_or(TokenWord::DIRTY, Ordering::Release)
+            .fetch_or(TokenWord::DIRTY, Ordering::AcqRel)
             .locked()
     }
 
