@@ -67,6 +67,7 @@ impl Owed {
     /// `grace`: left to a submitting caller (a new debt may outlast one more kernel; one
     /// already owed keeps the grace it has left, so no release waits longer than that).
     pub(crate) fn mark(&self, shared: &VmCore, patient: bool, grace: bool) {
+        self.forget_if_taken(shared);
         if shared.parking.mark() {
             // Kept by this rule's bounds from now on, whatever was owed before.
             self.unawaited.set(false);
@@ -102,6 +103,7 @@ impl Owed {
         instr: std::sync::Arc<crate::model::instruction::Instruction>,
         submitting: impl FnOnce() -> bool,
     ) {
+        self.forget_if_taken(shared);
         let marked = shared.parking.mark();
         let awaited = marked && instr.is_awaited();
         // Let go before any release (the engine recycles what only it holds).
@@ -137,6 +139,17 @@ impl Owed {
         } else if shared.parking.try_lock() {
             // Else somebody took the engine after our mark: it sees our input.
             shared.drive_as(Driver::Worker);
+        }
+    }
+
+    /// Before a new mark: a debt the word no longer reads "dirty, unlocked" for is gone
+    /// (somebody took the engine after our mark, as in [`settle`](Self::settle)), so the
+    /// new mark starts a debt of its own rule instead of joining the old one's (a debt
+    /// left to a helper that has since released it would otherwise make the next
+    /// unawaited release be paid at once).
+    fn forget_if_taken(&self, shared: &VmCore) {
+        if self.owed.get() && !shared.parking.dirty_unlocked() {
+            self.discharged();
         }
     }
 
