@@ -147,12 +147,12 @@ pub fn span<R>(name: &'static str, cat: Cat, f: impl FnOnce() -> R) -> R {
 }
 
 /// The lazy graph's trace sink: pairs each actor's start and end into a span.
-pub fn graph_event(e: &GraphEvent) {
+pub fn graph_event(e: &GraphEvent<'_>) {
     if !ON.load(Ordering::Relaxed) {
         return;
     }
     let t = now_us();
-    let key = (e.actor.clone(), e.iteration);
+    let key = (Arc::<str>::from(e.actor), e.iteration);
     match e.phase {
         Phase::Start => {
             if let Some(m) = lock(&GRAPH_STARTS).as_mut() {
@@ -168,7 +168,7 @@ pub fn graph_event(e: &GraphEvent) {
                 } else {
                     Cat::Protocol
                 };
-                record(e.actor.clone(), cat, s, t);
+                record(key.0, cat, s, t);
             }
         }
     }

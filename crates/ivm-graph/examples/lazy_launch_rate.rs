@@ -38,7 +38,7 @@ fn empty_graph(first_out: Arc<AtomicU64>) -> Graph {
         g.output(format!("out{i}"), b);
     }
     g.trace(move |e| {
-        if e.phase == Phase::End && &*e.actor == "output/out0" {
+        if e.phase == Phase::End && e.actor == "output/out0" {
             first_out.store(now_ns(), Ordering::Release);
         }
     });

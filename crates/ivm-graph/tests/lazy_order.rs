@@ -174,7 +174,7 @@ fn runs_of_one_graph_pipeline() {
     g.output("y", y);
     let (l, n) = (log.clone(), next_input_started.clone());
     g.trace(move |e| {
-        if &*e.actor == "input/x" && e.phase == Phase::Start {
+        if e.actor == "input/x" && e.phase == Phase::Start {
             n[e.iteration as usize].store(true, Ordering::Release);
         }
         let p = if e.phase == Phase::Start { "S" } else { "E" };

@@ -30,14 +30,34 @@ fn assert_drained(vm: VirtualMachine) {
     assert_eq!(vm.debug_counters(), DebugCounters::default());
 }
 
-fn log_trace(g: &mut GraphBuilder) -> Arc<Mutex<Vec<GraphEvent>>> {
-    let log: Arc<Mutex<Vec<GraphEvent>>> = Arc::default();
+/// A [`GraphEvent`] kept (events borrow the actor's name from the graph).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ev {
+    actor: String,
+    iteration: u64,
+    phase: Phase,
+    failed: bool,
+}
+
+impl From<&GraphEvent<'_>> for Ev {
+    fn from(e: &GraphEvent<'_>) -> Self {
+        Ev {
+            actor: e.actor.to_owned(),
+            iteration: e.iteration,
+            phase: e.phase,
+            failed: e.failed,
+        }
+    }
+}
+
+fn log_trace(g: &mut GraphBuilder) -> Arc<Mutex<Vec<Ev>>> {
+    let log: Arc<Mutex<Vec<Ev>>> = Arc::default();
     let l2 = log.clone();
-    g.trace(move |e| l2.lock().unwrap().push(e.clone()));
+    g.trace(move |e| l2.lock().unwrap().push(Ev::from(e)));
     log
 }
 
-fn pos(log: &[GraphEvent], actor: &str, iteration: u64, phase: Phase) -> usize {
+fn pos(log: &[Ev], actor: &str, iteration: u64, phase: Phase) -> usize {
     log.iter()
         .position(|e| &*e.actor == actor && e.iteration == iteration && e.phase == phase)
         .unwrap_or_else(|| panic!("no {actor} {iteration} {phase:?} in trace"))

@@ -422,7 +422,7 @@ impl Shared {
     fn trace(&self, actor: usize, iteration: usize, phase: Phase, failed: bool) {
         if let Some(f) = &self.trace {
             let ev = GraphEvent {
-                actor: self.actors[actor].name.clone(),
+                actor: &self.actors[actor].name,
                 iteration: iteration as u64,
                 phase,
                 failed,
