@@ -23,6 +23,10 @@
 //!   scheduler ([`EngineToken::unpark`]);
 //! * a **submitting caller**, from its push to its drive, may be left a worker's release
 //!   for one kernel (`helping::Helping::submitting`), since it drives the engine right after;
+//! * **whoever drives next** may be left a worker's release that nothing waits for (no
+//!   successor on another stream or behind a strict edge, no barrier, no submitter
+//!   waiting for backpressure: `helping::Owed::leave_unless_awaited`), behind long
+//!   kernels, until that worker's queue runs dry;
 //! * a **lazy-job completion** on a graph runtime's thread drives the engine right there
 //!   when nobody holds it and no helper spins ([`EngineToken::complete_outside`]);
 //! * the **scheduler thread** is the driver of last resort: probes, user barriers (their
