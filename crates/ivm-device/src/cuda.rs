@@ -174,7 +174,8 @@ impl Drop for PinnedMemory {
     }
 }
 
-// SAFETY: page-locked host memory (page-aligned, zeroed, valid until drop).
+// SAFETY: page-locked host memory (page-aligned, zeroed, valid until drop); always the
+// same pointer.
 unsafe impl DeviceMemory for PinnedMemory {
     fn device(&self) -> Device {
         Device::CPU

@@ -141,6 +141,7 @@ impl SimMemory {
 
 // SAFETY: the bytes are a `HostMemory` owned by this object (8-byte aligned, initialised,
 // valid until drop); the sim touches them only through copies and frees it was asked for.
+// `host_ptr` answers the same every time (`host_visible` is fixed at allocation).
 unsafe impl DeviceMemory for SimMemory {
     fn device(&self) -> Device {
         self.device

@@ -139,7 +139,8 @@ impl fmt::Debug for CachedBlock {
 // SAFETY: `host_ptr` is the wrapped allocation's pointer, which that allocation's own
 // `DeviceMemory` guarantee makes 8-byte aligned and valid for `base.nbytes() >= nbytes`
 // initialised bytes while `base` lives (we hold it); the cache touches the bytes only
-// through the zero fills it enqueues in stream order.
+// through the zero fills it enqueues in stream order. The answer is the wrapped
+// allocation's, the same on every call.
 unsafe impl DeviceMemory for CachedBlock {
     fn device(&self) -> Device {
         self.base.device()

@@ -127,7 +127,8 @@ impl std::fmt::Debug for HostMemory {
 
 // SAFETY: the pointer is the start of an owned, zero-initialised, `ALIGN`-aligned
 // allocation of at least `nbytes` bytes, valid until drop (for zero bytes, an aligned
-// non-null pointer to nothing); we never touch it otherwise.
+// non-null pointer to nothing), the same on every `host_ptr` call; we never touch it
+// otherwise.
 unsafe impl DeviceMemory for HostMemory {
     fn device(&self) -> Device {
         Device::CPU

@@ -74,9 +74,10 @@ pub enum KernelMode {
 ///
 /// # Safety
 ///
-/// Implementations guarantee that, if [`host_ptr`](Self::host_ptr) returns a pointer, it
-/// is 8-byte aligned, points to [`nbytes`](Self::nbytes) initialised bytes that stay valid
-/// for reads and writes for as long as the object lives, and that the implementation
+/// Implementations guarantee that [`host_ptr`](Self::host_ptr) gives the same answer on
+/// every call (the VM asks once, when it wraps the memory in a tensor), and that, if it
+/// returns a pointer, it is 8-byte aligned, points to [`nbytes`](Self::nbytes) initialised
+/// bytes that stay valid for reads and writes for as long as the object lives, and that the implementation
 /// itself touches those bytes only through operations it was asked to perform (copies,
 /// frees). The VM orders every access to them (engine order plus soft sync).
 pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug + 'static {
@@ -87,7 +88,8 @@ pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug + 'static {
     fn nbytes(&self) -> usize;
 
     /// A host pointer to the bytes, when host code may touch them (host memory, the sim's
-    /// simulated device memory, managed memory); `None` for device-only memory.
+    /// simulated device memory, managed memory); `None` for device-only memory. The same
+    /// answer every time (see the trait's safety contract).
     fn host_ptr(&self) -> Option<NonNull<u8>>;
 
     /// The device address (what a real device kernel gets); the host address for host

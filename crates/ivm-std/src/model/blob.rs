@@ -2,6 +2,7 @@
 //! and its poison (a failed producer's error). Users hold a [`Tensor`](crate::Tensor)
 //! instead (`tensor.rs`).
 
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use crossbeam_utils::CachePadded;
@@ -13,6 +14,18 @@ use crate::device::cpu::HostMemory;
 use crate::model::dependence::Dependence;
 use crate::util::error::Failure;
 use crate::util::ids::Device;
+
+/// A copy of a blob's host pointer (see `Blob::host`).
+#[derive(Clone, Copy)]
+struct HostPtr(Option<NonNull<u8>>);
+
+// SAFETY: the pointer is a copy of what the blob's `mem` (a `DeviceMemory`, which is
+// `Send + Sync`) returned, pointing into memory that `mem` keeps alive; it is dereferenced
+// only under the same engine-ordered invariant as `mem` itself (`Blob::bytes`,
+// `Blob::bytes_mut`).
+unsafe impl Send for HostPtr {}
+// SAFETY: as above.
+unsafe impl Sync for HostPtr {}
 
 /// The eager blob object: memory on a device plus its dependence. Instructions hold it
 /// through `Arc<Blob>`, never through a user [`Tensor`].
@@ -28,6 +41,10 @@ pub(crate) struct Blob {
     /// thread or device queue; work on other streams of an asynchronous device is ordered
     /// by soft sync).
     pub(crate) mem: Arc<dyn DeviceMemory>,
+    /// `mem.host_ptr()`, asked once (the `DeviceMemory` contract makes the answer the same
+    /// on every call): a kernel reaches its operands' bytes without a dynamic call per
+    /// operand (two through a caching allocator's block).
+    host: HostPtr,
     /// Written by the engine for every instruction that uses the blob, on whichever thread
     /// drives it (usually the submitting caller): on cache lines of its own, so that a
     /// worker on another core reading `mem`, `nbytes` and `poisoned` (every instruction
@@ -53,6 +70,7 @@ impl Blob {
             id,
             device: mem.device(),
             nbytes: mem.nbytes(),
+            host: HostPtr(mem.host_ptr()),
             mem,
             dep: CachePadded::new(Dependence::new(vm_id)),
             poisoned: AtomicBool::new(false),
@@ -81,8 +99,8 @@ impl Blob {
         unsafe { std::slice::from_raw_parts(p.as_ptr(), self.nbytes) }
     }
 
-    fn host_ptr(&self) -> std::ptr::NonNull<u8> {
-        self.mem.host_ptr().unwrap_or_else(|| {
+    fn host_ptr(&self) -> NonNull<u8> {
+        self.host.0.unwrap_or_else(|| {
             panic!(
                 "ivm: the memory of this {}-byte tensor on {} is not host-accessible; use its device pointer",
                 self.nbytes, self.device

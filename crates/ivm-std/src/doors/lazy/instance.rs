@@ -239,6 +239,10 @@ impl CriticalSectionInstance {
 
 impl Drop for CriticalSectionInstance {
     fn drop(&mut self) {
+        // The common case, a finished instance, builds no error (no allocation per run).
+        if self.is_finished() {
+            return;
+        }
         let err = Error::GraphClosed {
             job: self.job.to_string(),
         };
@@ -353,9 +357,17 @@ impl JobInstance {
 
 impl Drop for JobInstance {
     fn drop(&mut self) {
-        let err = Error::GraphClosed {
-            job: self.job.to_string(),
-        };
-        self.finish(Err(err));
+        // As `finish`, building the error only for an unfinished run (no allocation per
+        // finished one).
+        let f = self
+            .on_finish
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(f) = f {
+            f(Err(Error::GraphClosed {
+                job: self.job.to_string(),
+            }));
+        }
     }
 }
