@@ -8,15 +8,26 @@
 //!
 //! * a successor on another stream (the engine tells the instruction it is awaited:
 //!   `ivm_engine::Instruction::awaited`);
+//! * a successor of *another* instruction, which the worker's kernel completed (a custom
+//!   instruction's `Done`): the completion only marks the engine on a VM thread, so the
+//!   worker must drive after that kernel whatever its own release waits for;
 //! * a submitter waiting for backpressure (it pays a debt it finds, and a worker that
-//!   sees it waiting pays its own).
+//!   sees it waiting pays its own: one round of each).
+//!
+//! And one thing that must not look like a stall: a read behind a long queue whose
+//! releases are left for later still sees progress (the waits' stall detectors count
+//! finished instructions, not only released ones).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ivm_std::{Config, Device, Stream, StreamId, StreamType, Tensor, VirtualMachine};
+use std::sync::Mutex;
+
+use ivm_std::{
+    Config, Device, Done, KernelCtx, Stream, StreamId, StreamType, Tensor, VirtualMachine,
+};
 
 /// How long a blocked kernel waits before it gives up (and the test fails).
 const GIVE_UP: Duration = Duration::from_secs(5);
@@ -96,6 +107,82 @@ fn a_kernel_waiting_for_another_streams_reader_of_its_predecessor_is_not_strande
 }
 
 #[test]
+fn a_kernel_completing_an_awaited_custom_instruction_has_it_released() {
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let (a, b, c) = (compute(&vm, 1), compute(&vm, 2), compute(&vm, 3));
+    let (p, y) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());
+    warm_up(&vm, &a, &y);
+    for round in 0..10 {
+        let slot: Arc<Mutex<Option<Done>>> = Arc::new(Mutex::new(None));
+        let flag = Arc::new(AtomicBool::new(false));
+        let (done_tx, done_rx) = mpsc::channel();
+        let (s1, s2, f1, f2) = (slot.clone(), slot.clone(), flag.clone(), flag.clone());
+        vm.run(|bl| {
+            // `pending` (stream c) completes later, through its `Done`; `reader` (stream
+            // b) waits for its release; on stream a, `fires` completes it and `blocked`,
+            // queued behind it, waits for `reader`.
+            bl.custom_named(
+                "pending",
+                &c,
+                &[],
+                &[&p],
+                move |_: &mut KernelCtx<'_>, done: Done| {
+                    *s1.lock().unwrap() = Some(done);
+                },
+            )?;
+            bl.call_named("reader", &b, &[&p], &[], move |_| {
+                f1.store(true, Ordering::Release);
+            })?;
+            bl.call_named("fires", &a, &[], &[&y], move |_| {
+                let t = Instant::now();
+                while t.elapsed() < GIVE_UP {
+                    if let Some(done) = s2.lock().unwrap().take() {
+                        // Long enough for `reader` to be waiting on the engine's edge.
+                        spin(Duration::from_micros(300));
+                        done.complete().unwrap();
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            })?;
+            bl.call_named("blocked", &a, &[&y], &[], move |_| {
+                let _ = done_tx.send(wait_for(&f2));
+            })
+        })
+        .unwrap();
+        // Not a VM call: this thread drives nothing while it waits.
+        let saw_reader = done_rx.recv_timeout(GIVE_UP * 2).unwrap();
+        assert!(
+            saw_reader,
+            "round {round}: the reader of the completed custom instruction was never dispatched"
+        );
+    }
+    vm.sync().unwrap();
+}
+
+#[test]
+fn a_read_behind_a_queue_whose_releases_wait_sees_progress() {
+    // A stall is `timeout_period` without progress; the queue below runs longer than that
+    // with every release left for the read's own drive (same-stream successors await
+    // nothing).
+    let config = Config::default().with_timeout_period(Duration::from_millis(100));
+    let vm = VirtualMachine::new(config).unwrap();
+    let a = compute(&vm, 1);
+    let t = vm.new_tensor(8).unwrap();
+    warm_up(&vm, &a, &t);
+    vm.run(|bl| {
+        for _ in 0..8 {
+            bl.call(&a, &[], &[&t], |_| spin(Duration::from_millis(40)))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let mut out = [0u8; 8];
+    vm.read_small(&t, 0, &mut out)
+        .expect("no stall: kernels kept finishing");
+}
+
+#[test]
 fn a_submitter_waiting_for_backpressure_is_not_stranded_by_a_deferred_release() {
     // More than two in flight blocks a submission until fewer than two are.
     let config = Config::default()
@@ -110,6 +197,15 @@ fn a_submitter_waiting_for_backpressure_is_not_stranded_by_a_deferred_release() 
     );
     warm_up(&vm, &a, &y);
     for round in 0..10 {
+        // Even rounds: the submitter comes after the worker kept its debt (it finds the
+        // mark and pays). Odd rounds: it waits before the kernels finish (the worker sees
+        // it and pays).
+        let late = round % 2 == 0;
+        let kernel = if late {
+            Duration::from_micros(20)
+        } else {
+            Duration::from_millis(2)
+        };
         let flag = Arc::new(AtomicBool::new(false));
         let saw = Arc::new(AtomicBool::new(false));
         let (f, s) = (flag.clone(), saw.clone());
@@ -119,7 +215,7 @@ fn a_submitter_waiting_for_backpressure_is_not_stranded_by_a_deferred_release() 
         // backpressure before it is received, not after.)
         vm.run(|bl| {
             for _ in 0..3 {
-                bl.call(&a, &[], &[&x], |_| spin(Duration::from_micros(20)))?;
+                bl.call(&a, &[], &[&x], move |_| spin(kernel))?;
             }
             // It writes x as well: queued behind the three (ready work of a stream is
             // dispatched in the order it became ready, not in submission order).
@@ -128,8 +224,10 @@ fn a_submitter_waiting_for_backpressure_is_not_stranded_by_a_deferred_release() 
             })
         })
         .unwrap();
-        // Let the worker finish the three (and start `blocked`) before we submit.
-        std::thread::sleep(Duration::from_millis(2));
+        if late {
+            // Let the worker finish the three (and start `blocked`) before we submit.
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let f = flag.clone();
         vm.run(|bl| {
             bl.call_named("opener", &b, &[], &[&z], move |_| {

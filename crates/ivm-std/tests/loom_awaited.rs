@@ -20,8 +20,9 @@
 //! debt the worker keeps must be one nothing waits for. Planted: the worker reads the bit
 //! before its mark (`PlantedReadBeforeMark`: a holder may tell the job between the read
 //! and the mark, see it not done, and let go), the backpressured submitter does not look
-//! for a mark (`PlantedWaiterDoesNotLook`), or the worker reads the count without the
-//! fence (`PlantedNoFence`); loom must find the release left undone in each.
+//! for a mark (`PlantedWaiterDoesNotLook`), the worker reads the count without the fence
+//! (`PlantedNoFence`), or its mark is Release only (`PlantedMarkRelease`: it may miss the
+//! bit the last holder set); loom must find the release left undone in each.
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_awaited`.
@@ -69,6 +70,7 @@ enum Variant {
     PlantedReadBeforeMark,
     PlantedWaiterDoesNotLook,
     PlantedNoFence,
+    PlantedMarkRelease,
 }
 
 impl Vm {
@@ -146,7 +148,12 @@ fn model(variant: Variant) {
             vm.done.store(true, Ordering::Release);
             let early = (variant == Variant::PlantedReadBeforeMark)
                 .then(|| vm.status.load(Ordering::Relaxed) & AWAITED != 0);
-            if !vm.wake.mark() {
+            let marked = if variant == Variant::PlantedMarkRelease {
+                vm.wake.planted_mark_release()
+            } else {
+                vm.wake.mark()
+            };
+            if !marked {
                 // A holder drains the mark before it lets go.
                 return;
             }
@@ -165,7 +172,7 @@ fn model(variant: Variant) {
         });
 
         match variant {
-            Variant::Successor | Variant::PlantedReadBeforeMark => {
+            Variant::Successor | Variant::PlantedReadBeforeMark | Variant::PlantedMarkRelease => {
                 // A submission of the successor: push, then drive if nobody holds the
                 // engine, else mark it for the holder (`after_push`).
                 // Release: as the pending queue's push.
@@ -194,7 +201,10 @@ fn model(variant: Variant) {
         let (released, successor) = vm
             .engine
             .with(|e| unsafe { ((*e).released, (*e).successor) });
-        if matches!(variant, Variant::Successor | Variant::PlantedReadBeforeMark) {
+        if matches!(
+            variant,
+            Variant::Successor | Variant::PlantedReadBeforeMark | Variant::PlantedMarkRelease
+        ) {
             assert!(successor, "the successor was handled");
         }
         assert_eq!(released, 1, "released exactly once");
@@ -229,4 +239,10 @@ fn planted_waiter_does_not_look() {
 #[should_panic(expected = "released exactly once")]
 fn planted_no_fence() {
     model(Variant::PlantedNoFence);
+}
+
+#[test]
+#[should_panic(expected = "released exactly once")]
+fn planted_mark_release() {
+    model(Variant::PlantedMarkRelease);
 }

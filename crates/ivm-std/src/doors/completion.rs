@@ -308,8 +308,7 @@ impl<T> Completion<T> {
             return self.take();
         }
         let _hook = (!slot.is_done()).then(|| self.vm.core.wait_scope());
-        // Relaxed: a progress counter compared with itself.
-        let mut last = self.vm.core.finished.load(Ordering::Relaxed);
+        let mut last = self.vm.core.progress();
         let mut end = FutexWait::now().saturating_add(period);
         while !slot.is_done() {
             // Before sleeping: run what is queued to a sleeping worker (`caller_runs`) —
@@ -330,7 +329,7 @@ impl<T> Completion<T> {
                 break;
             }
             if FutexWait::now() >= end {
-                let now = self.vm.core.finished.load(Ordering::Relaxed);
+                let now = self.vm.core.progress();
                 if !progress || now == last {
                     return Err(Error::Timeout(self.vm.core.diagnostic()));
                 }

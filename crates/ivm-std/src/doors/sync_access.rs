@@ -350,12 +350,11 @@ fn wait_small(
         // We stop running the worker's queue ourselves: the wake a push left to us.
         w.wake();
     }
-    // Relaxed: a progress counter compared with itself; no data is read through it.
-    let mut last = shared.core.finished.load(Ordering::Relaxed);
+    let mut last = shared.core.progress();
     let r = waiter
         .btb
         .wait_until_done(shared.core.config.timeout_period, || {
-            let now = shared.core.finished.load(Ordering::Relaxed);
+            let now = shared.core.progress();
             let stalled = now == last;
             last = now;
             stalled

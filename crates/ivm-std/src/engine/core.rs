@@ -134,8 +134,14 @@ pub(crate) struct VmCore {
     pub(crate) state: AtomicUsize,
     pub(crate) stop: AtomicBool,
     pub(crate) flying: AtomicUsize,
-    /// Released instructions, ever (progress detection for timeouts).
+    /// Released instructions, ever (progress detection for timeouts: see
+    /// [`progress`](Self::progress)).
     pub(crate) finished: AtomicUsize,
+    /// Finished instructions whose release a worker left for whoever drives next (an
+    /// unawaited debt, `helping::Owed::leave_unless_awaited`), ever: progress too, though
+    /// not released yet. On a line of its own: the worker bumps it per such instruction
+    /// while callers write `flying` for every submission.
+    pub(crate) kept: crossbeam_utils::CachePadded<AtomicUsize>,
     /// Workers whose `ThreadCtx::long_kernels` hint is set: a submission registers as a
     /// [submitting](crate::engine::helping::Helping::submitting) caller only when some worker may
     /// leave it a release (a hint, Relaxed: nothing is published through it).
@@ -188,6 +194,7 @@ impl VmCore {
             stop: AtomicBool::new(false),
             flying: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
+            kept: crossbeam_utils::CachePadded::new(AtomicUsize::new(0)),
             long_kernel_workers: AtomicUsize::new(0),
             bp_seq: AtomicU32::new(0),
             bp_waiters: AtomicUsize::new(0),
@@ -273,6 +280,23 @@ impl VmCore {
         fence(Ordering::SeqCst);
         // Relaxed: ordered by the fences (see above).
         self.bp_waiters.load(Ordering::Relaxed) > 0
+    }
+
+    /// A count that moves whenever an instruction finished (released, or finished with its
+    /// release left for later): what the stall detectors of the waits compare with itself
+    /// (`timeout_period` without a change is a stall). Releases alone would stand still
+    /// while a worker runs a long queue whose releases it leaves for later.
+    pub(crate) fn progress(&self) -> usize {
+        // Relaxed: counters compared with themselves; no data is read through them.
+        self.finished
+            .load(Ordering::Relaxed)
+            .wrapping_add(self.kept.load(Ordering::Relaxed))
+    }
+
+    /// A worker finished an instruction and left its release for later (see `kept`).
+    pub(crate) fn count_kept(&self) {
+        // Relaxed: a progress count (see `progress`).
+        self.kept.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn flying(&self) -> usize {
@@ -428,7 +452,7 @@ impl VmCore {
             }
         }
         let period = self.config.timeout_period;
-        let mut last = self.finished.load(Ordering::Relaxed);
+        let mut last = self.progress();
         let mut period_end = FutexWait::now().saturating_add(period);
         let r = loop {
             // Acquire: pairs with the Release bump in `after_release`.
@@ -439,7 +463,7 @@ impl VmCore {
             let slice = FutexWait::now().saturating_add(Duration::from_millis(10));
             FutexWait::wait(&self.bp_seq, seq, Some(slice.min(period_end)));
             if FutexWait::now() >= period_end {
-                let now = self.finished.load(Ordering::Relaxed);
+                let now = self.progress();
                 if now == last {
                     break Err(Error::Timeout(self.diagnostic()));
                 }
@@ -560,8 +584,7 @@ impl VmCore {
         let _reentry = ReentryGuard::enter(self.id);
         let waits = &self.parking.waits;
         let period = self.config.timeout_period;
-        // Relaxed: a progress counter compared with itself.
-        let mut last = self.finished.load(Ordering::Relaxed);
+        let mut last = self.progress();
         let mut period_end = FutexWait::now().saturating_add(period);
         // Whether the wait is over: the caller's deadline, or a period without progress.
         let expired = |last: &mut usize, period_end: &mut ivm_core::wait::Instant| {
@@ -570,8 +593,7 @@ impl VmCore {
                 return true;
             }
             if now >= *period_end {
-                // Relaxed: as above.
-                let f = self.finished.load(Ordering::Relaxed);
+                let f = self.progress();
                 if f == *last {
                     return true;
                 }

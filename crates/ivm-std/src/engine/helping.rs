@@ -42,9 +42,9 @@ use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL, PURE_SPIN, RELEASE
 /// drains every input, and the only write that clears `DIRTY` on an unlocked word is such
 /// an acquisition. So the debt is gone as soon as the word no longer reads "dirty,
 /// unlocked". Otherwise the worker pays it (drives) before it runs the next instruction
-/// unless a helper spins (or, once, a submitter is still inside its submission), before it
-/// sleeps, when idle and nobody helps, and for a patient debt after about
-/// [`RELEASE_DEFER`] of polling.
+/// unless the debt is unawaited, a helper spins, or (once) a submitter is still inside its
+/// submission; before it sleeps; when idle and nobody helps; and for a patient debt after
+/// about [`RELEASE_DEFER`] of polling.
 #[derive(Debug, Default)]
 pub(crate) struct Owed {
     owed: std::cell::Cell<bool>,
@@ -85,8 +85,10 @@ impl Owed {
 
     /// After a finished instruction `instr`, with more queued and long kernels: marks the
     /// word; if nobody held the engine, keeps the debt as *unawaited* unless the engine
-    /// told `instr` that something waits for its release (`Instruction::is_awaited`) or a
-    /// submitter waits for backpressure. In those two cases the debt is left to a caller
+    /// told `instr` that something waits for its release (`Instruction::is_awaited`), a
+    /// submitter waits for backpressure, or `completed_other`: the body completed another
+    /// instruction on this thread and only marked the word for it
+    /// (`EngineToken::complete_outside`), whose release may be awaited. In those two cases the debt is left to a caller
     /// that is `submitting()` (for one kernel, as [`mark`](Self::mark) with a grace), or
     /// paid here.
     ///
@@ -101,11 +103,12 @@ impl Owed {
         &self,
         shared: &VmCore,
         instr: std::sync::Arc<crate::model::instruction::Instruction>,
+        completed_other: bool,
         submitting: impl FnOnce() -> bool,
     ) {
         self.forget_if_taken(shared);
         let marked = shared.parking.mark();
-        let awaited = marked && instr.is_awaited();
+        let awaited = marked && (completed_other || instr.is_awaited());
         // Let go before any release (the engine recycles what only it holds).
         drop(instr);
         if !marked {
@@ -119,6 +122,8 @@ impl Owed {
             self.patient.set(false);
             if awaited {
                 self.unawaited.set(false);
+            } else if self.unawaited.get() {
+                shared.count_kept();
             }
             return;
         }
@@ -129,6 +134,7 @@ impl Owed {
             self.unawaited.set(true);
             self.steps.set(0);
             self.since.set(None);
+            shared.count_kept();
         } else if submitting() {
             self.owed.set(true);
             self.patient.set(true);
@@ -429,16 +435,14 @@ pub(crate) fn spin_while_progress(
     }
     let start = std::time::Instant::now();
     let mut last_change = start;
-    // Relaxed: a progress counter compared with itself; no data is read through it.
-    let mut last = shared.finished.load(Ordering::Relaxed);
+    let mut last = shared.progress();
     let mut last_elsewhere = elsewhere();
     loop {
         if done() {
             return true;
         }
         let now = std::time::Instant::now();
-        // Relaxed: as above.
-        let f = shared.finished.load(Ordering::Relaxed);
+        let f = shared.progress();
         if f != last {
             last = f;
             last_change = now;

@@ -760,8 +760,7 @@ impl VirtualMachine {
     fn wait_scheduler_exit(&self) -> Result<()> {
         let core = &self.shared.core;
         let period = core.config.timeout_period;
-        // Relaxed: a progress counter compared with itself.
-        let mut last = core.finished.load(Ordering::Relaxed);
+        let mut last = core.progress();
         loop {
             let deadline = <FutexWait as ivm_core::wait::Wait>::now().saturating_add(period);
             // Acquire inside: pairs with the scheduler's Release decrease at its exit.
@@ -770,8 +769,7 @@ impl VirtualMachine {
             {
                 return Ok(());
             }
-            // Relaxed: as above.
-            let now = core.finished.load(Ordering::Relaxed);
+            let now = core.progress();
             if now == last {
                 return Err(Error::Timeout(core.diagnostic()));
             }

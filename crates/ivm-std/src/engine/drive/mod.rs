@@ -46,7 +46,7 @@ mod token;
 
 pub use single_waits::SingleWaits;
 pub use token::EngineToken;
-pub(crate) use token::mark_graph_thread;
+pub(crate) use token::{mark_graph_thread, take_completion_marked};
 
 use ivm_core::sync::{AtomicUsize, Ordering, UnsafeCell};
 

@@ -61,6 +61,17 @@ use crate::util::futex::FutexWait;
 thread_local! {
     /// This thread runs a graph runtime's actors (see [`EngineToken::complete_outside`]).
     static GRAPH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// A completion on this VM thread only marked the word, counting on the thread to
+    /// drive right after ([`EngineToken::complete_outside`]); taken by the worker after
+    /// each instruction ([`take_completion_marked`]).
+    static COMPLETION_MARKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a completion on this thread was left to it (marked, not driven) since the last
+/// call: a worker must then drive after its instruction, whatever its own instruction's
+/// release could wait for (`helping::Owed::leave_unless_awaited`). Clears the flag.
+pub(crate) fn take_completion_marked() -> bool {
+    COMPLETION_MARKED.with(|m| m.replace(false))
 }
 
 /// Marks the calling thread as a graph runtime's thread: lazy-job completions on it may
@@ -274,7 +285,8 @@ impl EngineToken {
     /// A lazy-job instruction completed (its `DONE` published), on whatever thread
     /// finished it:
     /// * on a VM thread, or inside a caller's engine step or claimed callback: marks the
-    ///   word (that thread drives, or holds the engine, right after);
+    ///   word (that thread drives, or holds the engine, right after; a worker learns it
+    ///   must from [`take_completion_marked`] after the instruction whose body this was);
     /// * on a graph runtime's thread ([`mark_graph_thread`]): marks it; then, if nobody
     ///   holds the engine and no helper spins, drives the engine right there (as a worker
     ///   does after an instruction) instead of waking the scheduler thread, which would
@@ -289,8 +301,10 @@ impl EngineToken {
         };
         if !GRAPH_THREAD.with(std::cell::Cell::get) {
             if crate::engine::core::inside(link.id) {
-                // Release (in `mark`): as in `unpark`.
+                // Release (in `mark`): as in `unpark`. This thread drives (or holds the
+                // engine) right after; a worker checks this flag to be sure it does.
                 self.mark();
+                COMPLETION_MARKED.with(|m| m.set(true));
             } else {
                 self.unpark();
             }
@@ -508,6 +522,17 @@ impl EngineToken {
         !self
             .state
             .fetch_or(TokenWord::DIRTY, Ordering::AcqRel)
+            .locked()
+    }
+
+    /// [`mark`](Self::mark) with Release only: a planted bug for the loom model
+    /// `tests/loom_awaited.rs` (the marker may miss an `AWAITED` bit the last holder set).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn planted_mark_release(&self) -> bool {
+        !self
+            .state
+            .fetch_or(TokenWord::DIRTY, Ordering::Release)
             .locked()
     }
 
