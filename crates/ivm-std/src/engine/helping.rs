@@ -72,15 +72,21 @@ impl Owed {
             // Kept by this rule's bounds from now on, whatever was owed before.
             self.unawaited.set(false);
             if !self.owed.get() {
-                self.owed.set(true);
-                self.patient.set(patient);
-                self.grace.set(grace);
-                self.steps.set(0);
-                self.since.set(None);
+                self.open(patient, grace, false);
             } else if !patient {
                 self.patient.set(false);
             }
         }
+    }
+
+    /// A new debt (nothing was owed) with these properties.
+    fn open(&self, patient: bool, grace: bool, unawaited: bool) {
+        self.owed.set(true);
+        self.patient.set(patient);
+        self.grace.set(grace);
+        self.unawaited.set(unawaited);
+        self.steps.set(0);
+        self.since.set(None);
     }
 
     /// After a finished instruction `instr`, with more queued and long kernels: marks the
@@ -88,9 +94,10 @@ impl Owed {
     /// told `instr` that something waits for its release (`Instruction::is_awaited`), a
     /// submitter waits for backpressure, or `completed_other`: the body completed another
     /// instruction on this thread and only marked the word for it
-    /// (`EngineToken::complete_outside`), whose release may be awaited. In those two cases the debt is left to a caller
-    /// that is `submitting()` (for one kernel, as [`mark`](Self::mark) with a grace), or
-    /// paid here.
+    /// (`EngineToken::complete_outside`), whose release may be awaited. In those cases a
+    /// new debt is left to a caller that is `submitting()` (for one kernel, as
+    /// [`mark`](Self::mark) with a grace) or paid here; one joining an older debt is paid
+    /// before the next instruction unless that debt's own rule keeps it.
     ///
     /// Why nothing is lost: a holder that told `instr` did so before its unlock, which our
     /// mark (Acquire) read if it found the word unlocked; a holder that tells it after our
@@ -128,20 +135,11 @@ impl Owed {
             return;
         }
         if !awaited {
-            self.owed.set(true);
-            self.patient.set(false);
-            self.grace.set(false);
-            self.unawaited.set(true);
-            self.steps.set(0);
-            self.since.set(None);
+            self.open(false, false, true);
             shared.count_kept();
         } else if submitting() {
-            self.owed.set(true);
-            self.patient.set(true);
-            self.grace.set(true);
-            self.unawaited.set(false);
-            self.steps.set(0);
-            self.since.set(None);
+            // As `mark(patient: true, grace: true)` for a new debt.
+            self.open(true, true, false);
         } else if shared.parking.try_lock() {
             // Else somebody took the engine after our mark: it sees our input.
             shared.drive_as(Driver::Worker);
