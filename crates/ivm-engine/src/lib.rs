@@ -223,9 +223,9 @@ pub unsafe trait Instruction {
     /// The engine holds something back until this dispatched instruction is released: a
     /// successor on another stream or behind a strict edge, or a barrier (told to every
     /// running instruction when a barrier arrives, and at dispatch while any barrier is
-    /// pending: an over-approximation). Whoever finishes it should then have it released promptly rather than leave the
-    /// release to whichever thread steps the engine next (ivm-std's workers leave it when
-    /// nothing is held back). Called by the engine's owner, only between the
+    /// pending: an over-approximation). Whoever finishes it should then have it released
+    /// promptly rather than leave the release to whichever thread steps the engine next
+    /// (ivm-std's workers leave it when nothing is held back). Called by the engine's owner, only between the
     /// instruction's dispatch and its release, possibly more than once; an instruction
     /// never told may still be awaited by work received later (whose receiver steps the
     /// engine). Default: nothing.

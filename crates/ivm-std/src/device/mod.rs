@@ -77,9 +77,9 @@ pub enum KernelMode {
 /// Implementations guarantee that [`host_ptr`](Self::host_ptr) gives the same answer on
 /// every call (the VM asks once, when it wraps the memory in a tensor), and that, if it
 /// returns a pointer, it is 8-byte aligned, points to [`nbytes`](Self::nbytes) initialised
-/// bytes that stay valid for reads and writes for as long as the object lives, and that the implementation
-/// itself touches those bytes only through operations it was asked to perform (copies,
-/// frees). The VM orders every access to them (engine order plus soft sync).
+/// bytes that stay valid for reads and writes for as long as the object lives, and that
+/// the implementation itself touches those bytes only through operations it was asked to
+/// perform (copies, frees). The VM orders every access to them (engine order plus soft sync).
 pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug + 'static {
     /// The device this memory lives on ([`Device::CPU`] for host memory).
     fn device(&self) -> Device;

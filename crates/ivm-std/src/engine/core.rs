@@ -443,13 +443,9 @@ impl VmCore {
         // A worker may have left a release for whoever drives next (an unawaited debt,
         // `helping::Owed::leave_unless_awaited`) before it could see us: pay it, since
         // we wait for releases. One it marks after our count sees us and pays itself.
-        // A VM thread does not drive: the scheduler thread does it for it.
+        // As after a push: drives here, or has the scheduler thread drive for a VM thread.
         if self.parking.dirty_unlocked() {
-            if inside(self.id) {
-                self.parking.unpark();
-            } else {
-                self.help();
-            }
+            self.after_push(!inside(self.id), Claim::NONE, false);
         }
         let period = self.config.timeout_period;
         let mut last = self.progress();

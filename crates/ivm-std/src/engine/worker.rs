@@ -85,10 +85,6 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             }
         }
         let more = !ctx.queue.is_empty();
-        // The body completed another instruction here (a custom instruction's `Done`, a
-        // lazy record) and only marked the engine for it: that release may be awaited
-        // although ours is not, so this one is not left for later.
-        let completed_other = crate::engine::drive::take_completion_marked();
         // Our reference goes before any release (the engine recycles what only it holds),
         // except to the one rule that asks the instruction first (and then lets it go).
         // After DONE (Release inside `execute`): the engine must release it.
@@ -117,6 +113,11 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // behind long kernels: with short ones the engine's work is the bottleneck,
             // and the submitting caller would do all of it (`perf_report`'s
             // `instr_per_s` fell 1-16 % when every worker deferred).
+            // A body that completed another instruction here (a custom instruction's
+            // `Done`, a lazy record) only marked the engine for it: that release may be
+            // awaited although ours is not. (Taken here only: a flag left by an earlier
+            // instruction makes this decision pay once more, never less.)
+            let completed_other = crate::engine::drive::take_completion_marked();
             owed.leave_unless_awaited(&shared, instr, completed_other, || {
                 shared.submitter_active()
             });

@@ -339,10 +339,15 @@ impl JobInstance {
     /// Finishes the run (the first call wins; later calls do nothing). Returns whether
     /// this call finished it.
     pub fn finish(&self, result: Result<(), Error>) -> bool {
+        self.finish_with(|| result)
+    }
+
+    /// [`finish`](Self::finish) with a result made only if this call finishes the run.
+    fn finish_with(&self, result: impl FnOnce() -> Result<(), Error>) -> bool {
         let f = lock(&self.on_finish).take();
         match f {
             Some(f) => {
-                f(result);
+                f(result());
                 true
             }
             None => false,
@@ -357,17 +362,11 @@ impl JobInstance {
 
 impl Drop for JobInstance {
     fn drop(&mut self) {
-        // As `finish`, building the error only for an unfinished run (no allocation per
-        // finished one).
-        let f = self
-            .on_finish
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(f) = f {
-            f(Err(Error::GraphClosed {
+        // The error is built only for an unfinished run (no allocation per finished one).
+        self.finish_with(|| {
+            Err(Error::GraphClosed {
                 job: self.job.to_string(),
-            }));
-        }
+            })
+        });
     }
 }

@@ -62,8 +62,8 @@ thread_local! {
     /// This thread runs a graph runtime's actors (see [`EngineToken::complete_outside`]).
     static GRAPH_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// A completion on this VM thread only marked the word, counting on the thread to
-    /// drive right after ([`EngineToken::complete_outside`]); taken by the worker after
-    /// each instruction ([`take_completion_marked`]).
+    /// drive right after ([`EngineToken::complete_outside`]); taken by a worker about to
+    /// leave a release for later ([`take_completion_marked`]).
     static COMPLETION_MARKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -285,8 +285,9 @@ impl EngineToken {
     /// A lazy-job instruction completed (its `DONE` published), on whatever thread
     /// finished it:
     /// * on a VM thread, or inside a caller's engine step or claimed callback: marks the
-    ///   word (that thread drives, or holds the engine, right after; a worker learns it
-    ///   must from [`take_completion_marked`] after the instruction whose body this was);
+    ///   word (that thread drives, or holds the engine, right after; a worker about to
+    ///   leave its own release for later learns from [`take_completion_marked`] that it
+    ///   must not);
     /// * on a graph runtime's thread ([`mark_graph_thread`]): marks it; then, if nobody
     ///   holds the engine and no helper spins, drives the engine right there (as a worker
     ///   does after an instruction) instead of waking the scheduler thread, which would
