@@ -61,19 +61,33 @@ tsan() {
 # that conflict on a tensor without the engine ordering them, which TSan must report as a
 # data race (exit status 66). A run without a report means TSan is blind to the accesses
 # that matter, and the clean `tsan` step above would prove nothing.
+#
+# Whether the planted bug's conflicting kernels overlap without a happens-before edge is a
+# matter of timing: the program that shows the wrong result may have run them one after
+# the other through the engine's own synchronisation, which TSan rightly does not report.
+# Measured on 2 cores (`.ci/sanitizers.sh` at 3c14341, 40 + 30 runs): 1 run in 40 and 1 in
+# 30 showed the mismatch without a report. So each bug gets up to TSAN_TEETH_TRIES runs and
+# fails only if none reports a race (all four missing: about one CI run in a million).
+TSAN_TEETH_TRIES=${TSAN_TEETH_TRIES:-4}
 tsan_teeth() {
-    local t log rc
+    local t log rc try
     log=$(mktemp)
     for t in planted_dropped_read_write_edge_is_caught planted_out_of_order_release_is_caught; do
-        rc=0
-        TSAN_OPTIONS="halt_on_error=0:exitcode=66:suppressions=$PWD/.ci/tsan.supp" \
-            san_test thread ivm-std --test vm_equivalence -- --exact "$t" >"$log" 2>&1 || rc=$?
-        if [ "$rc" -eq 0 ] || ! grep -q 'WARNING: ThreadSanitizer: data race' "$log"; then
-            cat "$log"
-            echo "ThreadSanitizer did not report the race of planted bug $t (status $rc)" >&2
-            exit 1
-        fi
-        echo "$t: ThreadSanitizer reported $(grep -c 'WARNING: ThreadSanitizer' "$log") race(s), as it must"
+        for try in $(seq 1 "$TSAN_TEETH_TRIES"); do
+            rc=0
+            TSAN_OPTIONS="halt_on_error=0:exitcode=66:suppressions=$PWD/.ci/tsan.supp" \
+                san_test thread ivm-std --test vm_equivalence -- --exact "$t" >"$log" 2>&1 || rc=$?
+            if [ "$rc" -ne 0 ] && grep -q 'WARNING: ThreadSanitizer: data race' "$log"; then
+                break
+            fi
+            if [ "$try" -eq "$TSAN_TEETH_TRIES" ]; then
+                cat "$log"
+                echo "ThreadSanitizer did not report the race of planted bug $t in $try run(s) (last status $rc)" >&2
+                exit 1
+            fi
+            echo "$t: run $try showed no race (status $rc); running it again"
+        done
+        echo "$t: ThreadSanitizer reported $(grep -c 'WARNING: ThreadSanitizer' "$log") race(s) in run $try, as it must"
     done
     rm -f "$log"
 }
