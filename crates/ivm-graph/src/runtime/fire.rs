@@ -225,21 +225,18 @@ fn run_kernel(
     job_cache: &mut JobCache,
 ) -> Option<Error> {
     let me = &s.actors[id];
-    let job = if me.param.is_some() {
+    let job: Option<&JobInstance> = if me.param.is_some() {
         // Iteration `it`'s instance stays in `jobs` until its callback notifier fires,
         // which waits (transitively) for every kernel of the iteration: a cached one for
-        // `it` is the one `jobs` holds.
-        match job_cache {
-            Some((i, j)) if *i == it => Some(j.clone()),
-            _ => {
-                let j = lock(&s.jobs)
-                    .iter()
-                    .find(|(i, _)| *i == it)
-                    .map(|(_, j)| j.clone());
-                *job_cache = j.clone().map(|j| (it, j));
-                j
-            }
+        // `it` is the one `jobs` holds. Borrowed from the cache: no reference count
+        // traffic per parameter kernel.
+        if !matches!(job_cache, Some((i, _)) if *i == it) {
+            *job_cache = lock(&s.jobs)
+                .iter()
+                .find(|(i, _)| *i == it)
+                .map(|(_, j)| (it, j.clone()));
         }
+        job_cache.as_ref().map(|(_, j)| &**j)
     } else {
         None
     };
@@ -279,7 +276,7 @@ fn run_kernel(
         iteration: it as u64,
         reads: ins,
         writes: outs,
-        job: job.as_deref(),
+        job,
     };
     match catch_unwind(AssertUnwindSafe(|| body(&mut ctx))) {
         Ok(()) => None,

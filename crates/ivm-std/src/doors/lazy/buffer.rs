@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Mutex, OnceLock};
 
-use ivm_core::sync::{AtomicU32, Ordering};
+use ivm_core::sync::{AtomicU32, AtomicUsize, Ordering};
 use ivm_core::wait::Wait;
 
 use crate::util::futex::FutexWait;
@@ -35,6 +35,9 @@ pub enum TryPop<T> {
     /// Nothing inside and closed: nothing will ever come.
     Closed,
 }
+
+/// The bit of [`Buffer`]'s `hint` that says it is closed.
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// A callback run after every push and on close (see [`Buffer::set_listener`]).
 type Listener = Box<dyn Fn() + Send + Sync>;
@@ -68,6 +71,11 @@ pub struct Buffer<T> {
     inner: Mutex<Inner<T>>,
     /// Bumped under `inner`'s mutex on every push, pop and close; sleepers wait on it.
     seq: AtomicU32,
+    /// The number of items, plus [`CLOSED`] once closed: written under `inner`'s mutex
+    /// after every change, so that [`try_pop`](Self::try_pop) on an empty open buffer —
+    /// a graph runtime polls its source buffers on every scan — returns without taking
+    /// the mutex's line from the pushing thread.
+    hint: AtomicUsize,
     listener: OnceLock<Listener>,
 }
 
@@ -95,6 +103,7 @@ impl<T> Buffer<T> {
                 sleepers: 0,
             }),
             seq: AtomicU32::new(0),
+            hint: AtomicUsize::new(0),
             listener: OnceLock::new(),
         }
     }
@@ -137,6 +146,13 @@ impl<T> Buffer<T> {
         // Relaxed: written under the mutex, which orders it with every sleeper's
         // registration; the futex compare only needs to see *a* change.
         self.seq.fetch_add(1, Ordering::Relaxed);
+        // Relaxed: written under the mutex, so the stores follow the changes' order. A
+        // thread that learns of a push through anything that happens after it (the
+        // listener's notification, a join) reads this store or a later one (coherence):
+        // `try_pop`'s fast path never calls a pushed item missing. The item itself is
+        // read under the mutex.
+        let closed = if g.closed { CLOSED } else { 0 };
+        self.hint.store(g.items.len() | closed, Ordering::Relaxed);
         g.sleepers > 0
     }
 
@@ -237,8 +253,13 @@ impl<T> Buffer<T> {
         Ok(())
     }
 
-    /// Takes the oldest item without blocking.
+    /// Takes the oldest item without blocking. On an open buffer that was empty at its
+    /// last change it returns [`TryPop::Empty`] without taking the lock.
     pub fn try_pop(&self) -> TryPop<T> {
+        // Relaxed: see `changed`; a stale non-zero value only sends us to the lock.
+        if self.hint.load(Ordering::Relaxed) == 0 {
+            return TryPop::Empty;
+        }
         let mut g = lock(&self.inner);
         match g.items.pop_front() {
             Some(item) => {
@@ -349,6 +370,39 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(5));
         b.close();
         assert_eq!(t.join().unwrap(), (Ok(9), Err(BufferClosed(()))));
+    }
+
+    #[test]
+    fn try_pop_sees_every_push_that_happened_before_it() {
+        // `try_pop`'s lock-free empty check must never hide an item whose push happened
+        // before the call: here, told through the listener, as a graph runtime is.
+        let n = if cfg!(miri) { 50 } else { 20_000 };
+        let b = Arc::new(Buffer::new("j/hint", 1));
+        let told = Arc::new(AtomicUsize::new(0));
+        let t2 = told.clone();
+        b.set_listener(move || {
+            t2.fetch_add(1, O::Release);
+        });
+        let b2 = b.clone();
+        let producer = std::thread::spawn(move || {
+            for i in 0..n {
+                b2.push(i).unwrap();
+            }
+        });
+        for i in 0..n {
+            while told.load(O::Acquire) <= i {
+                std::hint::spin_loop();
+            }
+            assert_eq!(b.try_pop(), TryPop::Item(i), "push {i} was announced");
+        }
+        producer.join().unwrap();
+        assert_eq!(b.try_pop(), TryPop::Empty);
+        b.close();
+        assert_eq!(
+            b.try_pop(),
+            TryPop::Closed,
+            "closed and empty is not `Empty`"
+        );
     }
 
     #[test]

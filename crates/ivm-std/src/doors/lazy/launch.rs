@@ -402,7 +402,6 @@ impl InstructionsBuilder<'_> {
         graph: &LazyGraph,
     ) -> Result<()> {
         let g = &graph.inner;
-        let job = g.job.to_string();
         let (orig_outputs, orig_parameters) = (outputs, parameters);
         for (what, expected, got) in [
             ("inputs", g.inputs.len(), inputs.len()),
@@ -411,7 +410,7 @@ impl InstructionsBuilder<'_> {
         ] {
             if expected != got {
                 return Err(Error::InterfaceCountMismatch {
-                    job,
+                    job: g.job.to_string(),
                     what,
                     expected,
                     got,
@@ -441,7 +440,7 @@ impl InstructionsBuilder<'_> {
         for (name, expected, t) in sizes {
             if t.nbytes() != expected {
                 return Err(Error::InterfaceSizeMismatch {
-                    job,
+                    job: g.job.to_string(),
                     name: name.clone(),
                     expected,
                     got: t.nbytes(),
@@ -641,13 +640,16 @@ impl InstructionsBuilder<'_> {
                         queue.submit(
                             id,
                             Box::new(move |on_launcher| {
-                                let label = format!("launch_lazy_job `{}`", gr.job_name());
+                                let name = gr.inner.job.clone();
                                 let job = Arc::new(JobInstance::new(
                                     gr.inner.job.clone(),
                                     params,
                                     Box::new(move |r| {
                                         q.dequeue(id);
-                                        c.complete(r.map_err(|e| failure_of(&e, &label)));
+                                        // The label is made only for a failure.
+                                        c.complete(r.map_err(|e| {
+                                            failure_of(&e, &format!("launch_lazy_job `{name}`"))
+                                        }));
                                     }),
                                 ));
                                 gr.push_job(job, on_launcher && block && may_block);
@@ -675,15 +677,17 @@ impl InstructionsBuilder<'_> {
             } else {
                 ("input_critical_section_end", vec![b], vec![])
             };
-            let r = r.clone();
-            let label = format!("{name} `{}`", g.job);
+            let (r, job) = (r.clone(), g.job.clone());
             self.push_instr(new_instr(
                 name,
                 &cs,
                 &ins,
                 &outs,
                 Deferred::never_blocks(Box::new(move |c, _| {
-                    r.on_done(move |res| c.complete(res.map_err(|e| failure_of(&e, &label))));
+                    r.on_done(move |res| {
+                        // The label is made only for a failure.
+                        c.complete(res.map_err(|e| failure_of(&e, &format!("{name} `{job}`"))));
+                    });
                 })),
             ));
         }
