@@ -99,15 +99,23 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
     }
 
     let slot = it % s.depth;
-    let upstream: Option<Error> = me.preds.iter().find_map(|&p| {
-        let pred = &s.actors[p];
-        // Relaxed: ordered by the Acquire load of the predecessor's `done` above.
-        if pred.failed[slot].load(Ordering::Relaxed) {
-            lock(&pred.failures[slot]).clone()
-        } else {
-            None
-        }
-    });
+    // Relaxed: a predecessor that failed iteration `it` counted itself in `failing`
+    // before its Release store of `done`, which our Acquire load above read, so we read
+    // its increment or a later value; it takes itself out only when it fires iteration
+    // `it + depth`, after we are done with `it`. So zero means no predecessor failed it.
+    let upstream: Option<Error> = if s.failing.load(Ordering::Relaxed) == 0 {
+        None
+    } else {
+        me.preds.iter().find_map(|&p| {
+            let pred = &s.actors[p];
+            // Relaxed: ordered by the Acquire load of the predecessor's `done` above.
+            if pred.failed[slot].load(Ordering::Relaxed) {
+                lock(&pred.failures[slot]).clone()
+            } else {
+                None
+            }
+        })
+    };
     s.trace(a.id, it, Phase::Start, upstream.is_some());
     let result: Option<Error> = match &mut a.kind {
         Local::SourceTick => {
@@ -192,9 +200,17 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
     let failed = result.is_some();
     // Relaxed: only this thread writes our flags; published by the Release store of
     // `done` below.
-    if failed || me.failed[slot].load(Ordering::Relaxed) {
+    let was_failed = me.failed[slot].load(Ordering::Relaxed);
+    if failed || was_failed {
         *lock(&me.failures[slot]) = result;
         me.failed[slot].store(failed, Ordering::Relaxed);
+        // Relaxed: ordered for our successors by the Release store of `done` below (the
+        // argument is where `failing` is read, above).
+        if failed && !was_failed {
+            s.failing.fetch_add(1, Ordering::Relaxed);
+        } else if !failed && was_failed {
+            s.failing.fetch_sub(1, Ordering::Relaxed);
+        }
     }
     s.trace(a.id, it, Phase::End, failed);
     if me.param.is_some() {
@@ -206,10 +222,8 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
     me.done.store(it.wrapping_add(1), Ordering::Release);
     // Wake the threads of the actors this firing may have made ready. Our own thread
     // rescans after every firing: no notification needed for its actors.
-    for &n in me.preds.iter().chain(&me.succs).chain(&me.next_param) {
-        if s.actors[n].thread != me.thread {
-            s.notify(n);
-        }
+    for &t in &me.remote_threads {
+        let _ = s.notifiers[t].notify();
     }
     true
 }

@@ -246,9 +246,28 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
                     let next = (p + 1) % param_kernels;
                     param_of.iter().position(|&x| x == Some(next))
                 }),
+                remote_threads: Vec::new(),
             })
         })
         .collect::<Result<_>>()?;
+    // The threads to notify after a firing: those of the neighbours (predecessors,
+    // successors, the next parameter kernel) on other threads, each once. Empty on a
+    // one-thread graph, whose thread rescans after every firing.
+    let mut actors = actors;
+    for i in 0..actors.len() {
+        let me = &actors[i];
+        let mut remote: Vec<usize> = me
+            .preds
+            .iter()
+            .chain(&me.succs)
+            .chain(&me.next_param)
+            .map(|&n| actors[n].thread)
+            .filter(|&t| t != me.thread)
+            .collect();
+        remote.sort_unstable();
+        remote.dedup();
+        actors[i].remote_threads = remote;
+    }
     // The thread count comes from the user too: one notifier and one actor list each.
     let mut notifiers: Vec<Arc<Notifier<FutexWait>>> = Vec::new();
     let mut per_thread: Vec<Vec<LocalActor>> = Vec::new();
@@ -303,6 +322,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         threads: (0..nthreads).map(|_| Mutex::default()).collect(),
         param_kernels,
         param_turn: AtomicUsize::new(0),
+        failing: AtomicUsize::new(0),
         jobs: Mutex::new(VecDeque::new()),
         stop: AtomicBool::new(false),
         runs_finished: AtomicUsize::new(0),

@@ -75,6 +75,9 @@ struct ActorShared {
     param: Option<usize>,
     /// The parameter kernel after this one (the next turn), if this is one.
     next_param: Option<usize>,
+    /// The threads of the neighbours (`preds`, `succs`, `next_param`) other than this
+    /// actor's, each once: the ones a firing notifies.
+    remote_threads: Vec<usize>,
 }
 
 /// The part of an actor its thread owns.
@@ -156,6 +159,9 @@ pub(crate) struct Shared {
     param_kernels: usize,
     /// `iteration * param_kernels + position` of the parameter kernel whose turn it is.
     param_turn: AtomicUsize,
+    /// How many actors' per-slot `failed` flags are set: while none is, a firing skips
+    /// looking at its predecessors' flags (see `fire::try_fire`).
+    failing: AtomicUsize,
     /// Job instances of started iterations, oldest first (source tick pushes, callback
     /// notifier pops).
     jobs: Mutex<VecDeque<(usize, Arc<JobInstance>)>>,
@@ -413,10 +419,6 @@ impl Shared {
             .fold(0u64, |sum, a| {
                 sum.wrapping_add(a.done.load(Ordering::Relaxed) as u64)
             })
-    }
-
-    fn notify(&self, actor: usize) {
-        let _ = self.notifiers[self.actors[actor].thread].notify();
     }
 
     fn trace(&self, actor: usize, iteration: usize, phase: Phase, failed: bool) {

@@ -311,15 +311,16 @@ impl EngineToken {
             }
             return;
         }
+        // Release (in `mark`): as in `unpark`.
+        if !self.mark() || self.helpers.spinning() {
+            // Held: the holder sees the mark. A helper: it drives (see `unpark`). Both
+            // before the VM's reference count is touched: a waiting caller usually spins.
+            return;
+        }
         let Some(vm) = link.shared.upgrade() else {
             self.unpark();
             return;
         };
-        // Release (in `mark`): as in `unpark`.
-        if !self.mark() || self.helpers.spinning() {
-            // Held: the holder sees the mark. A helper: it drives (see `unpark`).
-            return;
-        }
         if self.try_lock() {
             vm.drive_as(Driver::Worker);
         }
