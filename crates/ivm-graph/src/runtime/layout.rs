@@ -323,6 +323,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         param_kernels,
         param_turn: AtomicUsize::new(0),
         failing: AtomicUsize::new(0),
+        progress: super::Progress::new(nthreads),
         jobs: Mutex::new(VecDeque::new()),
         stop: AtomicBool::new(false),
         runs_finished: AtomicUsize::new(0),
@@ -356,11 +357,10 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
             .lazy
             .set_caller_helper(move || weak.upgrade().is_some_and(|s| s.help()));
     }
-    // The VM's waiting callers see the graph compute (the firings of its actors) and keep
-    // spinning through a run instead of sleeping until its output ends. Weak, as above.
-    let weak = Arc::downgrade(&shared);
-    shared
-        .lazy
-        .set_progress_probe(move || weak.upgrade().map_or(0, |s| s.firings()));
+    // The VM's waiting callers see the graph compute (its threads' productive scans) and
+    // keep spinning through a run instead of sleeping until its output ends. The probe
+    // holds the counts only: no reference count of the graph's state is touched per wait.
+    let progress = shared.progress.clone();
+    shared.lazy.set_progress_probe(move || progress.total());
     Ok(graph)
 }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering};
 
@@ -171,6 +172,40 @@ pub(crate) struct Shared {
     trace: Option<TraceFn>,
     /// How long an idle thread polls before it sleeps ([`GraphBuilder::poll_window`]).
     poll: Duration,
+    /// Per graph thread: its scans that fired something (see [`Progress`]).
+    progress: Progress,
+}
+
+/// Per graph thread, the scans that fired something (wrapping), each on cache lines of
+/// its own: the graph's progress count for the VM's waiting callers
+/// (`LazyGraph::set_progress_probe`). A waiting caller reads it once per wait; were the
+/// count the actors' `done` counters themselves, that read would take each of their lines
+/// from the graph thread, which then missed on its next firing of every actor.
+#[derive(Clone)]
+pub(crate) struct Progress(Arc<[CachePadded<AtomicUsize>]>);
+
+impl Progress {
+    pub(crate) fn new(threads: usize) -> Self {
+        Self(
+            (0..threads)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+        )
+    }
+
+    /// Graph thread `t`'s actors fired in a scan.
+    fn fired(&self, t: usize) {
+        // Relaxed: a count compared with an earlier one; nothing is read through it.
+        self.0[t].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The sum of the threads' counts (wrapping).
+    pub(crate) fn total(&self) -> u64 {
+        self.0.iter().fold(0u64, |sum, c| {
+            // Relaxed: as in `fired`.
+            sum.wrapping_add(c.load(Ordering::Relaxed) as u64)
+        })
+    }
 }
 
 /// A running graph: its actors' threads and its [`LazyGraph`]. Launch it with
@@ -357,6 +392,9 @@ fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
             any = true;
         }
     }
+    if any {
+        s.progress.fired(t);
+    }
     any
 }
 
@@ -407,18 +445,6 @@ impl Shared {
             }
         }
         any
-    }
-
-    /// The firings of all actors so far (wrapping): the graph's progress count for the
-    /// VM's waiting callers (`LazyGraph::set_progress_probe`). Reads every actor's `done`,
-    /// so it is for rare calls only.
-    fn firings(&self) -> u64 {
-        self.actors
-            .iter()
-            // Relaxed: a count compared with an earlier one; nothing is read through it.
-            .fold(0u64, |sum, a| {
-                sum.wrapping_add(a.done.load(Ordering::Relaxed) as u64)
-            })
     }
 
     fn trace(&self, actor: usize, iteration: usize, phase: Phase, failed: bool) {
