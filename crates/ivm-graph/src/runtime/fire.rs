@@ -25,11 +25,11 @@ fn fill(
     true
 }
 
-/// Fires actor `a` once if it is ready. Returns whether it fired.
 /// The job instance of the iteration this thread's parameter kernels last ran (saves the
 /// lookup in `Shared::jobs` for every parameter kernel of an iteration but the first).
 pub(super) type JobCache = Option<(usize, Arc<JobInstance>)>;
 
+/// Fires actor `a` once if it is ready. Returns whether it fired.
 pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache) -> bool {
     let me = &s.actors[a.id];
     // Relaxed: only this thread writes our own counter.
@@ -99,10 +99,11 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
     }
 
     let slot = it % s.depth;
-    // Relaxed: a predecessor that failed iteration `it` counted itself in `failing`
+    // Relaxed: a predecessor that failed iteration `it` counted its flag in `failing`
     // before its Release store of `done`, which our Acquire load above read, so we read
-    // its increment or a later value; it takes itself out only when it fires iteration
-    // `it + depth`, after we are done with `it`. So zero means no predecessor failed it.
+    // its increment or a later value; it takes the flag out only when it fires iteration
+    // `it + depth` without failing, after we are done with `it`. So zero means no
+    // predecessor failed it.
     let upstream: Option<Error> = if s.failing.load(Ordering::Relaxed) == 0 {
         None
     } else {

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use crossbeam_utils::CachePadded;
 use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, AtomicUsize};
 use ivm_std::futex::FutexWait;
@@ -228,7 +229,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         failed.extend((0..n).map(|_| AtomicBool::new(false)));
         Ok((failures.into_boxed_slice(), failed.into_boxed_slice()))
     };
-    let actors: Vec<ActorShared> = names
+    let mut actors: Vec<ActorShared> = names
         .into_iter()
         .enumerate()
         .map(|(i, name)| {
@@ -249,11 +250,10 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
                 remote_threads: Vec::new(),
             })
         })
-        .collect::<Result<_>>()?;
+        .collect::<Result<Vec<ActorShared>>>()?;
     // The threads to notify after a firing: those of the neighbours (predecessors,
     // successors, the next parameter kernel) on other threads, each once. Empty on a
     // one-thread graph, whose thread rescans after every firing.
-    let mut actors = actors;
     for i in 0..actors.len() {
         let me = &actors[i];
         let mut remote: Vec<usize> = me
@@ -322,7 +322,7 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         threads: (0..nthreads).map(|_| Mutex::default()).collect(),
         param_kernels,
         param_turn: AtomicUsize::new(0),
-        failing: AtomicUsize::new(0),
+        failing: CachePadded::new(AtomicUsize::new(0)),
         progress: super::Progress::new(nthreads),
         jobs: Mutex::new(VecDeque::new()),
         stop: AtomicBool::new(false),

@@ -160,9 +160,11 @@ pub(crate) struct Shared {
     param_kernels: usize,
     /// `iteration * param_kernels + position` of the parameter kernel whose turn it is.
     param_turn: AtomicUsize,
-    /// How many actors' per-slot `failed` flags are set: while none is, a firing skips
-    /// looking at its predecessors' flags (see `fire::try_fire`).
-    failing: AtomicUsize,
+    /// How many (actor, slot) `failed` flags are set: while none is, a firing skips
+    /// looking at its predecessors' flags (see `fire::try_fire`). Read by every firing of
+    /// every thread and written only when a flag changes: on cache lines of its own, away
+    /// from `param_turn` and the other fields written per firing.
+    failing: CachePadded<AtomicUsize>,
     /// Job instances of started iterations, oldest first (source tick pushes, callback
     /// notifier pops).
     jobs: Mutex<VecDeque<(usize, Arc<JobInstance>)>>,
@@ -176,11 +178,14 @@ pub(crate) struct Shared {
     progress: Progress,
 }
 
-/// Per graph thread, the scans that fired something (wrapping), each on cache lines of
-/// its own: the graph's progress count for the VM's waiting callers
-/// (`LazyGraph::set_progress_probe`). A waiting caller reads it once per wait; were the
-/// count the actors' `done` counters themselves, that read would take each of their lines
-/// from the graph thread, which then missed on its next firing of every actor.
+/// Per graph thread, its kernel firings and productive scans (wrapping), each thread's
+/// count on cache lines of its own: the graph's progress count for the VM's waiting
+/// callers (`LazyGraph::set_progress_probe`). A waiting caller reads it when its wait
+/// starts and then after each stretch of `CALLER_STALL` (200 µs) without a release; were
+/// the count the actors' `done` counters themselves, each read would take their lines
+/// from the graph thread, which then missed on its next firing of every actor. It moves
+/// with every kernel, not only once per scan: one scan may fire a whole step of long
+/// kernels, and a count that stood still that long would send the caller to sleep.
 #[derive(Clone)]
 pub(crate) struct Progress(Arc<[CachePadded<AtomicUsize>]>);
 
@@ -193,10 +198,14 @@ impl Progress {
         )
     }
 
-    /// Graph thread `t`'s actors fired in a scan.
+    /// One of graph thread `t`'s actors fired (or a scan of them did). Called only by
+    /// whoever holds thread `t`'s actors (`Shared::threads[t]`'s lock, for one scan), so
+    /// the load and store below never race with another writer.
     fn fired(&self, t: usize) {
-        // Relaxed: a count compared with an earlier one; nothing is read through it.
-        self.0[t].fetch_add(1, Ordering::Relaxed);
+        // Relaxed: a count compared with an earlier one; nothing is read through it. The
+        // writers of count `t` are serialised by the lock (above).
+        let c = &self.0[t];
+        c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
     /// The sum of the threads' counts (wrapping).
@@ -365,6 +374,7 @@ fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
     for (k, succs) in compute.iter_mut().zip(proto_succs.iter()) {
         if try_fire(s, k, job) {
             any = true;
+            s.progress.fired(t);
             // Protocol actors first after every kernel: an output copies its blob out
             // as soon as it is produced (the eager side may go on while later kernels
             // run); and if anything was pushed to the job's buffers (their listeners

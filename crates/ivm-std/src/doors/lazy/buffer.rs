@@ -140,8 +140,8 @@ impl<T> Buffer<T> {
         self.listener.set(Box::new(f)).is_ok()
     }
 
-    /// After a change made under the lock: bump the sequence word, and report whether a
-    /// sleeper must be woken.
+    /// After a change made under the lock: bump the sequence word, write the item count
+    /// and closed bit to `hint`, and report whether a sleeper must be woken.
     fn changed(&self, g: &Inner<T>) -> bool {
         // Relaxed: written under the mutex, which orders it with every sleeper's
         // registration; the futex compare only needs to see *a* change.
