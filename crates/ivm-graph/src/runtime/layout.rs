@@ -229,11 +229,28 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         failed.extend((0..n).map(|_| AtomicBool::new(false)));
         Ok((failures.into_boxed_slice(), failed.into_boxed_slice()))
     };
-    let mut actors: Vec<ActorShared> = names
+    let actors: Vec<ActorShared> = names
         .into_iter()
         .enumerate()
         .map(|(i, name)| {
             let (failures, failed) = per_slot(depth)?;
+            // The parameter kernel after this one (the next turn), if this is one.
+            let next_param = param_of[i].and_then(|p| {
+                let next = (p + 1) % param_kernels;
+                param_of.iter().position(|&x| x == Some(next))
+            });
+            // The threads to notify after a firing: those of the neighbours on other
+            // threads, each once. Empty on a one-thread graph, whose thread rescans after
+            // every firing.
+            let mut remote_threads: Vec<usize> = preds[i]
+                .iter()
+                .chain(&succs[i])
+                .chain(&next_param)
+                .map(|&n| threads[n])
+                .filter(|&t| t != threads[i])
+                .collect();
+            remote_threads.sort_unstable();
+            remote_threads.dedup();
             Ok(ActorShared {
                 name,
                 thread: threads[i],
@@ -243,31 +260,10 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
                 failures,
                 failed,
                 param: param_of[i],
-                next_param: param_of[i].and_then(|p| {
-                    let next = (p + 1) % param_kernels;
-                    param_of.iter().position(|&x| x == Some(next))
-                }),
-                remote_threads: Vec::new(),
+                remote_threads,
             })
         })
-        .collect::<Result<Vec<ActorShared>>>()?;
-    // The threads to notify after a firing: those of the neighbours (predecessors,
-    // successors, the next parameter kernel) on other threads, each once. Empty on a
-    // one-thread graph, whose thread rescans after every firing.
-    for i in 0..actors.len() {
-        let me = &actors[i];
-        let mut remote: Vec<usize> = me
-            .preds
-            .iter()
-            .chain(&me.succs)
-            .chain(&me.next_param)
-            .map(|&n| actors[n].thread)
-            .filter(|&t| t != me.thread)
-            .collect();
-        remote.sort_unstable();
-        remote.dedup();
-        actors[i].remote_threads = remote;
-    }
+        .collect::<Result<_>>()?;
     // The thread count comes from the user too: one notifier and one actor list each.
     let mut notifiers: Vec<Arc<Notifier<FutexWait>>> = Vec::new();
     let mut per_thread: Vec<Vec<LocalActor>> = Vec::new();

@@ -74,10 +74,9 @@ struct ActorShared {
     failed: Box<[AtomicBool]>,
     /// Position among parameter kernels.
     param: Option<usize>,
-    /// The parameter kernel after this one (the next turn), if this is one.
-    next_param: Option<usize>,
-    /// The threads of the neighbours (`preds`, `succs`, `next_param`) other than this
-    /// actor's, each once: the ones a firing notifies.
+    /// The threads of the neighbours (`preds`, `succs`, and the parameter kernel after
+    /// this one if this is one) other than this actor's, each once: the ones a firing
+    /// notifies.
     remote_threads: Vec<usize>,
 }
 
@@ -174,7 +173,7 @@ pub(crate) struct Shared {
     trace: Option<TraceFn>,
     /// How long an idle thread polls before it sleeps ([`GraphBuilder::poll_window`]).
     poll: Duration,
-    /// Per graph thread: its scans that fired something (see [`Progress`]).
+    /// Per graph thread: its kernel firings and productive scans (see [`Progress`]).
     progress: Progress,
 }
 
