@@ -7,7 +7,8 @@
 //! not a hang).
 //!
 //! * a successor on another stream (the engine tells the instruction it is awaited:
-//!   `ivm_engine::Instruction::awaited`);
+//!   `ivm_engine::Instruction::awaited`), or a barrier received before it was released
+//!   (told at its dispatch, or when the barrier arrives while it runs);
 //! * a successor of *another* instruction, which the worker's kernel completed (a custom
 //!   instruction's `Done`): the completion only marks the engine on a VM thread, so the
 //!   worker must drive after that kernel whatever its own release waits for;
@@ -26,7 +27,8 @@ use std::time::{Duration, Instant};
 use std::sync::Mutex;
 
 use ivm_std::{
-    Config, Device, Done, KernelCtx, Stream, StreamId, StreamType, Tensor, VirtualMachine,
+    Config, Device, Done, InstructionsBuilder, KernelCtx, Stream, StreamId, StreamType, Tensor,
+    VirtualMachine,
 };
 
 /// How long a blocked kernel waits before it gives up (and the test fails).
@@ -101,6 +103,62 @@ fn a_kernel_waiting_for_another_streams_reader_of_its_predecessor_is_not_strande
         assert!(
             saw_reader,
             "round {round}: the reader of `first` was never dispatched (its release was left for later)"
+        );
+    }
+    vm.sync().unwrap();
+}
+
+#[test]
+fn a_barrier_waiting_for_a_finished_kernel_is_not_stranded() {
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let a = compute(&vm, 1);
+    let (x, y) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());
+    warm_up(&vm, &a, &y);
+    for round in 0..20 {
+        // Even rounds: the barrier is received with `first`, before its dispatch (told at
+        // the dispatch). Odd rounds: in a later submission, while `first` runs (every
+        // running instruction is told when a barrier arrives); should `first` have
+        // finished by then, that submission's own drive releases it, and the round checks
+        // nothing more than an even one.
+        let late = round % 2 == 1;
+        let flag = Arc::new(AtomicBool::new(false));
+        let (done_tx, done_rx) = mpsc::channel();
+        let (f1, f2) = (flag.clone(), flag.clone());
+        let first = if late {
+            Duration::from_millis(3)
+        } else {
+            Duration::from_micros(50)
+        };
+        // `first` writes x on stream a; the barrier waits for its release; `blocked`,
+        // received after the barrier (which does not hold it back) and queued behind
+        // `first` on the same stream (so nothing else waits for that release), waits for
+        // the barrier's callback. The worker of a finishes `first` with `blocked` queued.
+        let submit_first = |bl: &mut InstructionsBuilder<'_>| {
+            bl.call_named("first", &a, &[], &[&x], move |_| spin(first))
+        };
+        let (a2, x2, y2) = (&a, &x, &y);
+        let then_barrier = move |bl: &mut InstructionsBuilder<'_>| {
+            bl.barrier(move || f1.store(true, Ordering::Release))?;
+            bl.call_named("blocked", a2, &[x2], &[y2], move |_| {
+                let _ = done_tx.send(wait_for(&f2));
+            })
+        };
+        if late {
+            vm.run(submit_first).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+            vm.run(then_barrier).unwrap();
+        } else {
+            vm.run(|bl| {
+                submit_first(bl)?;
+                then_barrier(bl)
+            })
+            .unwrap();
+        }
+        // Not a VM call: this thread drives nothing while it waits.
+        let saw_barrier = done_rx.recv_timeout(GIVE_UP * 2).unwrap();
+        assert!(
+            saw_barrier,
+            "round {round}: the barrier never ran (the release of `first` was left for later)"
         );
     }
     vm.sync().unwrap();
