@@ -2,8 +2,8 @@
 # Ordering mutants: how many weakened memory orderings and deleted wake calls the loom
 # models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
 #
-# For every site in ivm-core's sources and in ivm-std's engine token (engine/drive/token.rs,
-# engine/drive/single_waits.rs) —
+# For every site in ivm-core's sources, in ivm-std's engine token (engine/drive/token.rs,
+# engine/drive/single_waits.rs) and in what drives it (engine/core.rs, engine/helping.rs) —
 # or in the files named on the command line (ivm-std's `model/thread_ctx.rs` and
 # `model/express.rs`, ivm-engine's
 # `completer.rs` have models too) —
@@ -12,8 +12,9 @@
 #     time (a `fence(..)` call is deleted instead: a Relaxed fence is not allowed);
 #   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
 # then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
-# models for an ivm-core mutant, ivm-std's wake-path and helper models for an engine/drive
-# mutant (and the caller-runs model), ivm-engine's models for an ivm-engine mutant. A
+# models for an ivm-core mutant, ivm-std's wake-path, helper, awaited-release,
+# single-thread-wait, caller-runs and express models for an ivm-std mutant, ivm-engine's
+# models for an ivm-engine mutant. A
 # mutant is *killed* when a model fails (or does not build), *survives* when
 # every model passes. The survivors are printed at the end, as `file:line (what)`.
 #
@@ -32,7 +33,7 @@ timeout_s="${MUTANT_TIMEOUT:-600}"
 if [ "$#" -gt 0 ]; then
     files=("$@")
 else
-    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs)
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs)
 fi
 backup="$(mktemp -d)"
 restore() {
@@ -104,6 +105,7 @@ models() {
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
                 --target-dir target/mutants -p ivm-std --test loom_wake_path --test loom_helpers \
                 --test loom_single_waits --test loom_caller_runs --test loom_express \
+                --test loom_awaited \
                 -- --skip planted ;;
         crates/ivm-engine/*)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
