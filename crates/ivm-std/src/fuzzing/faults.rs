@@ -42,10 +42,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use super::{
-    KernelOp, Kernels, Mismatch, Op, Point, Program, Runner, TENSORS, Trace, batch_end, interpret,
-    op_name, op_of_label, run_graph, slot,
-};
+use super::TENSORS;
+use super::interpreter::{Kernels, Trace, batch_end, interpret, run_graph};
+use super::program::{KernelOp, Op, Program, slot};
+use super::runner::{Mismatch, Point, Runner, op_name, op_of_label};
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Diagnostic, Error, Result};
 use crate::util::ids::Device;
