@@ -40,6 +40,9 @@
 //! * Erasing goes through the pointer the list stored, not the caller's: a pointer made from
 //!   a `&T` may lack the provenance `Arc::from_raw` needs to reach the reference count.
 //!
+//! [`UnsafeCell`]: core::cell::UnsafeCell
+//! [`PhantomPinned`]: core::marker::PhantomPinned
+//!
 //! # Examples
 //!
 //! One `static` node in two lists at once (no allocation anywhere):
@@ -111,14 +114,21 @@
 //! ```
 
 use core::fmt;
-use core::iter::FusedIterator;
-use core::marker::{PhantomData, PhantomPinned};
+use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
-use crate::sync::{AtomicUsize, Ordering, UnsafeCell, loom_const_fn};
+use crate::sync::Ordering;
 
 pub mod index;
 pub use index::{IndexLinked, IndexLinks, IndexList, NIL, Pool};
+
+mod iter;
+mod links;
+pub use iter::{CursorMut, Iter};
+pub use links::Links;
+#[cfg(debug_assertions)]
+use links::wrong_list;
+use links::{Link, UNLINKED, same};
 
 /// How a node is held by the lists of one hook.
 ///
@@ -161,243 +171,6 @@ pub unsafe trait Linked<Tag> {
     ///
     /// `ptr` must point to a live node.
     unsafe fn links(ptr: NonNull<Self>) -> NonNull<Links<Self>>;
-}
-
-type Link<T> = Option<NonNull<T>>;
-
-/// The hook's state word when it is not linked into any list.
-const UNLINKED: usize = 0;
-
-/// The hook's state word when it is linked, in release builds (debug builds store the id of
-/// the list instead, which is never [`UNLINKED`]).
-#[cfg(not(debug_assertions))]
-const LINKED: usize = 1;
-
-/// A hook: the links that put a node into one list.
-///
-/// Embed one per list a node can be in, and return it from that list's
-/// [`Linked::links`]. A fresh hook is unlinked.
-pub struct Links<T: ?Sized> {
-    /// The neighbours. Only the owner of the list the node is linked into reads or writes
-    /// them (the list that claimed the state word).
-    pointers: UnsafeCell<Pointers<T>>,
-    /// [`UNLINKED`], or the value the list that links this hook writes ([`LINKED`] in
-    /// release builds, the list's id in debug builds). Atomic so that anyone may ask
-    /// [`Links::is_linked`]; also the hand-off of the pointers from one list to the next
-    /// (Release when unlinking, Acquire when claiming).
-    state: AtomicUsize,
-    /// Keeps the hook (and so the node) `!Unpin`: no `noalias` on references to it
-    /// (rust-lang/rust#63818).
-    _pin: PhantomPinned,
-}
-
-/// The two pointers of a hook.
-struct Pointers<T: ?Sized> {
-    prev: Link<T>,
-    next: Link<T>,
-}
-
-impl<T: ?Sized> Links<T> {
-    loom_const_fn! {
-        /// A hook that is not linked into any list.
-        #[must_use]
-        pub fn new() -> Self {
-            Self {
-                pointers: UnsafeCell::new(Pointers { prev: None, next: None }),
-                state: AtomicUsize::new(UNLINKED),
-                _pin: PhantomPinned,
-            }
-        }
-    }
-
-    /// Whether the node is linked into a list through this hook.
-    ///
-    /// From a thread that does not own that list the answer is only a snapshot: the owner
-    /// may link or unlink the node at any time.
-    #[inline]
-    pub fn is_linked(&self) -> bool {
-        // Relaxed: a snapshot; the caller synchronizes with the list's owner if it acts on it.
-        self.state.load(Ordering::Relaxed) != UNLINKED
-    }
-
-    /// The hook's state word.
-    ///
-    /// # Safety
-    ///
-    /// `this` must point to a live hook, for as long as the reference is used.
-    #[inline]
-    unsafe fn state<'a>(this: NonNull<Self>) -> &'a AtomicUsize {
-        // SAFETY: the caller guarantees the hook is live. This references the field only,
-        // never the hook or the node, and a shared reference to an atomic is always allowed.
-        unsafe { &(*this.as_ptr()).state }
-    }
-
-    /// The cell holding the hook's pointers.
-    ///
-    /// # Safety
-    ///
-    /// `this` must point to a live hook, for as long as the reference is used.
-    #[inline]
-    unsafe fn pointers<'a>(this: NonNull<Self>) -> &'a UnsafeCell<Pointers<T>> {
-        // SAFETY: the caller guarantees the hook is live. This references the field only,
-        // never the hook or the node, and a shared reference to an `UnsafeCell` permits
-        // writes through the pointer it hands out.
-        unsafe { &(*this.as_ptr()).pointers }
-    }
-
-    /// The previous node.
-    ///
-    /// # Safety
-    ///
-    /// `this` must point to a live hook whose pointers the caller may read: it borrows the
-    /// list the hook is linked into, or it has claimed the hook's state word.
-    #[inline]
-    unsafe fn prev(this: NonNull<Self>) -> Link<T> {
-        // SAFETY: the hook is live (caller's contract).
-        let cell = unsafe { Self::pointers(this) };
-        // SAFETY: the caller's right to read the pointers makes this read race-free.
-        cell.with(|p| unsafe { (*p).prev })
-    }
-
-    /// The next node.
-    ///
-    /// # Safety
-    ///
-    /// As for [`Links::prev`].
-    #[inline]
-    unsafe fn next(this: NonNull<Self>) -> Link<T> {
-        // SAFETY: the hook is live (caller's contract).
-        let cell = unsafe { Self::pointers(this) };
-        // SAFETY: the caller's right to read the pointers makes this read race-free.
-        cell.with(|p| unsafe { (*p).next })
-    }
-
-    /// Sets the previous node.
-    ///
-    /// # Safety
-    ///
-    /// `this` must point to a live hook whose pointers the caller may write: it borrows
-    /// the list the hook is linked into exclusively, or it has claimed the state word.
-    #[inline]
-    unsafe fn set_prev(this: NonNull<Self>, prev: Link<T>) {
-        // SAFETY: the hook is live (caller's contract).
-        let cell = unsafe { Self::pointers(this) };
-        // SAFETY: the caller's exclusive right to the pointers makes this write race-free.
-        cell.with_mut(|p| unsafe { (*p).prev = prev });
-    }
-
-    /// Sets the next node.
-    ///
-    /// # Safety
-    ///
-    /// As for [`Links::set_prev`].
-    #[inline]
-    unsafe fn set_next(this: NonNull<Self>, next: Link<T>) {
-        // SAFETY: the hook is live (caller's contract).
-        let cell = unsafe { Self::pointers(this) };
-        // SAFETY: the caller's exclusive right to the pointers makes this write race-free.
-        cell.with_mut(|p| unsafe { (*p).next = next });
-    }
-}
-
-impl<T: ?Sized> Default for Links<T> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<T: ?Sized> fmt::Debug for Links<T> {
-    /// Shows only whether the hook is linked: its pointers belong to the list's owner.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Links")
-            .field("linked", &self.is_linked())
-            .finish_non_exhaustive()
-    }
-}
-
-// SAFETY: nothing reachable through `&Links` reads the pointers (`is_linked` reads the
-// atomic state word only). The pointers are read and written only by the owner of the list
-// the hook is linked into, and pass from one list's owner to the next through the state
-// word (Release when unlinking, Acquire when claiming). The pointers are never dereferenced
-// through the hook itself, so what `T` is does not matter.
-unsafe impl<T: ?Sized> Send for Links<T> {}
-// SAFETY: as for `Send`.
-unsafe impl<T: ?Sized> Sync for Links<T> {}
-
-/// A fresh list id for debug membership checks, never [`UNLINKED`].
-#[cfg(debug_assertions)]
-fn next_list_id() -> usize {
-    // This counter only hands out distinct numbers for diagnostics and publishes nothing,
-    // so loom has nothing to check in it; loom's atomics cannot live in a `static` either.
-    #[cfg(not(loom))]
-    use crate::sync::AtomicUsize as IdCounter;
-    #[cfg(loom)]
-    use core::sync::atomic::AtomicUsize as IdCounter;
-
-    static NEXT_ID: IdCounter = IdCounter::new(UNLINKED + 1);
-    loop {
-        // Relaxed: the ids only need to be distinct.
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        if id != UNLINKED {
-            return id;
-        }
-    }
-}
-
-/// The panic for linking a hook whose state word shows `state` into the list whose word is
-/// `mine`.
-#[cold]
-#[track_caller]
-fn double_link(state: usize, mine: usize) -> ! {
-    #[cfg(debug_assertions)]
-    if state == mine {
-        panic!(
-            "double link: the node is already linked into this list (list #{mine}) through \
-             this hook; erase or pop it before linking it again"
-        );
-    } else {
-        panic!(
-            "double link: the node is already linked into another list (list #{state}) \
-             through this hook, so it cannot also go into list #{mine}; erase it there first"
-        );
-    }
-    #[cfg(not(debug_assertions))]
-    {
-        let _ = (state, mine);
-        panic!(
-            "double link: the node is already linked into a list through this hook; erase \
-             or pop it before linking it again"
-        );
-    }
-}
-
-/// The panic for erasing, from the list whose word is `mine`, a node whose hook shows
-/// `state`.
-#[cfg(debug_assertions)]
-#[cold]
-#[track_caller]
-fn wrong_list(state: usize, mine: usize) -> ! {
-    if mine == UNLINKED {
-        panic!(
-            "erase from wrong list: the node is linked into list #{state}, not into this list \
-             (which has never linked a node); erasing it here is undefined behavior in release \
-             builds"
-        );
-    }
-    panic!(
-        "erase from wrong list: the node is linked into list #{state}, not into this list \
-         (list #{mine}); erasing it here is undefined behavior in release builds"
-    );
-}
-
-/// Whether two links point to the same node (by address, ignoring metadata).
-#[inline]
-fn same<T: ?Sized>(a: Link<T>, b: Link<T>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => ptr::addr_eq(a.as_ptr(), b.as_ptr()),
-        _ => false,
-    }
 }
 
 /// An intrusive doubly-linked list of `T`s, linked through `T`'s `Tag` hook.
@@ -650,25 +423,6 @@ impl<T: Linked<Tag> + ?Sized, Tag> List<T, Tag> {
         self.len += moved;
     }
 
-    /// An iterator over the nodes, front to back (also double-ended).
-    pub fn iter(&self) -> Iter<'_, T, Tag> {
-        Iter {
-            front: self.head,
-            back: self.tail,
-            len: self.len,
-            _list: PhantomData,
-        }
-    }
-
-    /// A cursor on the first node (or on the "ghost" past the end, if the list is empty)
-    /// that can unlink the node it is on while walking the list.
-    pub fn cursor_mut(&mut self) -> CursorMut<'_, T, Tag> {
-        CursorMut {
-            current: self.head,
-            list: self,
-        }
-    }
-
     /// Checks the list's invariants and panics, naming the broken one, if any fails: head
     /// and tail both set or both unset, every node's `prev` points back at its predecessor,
     /// the walk from the head ends at the tail after exactly `len` nodes, and every hook is
@@ -739,57 +493,6 @@ impl<T: Linked<Tag> + ?Sized, Tag> List<T, Tag> {
             self.len
         );
     }
-
-    /// The state word this list writes into the hooks it links (assigning its id in debug
-    /// builds if it has none yet).
-    #[inline]
-    fn owner_word(&mut self) -> usize {
-        #[cfg(debug_assertions)]
-        {
-            if self.id == UNLINKED {
-                self.id = next_list_id();
-            }
-            self.id
-        }
-        #[cfg(not(debug_assertions))]
-        LINKED
-    }
-
-    /// The state word the hooks linked into this list hold (in debug builds, [`UNLINKED`]
-    /// if this list never linked a node: then no hook holds its id).
-    #[inline]
-    fn owner_word_if_any(&self) -> usize {
-        #[cfg(debug_assertions)]
-        return self.id;
-        #[cfg(not(debug_assertions))]
-        LINKED
-    }
-
-    /// Claims `node`'s hook for this list, or panics (`double link`) if it is linked.
-    ///
-    /// `node` must have just come from `into_ptr`: on panic it is turned back into its
-    /// handle and dropped.
-    #[track_caller]
-    fn claim(&mut self, node: NonNull<T>) -> NonNull<Links<T>> {
-        let mine = self.owner_word();
-        // SAFETY: `node` came from `into_ptr`, so it points to a live node.
-        let hook = unsafe { T::links(node) };
-        // SAFETY: the hook is inside the live node.
-        let state = unsafe { Links::state(hook) };
-        // Acquire: pairs with the Release store of the list that unlinked this hook last,
-        // so its writes to the hook's pointers happen before ours. One CAS (not a load and
-        // a store) so that of two threads racing to link the node, one fails.
-        if let Err(found) =
-            state.compare_exchange(UNLINKED, mine, Ordering::Acquire, Ordering::Relaxed)
-        {
-            // SAFETY: `node` came from `into_ptr` in the caller and the list did not keep
-            // it: give the ownership back, to be dropped while the panic unwinds.
-            let _handle = unsafe { T::from_ptr(node) };
-            double_link(found, mine);
-        }
-        hook
-    }
-
     /// Walks the list from both ends looking for `node`; returns the list's own pointer to
     /// it. Reads only this list's nodes (and `node`'s state word).
     fn find(&self, node: &T) -> Link<T> {
@@ -832,55 +535,6 @@ impl<T: Linked<Tag> + ?Sized, Tag> List<T, Tag> {
         }
         found
     }
-
-    /// Unlinks `node` and returns its handle.
-    ///
-    /// # Safety
-    ///
-    /// `node` must be linked into this list, and be the pointer this list stored for it.
-    unsafe fn unlink(&mut self, node: NonNull<T>) -> T::Handle {
-        // SAFETY: `node` is linked into this list, which `self` borrows exclusively, and so
-        // are its neighbours.
-        unsafe {
-            let hook = T::links(node);
-            debug_assert_eq!(
-                Links::state(hook).load(Ordering::Relaxed),
-                self.owner_word_if_any(),
-                "list invariant: unlinking a node whose hook is not marked as in this list"
-            );
-            let prev = Links::prev(hook);
-            let next = Links::next(hook);
-            match prev {
-                Some(prev) => Links::set_next(T::links(prev), next),
-                None => {
-                    debug_assert!(
-                        same(self.head, Some(node)),
-                        "list invariant: no prev, not head"
-                    );
-                    self.head = next;
-                }
-            }
-            match next {
-                Some(next) => Links::set_prev(T::links(next), prev),
-                None => {
-                    debug_assert!(
-                        same(self.tail, Some(node)),
-                        "list invariant: no next, not tail"
-                    );
-                    self.tail = prev;
-                }
-            }
-            Links::set_prev(hook, None);
-            Links::set_next(hook, None);
-            self.len -= 1;
-            // Release: publishes this list's writes to the hook's pointers to whichever list
-            // claims the hook next (its claim is an Acquire CAS).
-            Links::state(hook).store(UNLINKED, Ordering::Release);
-            // SAFETY: `node` is the pointer this list got from `into_ptr` and it no longer
-            // holds it.
-            T::from_ptr(node)
-        }
-    }
 }
 
 impl<T: Linked<Tag> + ?Sized, Tag> Drop for List<T, Tag> {
@@ -916,187 +570,6 @@ unsafe impl<T: Linked<Tag> + ?Sized, Tag> Send for List<T, Tag> where T::Handle:
 // SAFETY: `&List` hands out `&T` (hence `T: Sync`) and reads the hooks' pointers, which
 // nobody writes while the list is shared (writes need `&mut List`).
 unsafe impl<T: Linked<Tag> + ?Sized, Tag> Sync for List<T, Tag> where T: Sync {}
-
-impl<'a, T: Linked<Tag> + ?Sized, Tag> IntoIterator for &'a List<T, Tag> {
-    type Item = &'a T;
-    type IntoIter = Iter<'a, T, Tag>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.iter()
-    }
-}
-
-/// An iterator over the nodes of a [`List`], by reference. Made by [`List::iter`].
-pub struct Iter<'a, T: Linked<Tag> + ?Sized, Tag> {
-    front: Link<T>,
-    back: Link<T>,
-    /// Nodes not yet yielded from either end.
-    len: usize,
-    _list: PhantomData<&'a List<T, Tag>>,
-}
-
-impl<'a, T: Linked<Tag> + ?Sized, Tag> Iterator for Iter<'a, T, Tag> {
-    type Item = &'a T;
-
-    fn next(&mut self) -> Option<&'a T> {
-        if self.len == 0 {
-            return None;
-        }
-        let node = self.front?;
-        self.len -= 1;
-        // SAFETY: `node` is linked into the list borrowed for 'a, which keeps it alive and
-        // its pointers unchanged; `into_ptr` pointers are valid for reads (Linked).
-        unsafe {
-            self.front = Links::next(T::links(node));
-            Some(node.as_ref())
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.len, Some(self.len))
-    }
-}
-
-impl<'a, T: Linked<Tag> + ?Sized, Tag> DoubleEndedIterator for Iter<'a, T, Tag> {
-    fn next_back(&mut self) -> Option<&'a T> {
-        if self.len == 0 {
-            return None;
-        }
-        let node = self.back?;
-        self.len -= 1;
-        // SAFETY: as in `next`.
-        unsafe {
-            self.back = Links::prev(T::links(node));
-            Some(node.as_ref())
-        }
-    }
-}
-
-impl<T: Linked<Tag> + ?Sized, Tag> ExactSizeIterator for Iter<'_, T, Tag> {}
-
-impl<T: Linked<Tag> + ?Sized, Tag> FusedIterator for Iter<'_, T, Tag> {}
-
-impl<T: Linked<Tag> + ?Sized, Tag> Clone for Iter<'_, T, Tag> {
-    fn clone(&self) -> Self {
-        Self {
-            front: self.front,
-            back: self.back,
-            len: self.len,
-            _list: PhantomData,
-        }
-    }
-}
-
-impl<T: Linked<Tag> + ?Sized, Tag> fmt::Debug for Iter<'_, T, Tag> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Iter")
-            .field("len", &self.len)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A cursor over a [`List`] that can unlink the node it is on. Made by
-/// [`List::cursor_mut`].
-///
-/// The cursor is on a node, or on the "ghost" position past the back (and before the
-/// front) of the list.
-///
-/// ```
-/// # use core::ptr::NonNull;
-/// # use ivm_core::list::{Linked, Links, List};
-/// # struct Task { id: u32, run: Links<Task> }
-/// # enum RunQueue {}
-/// # // SAFETY: `&'static` handles; `links` projects the only hook.
-/// # unsafe impl Linked<RunQueue> for Task {
-/// #     type Handle = &'static Task;
-/// #     fn into_ptr(task: &'static Task) -> NonNull<Task> { NonNull::from(task) }
-/// #     // SAFETY: `ptr` came from `into_ptr`.
-/// #     unsafe fn from_ptr(ptr: NonNull<Task>) -> &'static Task { unsafe { ptr.as_ref() } }
-/// #     unsafe fn links(ptr: NonNull<Task>) -> NonNull<Links<Task>> {
-/// #         // SAFETY: `ptr` points to a live `Task`.
-/// #         unsafe { NonNull::new_unchecked(&raw mut (*ptr.as_ptr()).run) }
-/// #     }
-/// # }
-/// static TASKS: [Task; 4] = [
-///     Task { id: 1, run: Links::new() },
-///     Task { id: 2, run: Links::new() },
-///     Task { id: 3, run: Links::new() },
-///     Task { id: 4, run: Links::new() },
-/// ];
-/// let mut list = List::<Task, RunQueue>::new();
-/// for task in &TASKS {
-///     list.push_back(task);
-/// }
-/// // Unlink the even tasks while walking the list.
-/// let mut cursor = list.cursor_mut();
-/// while let Some(task) = cursor.current() {
-///     if task.id % 2 == 0 {
-///         cursor.remove_current(); // moves to the next node
-///     } else {
-///         cursor.move_next();
-///     }
-/// }
-/// assert_eq!(list.iter().map(|t| t.id).collect::<Vec<_>>(), [1, 3]);
-/// ```
-pub struct CursorMut<'a, T: Linked<Tag> + ?Sized, Tag> {
-    list: &'a mut List<T, Tag>,
-    /// The node the cursor is on; `None` is the ghost position.
-    current: Link<T>,
-}
-
-impl<T: Linked<Tag> + ?Sized, Tag> CursorMut<'_, T, Tag> {
-    /// The node the cursor is on, or `None` on the ghost position.
-    pub fn current(&self) -> Option<&T> {
-        // SAFETY: the current node is linked into the list, which the cursor borrows
-        // exclusively and which keeps the node alive while `self` is borrowed.
-        self.current.map(|node| unsafe { node.as_ref() })
-    }
-
-    /// Moves to the next node; from the last node to the ghost position, and from the ghost
-    /// position to the first node.
-    pub fn move_next(&mut self) {
-        self.current = match self.current {
-            // SAFETY: the current node is linked into the borrowed list.
-            Some(node) => unsafe { Links::next(T::links(node)) },
-            None => self.list.head,
-        };
-    }
-
-    /// Moves to the previous node; from the first node to the ghost position, and from the
-    /// ghost position to the last node.
-    pub fn move_prev(&mut self) {
-        self.current = match self.current {
-            // SAFETY: the current node is linked into the borrowed list.
-            Some(node) => unsafe { Links::prev(T::links(node)) },
-            None => self.list.tail,
-        };
-    }
-
-    /// Unlinks the current node and returns its handle, moving the cursor to the next node
-    /// (or to the ghost position). Returns `None` on the ghost position.
-    pub fn remove_current(&mut self) -> Option<T::Handle> {
-        let node = self.current?;
-        // SAFETY: `node` is linked into the borrowed list, as the pointer the list stored.
-        unsafe {
-            self.current = Links::next(T::links(node));
-            Some(self.list.unlink(node))
-        }
-    }
-
-    /// The list the cursor walks.
-    pub fn list(&self) -> &List<T, Tag> {
-        self.list
-    }
-}
-
-impl<T: Linked<Tag> + ?Sized, Tag> fmt::Debug for CursorMut<'_, T, Tag> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CursorMut")
-            .field("current", &self.current)
-            .field("list", &self.list)
-            .finish()
-    }
-}
 
 #[cfg(all(test, not(loom)))]
 mod tests;
