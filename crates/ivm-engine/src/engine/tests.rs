@@ -6,7 +6,7 @@ use std::vec::Vec;
 
 use super::*;
 use crate::check::{Program, check};
-use crate::{Completion, Fixed};
+use crate::{AccessMode, Completion, Dependence, Dispatched, Fixed};
 
 struct Pol {
     strict: bool,
