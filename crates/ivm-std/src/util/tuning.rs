@@ -65,7 +65,7 @@ pub(crate) const RETRY_MAX: usize = 256;
 /// with fewer lively instructions never allocates, whatever the timing).
 pub(crate) const PREFILL: usize = 256;
 
-// The engine (`engine.rs`).
+// The engine wrapper (`engine/mod.rs`).
 /// Lively instructions the engine's pools are sized for up front (a steady state below
 /// this allocates nothing, deterministically).
 pub(crate) const PRESIZE: u32 = 256;
