@@ -95,9 +95,12 @@ fn a_graph_runtime_written_against_the_public_protocol_runs_lazy_launches() {
 /// A graph that computes for a long time in many small steps, each counted by its
 /// progress probe: a caller waiting for its output asks the probe when its spinning starts
 /// and again when no instruction has finished for a while (so that it can tell a
-/// computing graph from a stalled one, and spin instead of sleeping). A run of about a
-/// millisecond outlasts that while (200 µs), so some wait asks twice; a few runs are
-/// allowed in case the test thread is preempted through one.
+/// computing graph from a stalled one, and spin instead of sleeping). The graph computes
+/// until the run's wait has asked twice, or for 20 ms at most, and yields between its
+/// steps, so that a caller sharing its core is not preempted through the whole of its
+/// spinning (it would then sleep, rightly, without a second look: on a loaded machine
+/// that failed a third of the runs of the former fixed 1 ms of work); a few more runs are
+/// allowed should a wait still not ask twice.
 #[test]
 fn a_waiting_caller_asks_the_graphs_progress_probe() {
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -110,19 +113,28 @@ fn a_waiting_caller_asks_the_graphs_progress_probe() {
         .build()
         .unwrap();
     let (steps, asked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // The probe's count of asks when the current run was submitted.
+    let base = Arc::new(AtomicU64::new(0));
     let (count, calls) = (steps.clone(), asked.clone());
+    let (asks, run_base) = (asked.clone(), base.clone());
     assert!(lazy.set_progress_probe(move || {
         calls.fetch_add(1, Relaxed);
         count.load(Relaxed)
     }));
     let runtime = serve(lazy.clone(), move || {
-        // About a millisecond of work, 10 µs at a time.
-        for _ in 0..100 {
+        // Work, 10 µs at a time, until the waiting caller asked twice (or 20 ms passed).
+        let start = Instant::now();
+        while asks.load(Relaxed) < run_base.load(Relaxed) + 2
+            && start.elapsed() < Duration::from_millis(20)
+        {
             let t = Instant::now();
             while t.elapsed() < Duration::from_micros(10) {
                 std::hint::spin_loop();
             }
             steps.fetch_add(1, Relaxed);
+            // Should the waiting caller share this core (a loaded machine), it gets its
+            // turn: preempted for longer than its spinning lasts, it would sleep instead.
+            std::thread::yield_now();
         }
     });
     let (x, y, w) = (
@@ -136,6 +148,7 @@ fn a_waiting_caller_asks_the_graphs_progress_probe() {
     let mut most = 0;
     while runs < 20 && most < 2 {
         let before = asked.load(Relaxed);
+        base.store(before, Relaxed);
         vm.run(|b| {
             b.call(&s, &[], &[&x], move |k| k.output_u64(0)[0] = 3)?;
             b.launch_lazy_job(&[&x], &[&y], &[&w], &lazy)
