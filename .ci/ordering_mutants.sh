@@ -33,7 +33,7 @@ timeout_s="${MUTANT_TIMEOUT:-600}"
 if [ "$#" -gt 0 ]; then
     files=("$@")
 else
-    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs)
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs)
 fi
 backup="$(mktemp -d)"
 restore() {
