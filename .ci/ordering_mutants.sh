@@ -7,7 +7,8 @@
 # or in the files named on the command line (ivm-std's `model/thread_ctx.rs` and
 # `model/express.rs`, ivm-engine's
 # `completer.rs` have models too) —
-# outside test modules and `fn planted_*` bodies (bugs planted on purpose):
+# outside test modules (in-file ones and `tests.rs` files) and `fn planted_*` bodies (bugs
+# planted on purpose):
 #   * each Acquire / Release / AcqRel / SeqCst in code is replaced by Relaxed, one at a
 #     time (a `fence(..)` call is deleted instead: a Relaxed fence is not allowed);
 #   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
@@ -33,7 +34,7 @@ timeout_s="${MUTANT_TIMEOUT:-600}"
 if [ "$#" -gt 0 ]; then
     files=("$@")
 else
-    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs)
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs | grep -v "/tests.rs$"; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs)
 fi
 backup="$(mktemp -d)"
 restore() {
