@@ -365,7 +365,7 @@ fn model(skip: bool, variant: Variant) {
             vm.released_n.wait_and_clear().unwrap();
         }
         if let Some(scheduler) = scheduler {
-            // Shutdown (`vm/mod.rs`): stop, then unpark (marks the word).
+            // Shutdown (`vm/lifecycle.rs`): stop, then unpark (marks the word).
             vm.stop.store(true, Ordering::Release);
             vm.wake.unpark();
             worker.join().unwrap();

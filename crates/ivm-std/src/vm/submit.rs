@@ -1,0 +1,123 @@
+//! The submission door of a [`VirtualMachine`]: [`run`](VirtualMachine::run) hands built
+//! instructions to the engine, [`sync`](VirtualMachine::sync) waits for everything before
+//! it (and its device half, [`sync_devices`]), and
+//! [`blocking_run_probe`](VirtualMachine::blocking_run_probe) waits for a probe.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ivm_core::counter::BlockingCounter;
+
+use super::VirtualMachine;
+use crate::doors::builder::InstructionsBuilder;
+use crate::doors::sync_access;
+use crate::engine::core::{Probe, ReentryGuard};
+use crate::runtime::shared::VmShared;
+use crate::util::error::{Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::lock;
+
+impl VirtualMachine {
+    /// Builds instructions with `f` and hands them to the VM. If `f` returns an error,
+    /// nothing is submitted. Blocks while more than the high-water mark are in flight.
+    ///
+    /// # Errors
+    /// [`Error::Reentrant`] from a VM thread, kernel, callback or barrier;
+    /// [`Error::ShutDown`]; whatever `f` returns.
+    pub fn run<R>(&self, f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>) -> Result<R> {
+        self.shared.core.check_caller()?;
+        let mut b = InstructionsBuilder::new(&self.shared);
+        let r = f(&mut b)?;
+        b.submit()?;
+        self.shared.core.drive()?;
+        Ok(r)
+    }
+
+    /// Waits until every instruction received before this call has been released and the
+    /// device work of every asynchronous device stream has completed.
+    ///
+    /// # Errors
+    /// Besides the usual ones: a sticky asynchronous failure of a device stream (a kernel
+    /// that failed after its instruction was done at launch), reported once and cleared,
+    /// or an error the device reported. [`Error::Timeout`] when the device work has not
+    /// completed one `timeout_period` after the release (an event that never completes):
+    /// its diagnostic has a `device work of <stream>` entry per stream still waited for.
+    pub fn sync(&self) -> Result<()> {
+        self.shared.core.check_caller()?;
+        // A reusable barrier from this thread's ring: no allocation in steady state.
+        let instr = sync_access::sync_barrier(&self.shared);
+        sync_access::sync_wait(&self.shared, instr)?;
+        let deadline = std::time::Instant::now() + self.shared.core.config.timeout_period;
+        sync_devices(&self.shared, deadline)
+    }
+
+    /// Polls `probe` on the scheduler thread until it returns true, and waits for that.
+    pub fn blocking_run_probe(
+        &self,
+        mut probe: impl FnMut() -> bool + Send + 'static,
+    ) -> Result<()> {
+        self.shared.core.check_caller()?;
+        let panicked: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        if self.shared.core.single_thread() {
+            loop {
+                self.shared.core.drive()?;
+                let _reentry = ReentryGuard::enter(self.shared.id);
+                match catch_unwind(AssertUnwindSafe(&mut probe)) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => std::thread::yield_now(),
+                    Err(_) => {
+                        return Err(Error::KernelPanicked {
+                            instruction: "probe".into(),
+                            message: "probe panicked".into(),
+                        });
+                    }
+                }
+            }
+        }
+        let _hook = self.shared.core.wait_scope();
+        let done = Arc::new(BlockingCounter::<FutexWait>::new(1));
+        let (d2, p2) = (done.clone(), panicked.clone());
+        self.shared.core.submit_probe(Probe::User(Box::new(move || {
+            let r = match catch_unwind(AssertUnwindSafe(&mut probe)) {
+                Ok(r) => r,
+                Err(_) => {
+                    *lock(&p2) = Some("probe panicked".into());
+                    true
+                }
+            };
+            if r {
+                // Release: publishes the probe's effects to the waiting caller.
+                d2.decrease();
+            }
+            r
+        })));
+        let _ = done.wait_until_zero(Duration::MAX, || false);
+        match lock(&panicked).take() {
+            Some(m) => Err(Error::KernelPanicked {
+                instruction: "probe".into(),
+                message: m,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The device half of `sync`: instructions on asynchronous devices are released when
+/// launched, so it waits for their device work too, until `deadline` at the latest. A
+/// host-observed completion: reports (and clears) sticky failures and device errors,
+/// except after a timeout, which leaves them to the next observation.
+pub(crate) fn sync_devices(shared: &VmShared, deadline: std::time::Instant) -> Result<()> {
+    let streams = shared.async_streams();
+    let _hook = (!streams.is_empty()).then(|| shared.core.wait_scope());
+    shared.wait_devices(&streams, deadline, true)?;
+    let mut first = None;
+    for s in &streams {
+        let f = s.dev.sticky.take().map(|f| f.poison_error());
+        let e = s.dev.stream.take_error().map(Error::Device);
+        if first.is_none() {
+            first = f.or(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
