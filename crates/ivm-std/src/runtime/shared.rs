@@ -44,7 +44,7 @@ pub(crate) struct VmShared {
     pub(crate) registry: Mutex<Registry>,
     pub(crate) barrier_stream: Arc<StreamShared>,
     pub(crate) default_cpu: OnceLock<Arc<StreamShared>>,
-    /// The lazy-job door's per-VM state (`lazy::launch::VmLazy`), created on first use.
+    /// The lazy-job door's per-VM state (`lazy::vm_lazy::VmLazy`), created on first use.
     /// Type-erased: the door lives in a layer above this state (ARCHITECTURE.md, "The
     /// module map").
     pub(crate) lazy: OnceLock<Box<dyn std::any::Any + Send + Sync>>,

@@ -9,19 +9,17 @@
 //! whoever holds the completion finishes the instruction (sets `DONE` with Release and
 //! unparks the scheduler, which never polls for it). A completion dropped unused fails its
 //! instruction, so a lost run can never leave an instruction lively forever.
+//!
+//! This file holds the launch itself ([`InstructionsBuilder::launch_lazy_job`]: argument
+//! checks, staging of device-only operands, the instructions); beside it,
+//! `launcher_queue.rs` holds the launcher's queue, `bodies.rs` what the begins' and the
+//! launch's bodies do to the graph's buffers, and `vm_lazy.rs` the per-VM lazy-job state.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, Weak};
-
-use ivm_core::sync::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
-use crate::doors::lazy::{
-    CallerHelper, CriticalSectionInstance, CsKind, CsOp, EndEvent, JobInstance, LazyGraph,
-    LazyInner, ProgressProbe, SharedEventRecord,
-};
-use crate::engine::core::NEXT_BLOB_ID;
+use crate::doors::lazy::{CsKind, EndEvent, JobInstance, LazyGraph, SharedEventRecord};
 use crate::model::blob::Blob;
 use crate::model::instruction::{Deferred, Instruction, Kind};
 use crate::model::stream::Stream;
@@ -29,7 +27,6 @@ use crate::model::stream::StreamShared;
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Failure, Result};
 use crate::util::ids::{Device, StreamId, StreamType};
-use crate::util::lock;
 
 /// The failure an eager instruction records for a lazy-job error: a graph kernel's
 /// failure keeps the kernel's name, anything else is attributed to `instr`.
@@ -52,296 +49,6 @@ pub(crate) fn failure_of(e: &Error, instr: &str) -> Failure {
             message: other.to_string().into(),
             panicked: false,
         },
-    }
-}
-
-/// What a launch does once the launcher's queue lets it go: enqueue is done, push the
-/// job instance (`true`: on the launcher thread, may block on a full buffer; `false`: on
-/// the thread of a finishing run, must not block).
-type Admit = Box<dyn FnOnce(bool) + Send>;
-
-/// The launcher stream's queue: the graph of every run launched and not yet finished, in
-/// launch order, and the launches waiting for it. A launch of another graph than the ones
-/// queued waits until the queue is empty; runs of the same graph pipeline. Waiting blocks
-/// no thread: a waiting launch is parked here and admitted by the run whose finish
-/// empties the queue.
-#[derive(Default)]
-pub(crate) struct LauncherQueue {
-    inner: Mutex<QueueInner>,
-}
-
-#[derive(Default)]
-struct QueueInner {
-    /// Graph ids of runs admitted and not finished, oldest first.
-    running: VecDeque<usize>,
-    /// Launches not admitted yet, in launch order.
-    waiting: VecDeque<(usize, Admit)>,
-    /// A thread is running admitted launches' pushes: others leave the admitting to it,
-    /// so job instances reach the buffers in launch order.
-    admitting: bool,
-}
-
-impl QueueInner {
-    fn admits(&self, graph: usize) -> bool {
-        self.running.iter().all(|&g| g == graph)
-    }
-}
-
-impl LauncherQueue {
-    /// Admits a launch of `graph` now (enqueueing the graph, then running `admit` on this
-    /// thread) if no run of another graph is queued, no launch waits and nobody else is
-    /// admitting; parks it otherwise.
-    pub(crate) fn submit(&self, graph: usize, admit: Admit) {
-        let mut g = lock(&self.inner);
-        if g.waiting.is_empty() && !g.admitting && g.admits(graph) {
-            // Enqueue *before* the job instance is pushed: a fast graph may finish the run
-            // (and dequeue it) as soon as its source tick sees it.
-            g.running.push_back(graph);
-            g.admitting = true;
-            drop(g);
-            admit(true);
-            self.admit_waiting(lock(&self.inner), true);
-        } else {
-            g.waiting.push_back((graph, admit));
-        }
-    }
-
-    /// A run of `graph` finished: takes it off the queue and admits the launches that
-    /// may go now, in launch order (unless another thread is admitting: it will).
-    pub(crate) fn dequeue(&self, graph: usize) {
-        let mut g = lock(&self.inner);
-        if let Some(p) = g.running.iter().position(|&x| x == graph) {
-            g.running.remove(p);
-        }
-        if g.admitting {
-            return;
-        }
-        self.admit_waiting(g, false);
-    }
-
-    /// Admits waiting launches in order while the queue lets them go, running their
-    /// pushes outside the lock; `on_launcher`: this is the launcher thread (may block).
-    fn admit_waiting<'a>(
-        &'a self,
-        mut g: std::sync::MutexGuard<'a, QueueInner>,
-        on_launcher: bool,
-    ) {
-        loop {
-            let mut batch = Vec::new();
-            while let Some(&(next, _)) = g.waiting.front() {
-                if !g.admits(next) {
-                    break;
-                }
-                g.running.push_back(next);
-                if let Some((_, a)) = g.waiting.pop_front() {
-                    batch.push(a);
-                }
-            }
-            if batch.is_empty() {
-                g.admitting = false;
-                return;
-            }
-            g.admitting = true;
-            drop(g);
-            for a in batch {
-                a(on_launcher);
-            }
-            g = lock(&self.inner);
-        }
-    }
-}
-
-/// Per-VM lazy-job state: the launcher's queue and the transport dependence (a memoryless
-/// blob every launch writes).
-pub(crate) struct VmLazy {
-    pub(crate) queue: Arc<LauncherQueue>,
-    pub(crate) transport: Arc<Blob>,
-    /// What the graphs this VM launched offered a waiting caller: a caller helper
-    /// ([`LazyGraph::set_caller_helper`]) and a progress probe
-    /// ([`LazyGraph::set_progress_probe`]), registered at each graph's first launch (a
-    /// graph serves one VM), with the graph's description to tell when it is gone. At most
-    /// [`OFFERS`] graphs alive at once; more are not registered (those run on their own
-    /// threads only, and a caller waiting for them sleeps as for any long work).
-    offers: Mutex<heapless::Vec<GraphOffer, OFFERS>>,
-    /// Whether a registered offer ever had a helper: a wait looks at it without the lock.
-    has_helpers: AtomicBool,
-    /// Whether a registered offer ever had a progress probe (as `has_helpers`).
-    has_probes: AtomicBool,
-}
-
-/// One graph's offer to waiting callers (see [`VmLazy::offers`]).
-#[derive(Clone)]
-struct GraphOffer {
-    graph: Weak<LazyInner>,
-    helper: Option<CallerHelper>,
-    progress: Option<ProgressProbe>,
-}
-
-/// Most graph offers one VM keeps.
-const OFFERS: usize = 8;
-
-impl VmLazy {
-    pub(crate) fn new(vm_id: usize) -> Self {
-        Self {
-            queue: Arc::new(LauncherQueue::default()),
-            transport: Arc::new(Blob::new(
-                vm_id,
-                NEXT_BLOB_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                Device::CPU,
-                0,
-            )),
-            offers: Mutex::new(heapless::Vec::new()),
-            has_helpers: AtomicBool::new(false),
-            has_probes: AtomicBool::new(false),
-        }
-    }
-
-    /// Registers what `graph` offers at its first launch (nothing when it offers nothing).
-    fn register(&self, graph: &Arc<LazyInner>) {
-        // The first launch seals both slots (see `LazyInner::helper`).
-        let helper = graph.helper.get_or_init(|| None).clone();
-        let progress = graph.progress.get_or_init(|| None).clone();
-        if helper.is_none() && progress.is_none() {
-            return;
-        }
-        let (has_helper, has_probe) = (helper.is_some(), progress.is_some());
-        let mut offers = lock(&self.offers);
-        // The offers of graphs dropped since make room.
-        offers.retain(|o| o.graph.strong_count() > 0);
-        let offer = GraphOffer {
-            graph: Arc::downgrade(graph),
-            helper,
-            progress,
-        };
-        if offers.push(offer).is_ok() {
-            // Relaxed: hints for waits; the offers themselves are read under the lock.
-            if has_helper {
-                self.has_helpers.store(true, Ordering::Relaxed);
-            }
-            if has_probe {
-                self.has_probes.store(true, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Whether a graph with a caller helper was ever launched here: the one thing a wait
-    /// looks at when there is none.
-    pub(crate) fn has_helpers(&self) -> bool {
-        // Relaxed: see `register`.
-        self.has_helpers.load(Ordering::Relaxed)
-    }
-
-    /// Runs the caller helpers (a caller about to wait, outside the engine): whether any
-    /// ran something. Allocates nothing; the helpers run without the lock.
-    pub(crate) fn help(&self) -> bool {
-        self.live_offers()
-            .filter_map(|o| o.helper)
-            .fold(false, |any, h| h() | any)
-    }
-
-    /// The offers of the graphs still alive, copied out of the lock (nothing allocated:
-    /// a fixed-capacity vector of shared handles), so that what they call runs unlocked.
-    fn live_offers(&self) -> impl Iterator<Item = GraphOffer> {
-        let offers = lock(&self.offers).clone();
-        offers.into_iter().filter(|o| o.graph.strong_count() > 0)
-    }
-
-    /// The sum of the live graphs' progress counts (wrapping), or `None` when no graph
-    /// with a probe was ever launched here. A waiting caller compares two of these to see
-    /// whether a graph did work in between. Allocates nothing; the probes run without the
-    /// lock.
-    pub(crate) fn graph_progress(&self) -> Option<u64> {
-        // Relaxed: see `register`.
-        if !self.has_probes.load(Ordering::Relaxed) {
-            return None;
-        }
-        Some(
-            self.live_offers()
-                .filter_map(|o| o.progress)
-                .fold(0u64, |sum, p| sum.wrapping_add(p())),
-        )
-    }
-}
-
-impl LazyGraph {
-    /// Whether a critical-section begin of `kind` would find room in every buffer it
-    /// pushes to.
-    pub(crate) fn room_for_begin(&self, kind: CsKind) -> bool {
-        let bufs = &self.inner.buffers;
-        let per_op = match kind {
-            CsKind::Input => &bufs.inputs,
-            CsKind::Output => &bufs.outputs,
-        };
-        let room = |b: &crate::doors::lazy::Buffer<_>| b.len() < b.capacity();
-        room(&bufs.wait) && room(&bufs.callback) && per_op.iter().flatten().all(room)
-    }
-
-    /// Whether a launch would find room for its job instance.
-    pub(crate) fn room_for_job(&self) -> bool {
-        let bufs = &self.inner.buffers;
-        bufs.callback_notifier.len() < bufs.callback_notifier.capacity()
-            && bufs.source_tick.len() < bufs.source_tick.capacity()
-    }
-
-    /// A critical-section begin's body: builds the run's instance over `blobs` and
-    /// `records` (one per interface op, in declaration order) and publishes it into the
-    /// wait and callback buffers and each valid op's buffer. If the graph is closed, the
-    /// instance is dropped and its records fail with [`Error::GraphClosed`].
-    pub(crate) fn begin(
-        &self,
-        kind: CsKind,
-        blobs: Vec<Arc<Blob>>,
-        records: Vec<Arc<SharedEventRecord>>,
-        block: bool,
-    ) {
-        let ifaces = match kind {
-            CsKind::Input => &self.inner.inputs,
-            CsKind::Output => &self.inner.outputs,
-        };
-        let ops = ifaces
-            .iter()
-            .zip(blobs)
-            .zip(records)
-            .map(|((i, blob), record)| CsOp {
-                name: i.name.as_str().into(),
-                blob,
-                record,
-            })
-            .collect();
-        let cs = Arc::new(CriticalSectionInstance::new(
-            kind,
-            self.inner.job.clone(),
-            ops,
-        ));
-        let bufs = &self.inner.buffers;
-        let per_op = match kind {
-            CsKind::Input => &bufs.inputs,
-            CsKind::Output => &bufs.outputs,
-        };
-        let mut ok = bufs.wait.push_with(cs.clone(), block).is_ok()
-            && bufs.callback.push_with(cs.clone(), block).is_ok();
-        for b in per_op.iter().flatten() {
-            ok = ok && b.push_with(cs.clone(), block).is_ok();
-        }
-        if !ok {
-            cs.finish_with_error(&Error::GraphClosed {
-                job: self.inner.job.to_string(),
-            });
-        }
-    }
-
-    /// The launch's body, after the queue step: pushes `job` to the callback-notifier,
-    /// then the source-tick buffer (blocking while full if `block`). If the graph is
-    /// closed, `job` finishes with [`Error::GraphClosed`].
-    pub(crate) fn push_job(&self, job: Arc<JobInstance>, block: bool) {
-        let bufs = &self.inner.buffers;
-        let ok = bufs.callback_notifier.push_with(job.clone(), block).is_ok()
-            && bufs.source_tick.push_with(job.clone(), block).is_ok();
-        if !ok {
-            job.finish(Err(Error::GraphClosed {
-                job: self.inner.job.to_string(),
-            }));
-        }
     }
 }
 
@@ -740,19 +447,4 @@ fn staging_tensor(vm: &Arc<crate::runtime::shared::VmShared>, nbytes: usize) -> 
         vm.default_stream_of(Device::CPU)?,
         mem,
     ))
-}
-
-impl crate::runtime::shared::VmShared {
-    /// The VM's lazy-job state, created on first use.
-    pub(crate) fn lazy(&self) -> &VmLazy {
-        self.lazy
-            .get_or_init(|| Box::new(VmLazy::new(self.id)))
-            .downcast_ref()
-            .expect("ivm: the lazy slot holds a VmLazy (only this function fills it)")
-    }
-
-    /// The lazy state, if this VM ever launched a lazy job.
-    pub(crate) fn lazy_if_used(&self) -> Option<&VmLazy> {
-        self.lazy.get().and_then(|l| l.downcast_ref())
-    }
 }

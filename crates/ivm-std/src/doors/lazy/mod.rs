@@ -19,10 +19,13 @@
 //! [`InstructionsBuilder::launch_lazy_job`](crate::InstructionsBuilder::launch_lazy_job)
 //! emits the instructions of one run.
 
+mod bodies;
 mod buffer;
 mod instance;
 pub(crate) mod launch;
+mod launcher_queue;
 mod record;
+mod vm_lazy;
 
 use std::collections::HashSet;
 use std::fmt;
