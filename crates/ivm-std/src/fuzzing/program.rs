@@ -375,6 +375,16 @@ impl fmt::Display for Program {
     }
 }
 
+/// [`Op::SyncUpdate`]'s body on the tensor's bytes: adds `add` to the word, returns the
+/// old one (the runner and the fault harness run it through `access_mut`).
+pub(super) fn sync_update(bytes: &mut [u8], add: u64) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[..8]);
+    let old = u64::from_ne_bytes(w);
+    bytes[..8].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+    old
+}
+
 pub(super) fn slot(t: u8) -> usize {
     usize::from(t) % TENSORS
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::interpreter::{
     HashKernels, Kernels, Observed, Trace, batch_end, interpret, planned_panic_message,
 };
-use super::program::{KernelOp, LaunchGraphs, Op, Program, slot};
+use super::program::{KernelOp, LaunchGraphs, Op, Program, slot, sync_update};
 use super::topology::{CrossStream, Topology};
 use super::{GRAPHS, MAX_OPS, PANIC_MARKER, PlantedBug, TENSORS};
 use crate::device::DeviceAdapter;
@@ -339,13 +339,7 @@ impl<K: Kernels> Runner<K> {
                 }
                 Op::SyncUpdate { tensor, add } => {
                     let r = vm
-                        .access_mut(&tensors[slot(tensor)], move |b| {
-                            let mut w = [0u8; 8];
-                            w.copy_from_slice(&b[..8]);
-                            let old = u64::from_ne_bytes(w);
-                            b[..8].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
-                            old
-                        })
+                        .access_mut(&tensors[slot(tensor)], move |b| sync_update(b, add))
                         .map(Observed::Value);
                     trace.syncs.push((i, Observed::from_result(r)));
                     i += 1;

@@ -10,7 +10,7 @@ use super::record::{FaultRun, Obs, born_root, observe};
 use super::{FaultControl, FaultOutcome};
 use crate::fuzzing::TENSORS;
 use crate::fuzzing::interpreter::{Kernels, Trace, batch_end, interpret};
-use crate::fuzzing::program::{Op, Program, slot};
+use crate::fuzzing::program::{Op, Program, slot, sync_update};
 use crate::fuzzing::runner::{Mismatch, Point, Runner, op_name};
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
@@ -204,13 +204,7 @@ impl<K: Kernels> Runner<K> {
                 }
                 Op::SyncUpdate { tensor, add } => {
                     let r = vm
-                        .access_mut(&tensors[slot(tensor)], move |b| {
-                            let mut w = [0u8; 8];
-                            w.copy_from_slice(&b[..8]);
-                            let old = u64::from_ne_bytes(w);
-                            b[..8].copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
-                            old
-                        })
+                        .access_mut(&tensors[slot(tensor)], move |b| sync_update(b, add))
                         .map(Obs::Value);
                     observe(run, i, r, device)
                 }
