@@ -3,7 +3,8 @@
 # models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
 #
 # For every site in ivm-core's sources, in ivm-std's engine token (engine/drive/token.rs,
-# engine/drive/single_waits.rs) and in what drives it (engine/core.rs, engine/helping.rs) —
+# engine/drive/single_waits.rs), in what drives it (engine/core.rs, engine/helping.rs) and
+# in its shutdown gate (engine/gate.rs) —
 # or in the files named on the command line (ivm-std's `model/thread_ctx.rs` and
 # `model/express.rs`, ivm-engine's
 # `completer.rs` have models too) —
@@ -13,7 +14,7 @@
 #     time (a `fence(..)` call is deleted instead: a Relaxed fence is not allowed);
 #   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
 # then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
-# models for an ivm-core mutant, ivm-std's wake-path, helper, awaited-release,
+# models for an ivm-core mutant, ivm-std's gate, wake-path, helper, awaited-release,
 # single-thread-wait, caller-runs and express models for an ivm-std mutant, ivm-engine's
 # models for an ivm-engine mutant. A
 # mutant is *killed* when a model fails (or does not build), *survives* when
@@ -34,7 +35,7 @@ timeout_s="${MUTANT_TIMEOUT:-600}"
 if [ "$#" -gt 0 ]; then
     files=("$@")
 else
-    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs | grep -v "/tests.rs$"; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs)
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs | grep -v "/tests.rs$"; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs; echo crates/ivm-std/src/engine/gate.rs)
 fi
 backup="$(mktemp -d)"
 restore() {
@@ -104,7 +105,7 @@ models() {
     case "$1" in
         crates/ivm-std/*)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
-                --target-dir target/mutants -p ivm-std --test loom_wake_path --test loom_helpers \
+                --target-dir target/mutants -p ivm-std --test loom_gate --test loom_wake_path --test loom_helpers \
                 --test loom_single_waits --test loom_caller_runs --test loom_express \
                 --test loom_awaited \
                 -- --skip planted ;;

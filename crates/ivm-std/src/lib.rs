@@ -68,6 +68,10 @@ pub use engine::drive::EngineToken;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::drive::SingleWaits;
+/// Loom models only: the shutdown gate (`engine/gate.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use engine::gate::{Gate, Pass};
 /// Loom models only: the helper count of the `Helping` protocol (`engine/helping.rs`).
 #[cfg(loom)]
 #[doc(hidden)]

@@ -97,10 +97,6 @@ impl DiagSlot {
     }
 }
 
-/// Bit 0 of `VmShared::state`: shut down (no new work). The rest counts callers inside
-/// a submission (each adds 2).
-pub(crate) const SHUT: usize = 1;
-
 /// Id generators, not part of any synchronisation protocol: plain std atomics on purpose
 /// (loom atomics cannot live in a `static`). Use with Relaxed.
 pub(crate) static NEXT_VM_ID: std::sync::atomic::AtomicUsize =
@@ -131,7 +127,8 @@ pub(crate) struct VmCore {
     pub(crate) pending: MpscQueue<Instruction, PendingTag>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
     pub(crate) parking: Arc<crate::engine::drive::EngineToken>,
-    pub(crate) state: AtomicUsize,
+    /// The shutdown gate: callers inside a submission, and whether shutdown has begun.
+    pub(crate) gate: crate::engine::gate::Gate,
     pub(crate) stop: AtomicBool,
     pub(crate) flying: AtomicUsize,
     /// Released instructions, ever (progress detection for timeouts: see
@@ -190,7 +187,7 @@ impl VmCore {
             ),
             pending: MpscQueue::new(),
             parking,
-            state: AtomicUsize::new(0),
+            gate: crate::engine::gate::Gate::new(),
             stop: AtomicBool::new(false),
             flying: AtomicUsize::new(0),
             finished: AtomicUsize::new(0),
@@ -212,16 +209,6 @@ impl VmCore {
             scheduler_running: BlockingCounter::new(1),
             config,
         }
-    }
-}
-
-/// Leaves the submitting-callers count on drop.
-pub(crate) struct CallerToken<'a>(&'a VmCore);
-
-impl Drop for CallerToken<'_> {
-    fn drop(&mut self) {
-        // Release: our pushes happen before shutdown's Acquire read of a zero count.
-        self.0.state.fetch_sub(2, Ordering::Release);
     }
 }
 
@@ -304,20 +291,14 @@ impl VmCore {
         self.flying.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn enter(&self) -> Result<CallerToken<'_>> {
+    /// Enters the shutdown gate for one submission (see `gate.rs`).
+    pub(crate) fn enter(&self) -> Result<crate::engine::gate::Pass<'_>> {
         self.birth.check()?;
-        // Acquire: pairs with shutdown's AcqRel fetch_or; if we miss SHUT, shutdown waits
-        // for our token to go.
-        let s = self.state.fetch_add(2, Ordering::Acquire);
-        let token = CallerToken(self);
-        if s & SHUT != 0 {
-            return Err(Error::ShutDown);
-        }
-        Ok(token)
+        self.gate.enter().ok_or(Error::ShutDown)
     }
 
     pub(crate) fn is_shut(&self) -> bool {
-        self.state.load(Ordering::Acquire) & SHUT != 0
+        self.gate.is_closed()
     }
 
     /// Rejects calls from this VM's own threads/kernels/callbacks and after shutdown.

@@ -13,6 +13,7 @@ pub(crate) mod core;
 mod device_launch;
 pub(crate) mod drive;
 pub(crate) mod execute;
+pub(crate) mod gate;
 pub(crate) mod helping;
 pub(crate) mod scheduler;
 pub mod stats;

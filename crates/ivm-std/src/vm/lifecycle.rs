@@ -11,7 +11,7 @@ use super::{Threads, VirtualMachine};
 use crate::device::DeviceAdapter;
 use crate::device::cpu::CpuAdapter;
 use crate::device::policy::CpuStreamPolicy;
-use crate::engine::core::{NEXT_VM_ID, SHUT, VmCore, inside};
+use crate::engine::core::{NEXT_VM_ID, VmCore, inside};
 use crate::model::stream::{DeviceCtx, StreamShared};
 use crate::runtime::shared::{Registry, VmShared};
 use crate::util::config::{Config, Mode};
@@ -205,12 +205,12 @@ impl VirtualMachine {
 
     /// Shutdown's first part: closes the gate, drains the engine, joins the threads.
     fn drain_and_join(&self, threads: &mut Threads) -> Result<()> {
-        // AcqRel: pairs with callers' Acquire `enter`; see `CallerToken`.
-        self.shared.core.state.fetch_or(SHUT, Ordering::AcqRel);
-        // Acquire: pairs with `CallerToken::drop`; their pushes are then in the queue.
-        while self.shared.core.state.load(Ordering::Acquire) >> 1 != 0 {
-            std::thread::yield_now();
-        }
+        // Then every push of a caller that got in is in the queue (`engine/gate.rs`).
+        self.shared.core.gate.close();
+        self.shared
+            .core
+            .gate
+            .wait_until_empty(std::thread::yield_now);
         if self.shared.core.single_thread() {
             // Until idle: instructions completed by device events included.
             self.shared
@@ -279,7 +279,7 @@ impl Drop for VirtualMachine {
         if inside(self.shared.id) {
             // Dropped on one of its own threads: cannot join ourselves. Stop accepting
             // work and let the threads wind down.
-            self.shared.core.state.fetch_or(SHUT, Ordering::AcqRel);
+            self.shared.core.gate.close();
             self.shared.core.stop.store(true, Ordering::Release);
             self.shared.core.parking.unpark();
             return;
