@@ -4,13 +4,24 @@
 # written by `cargo run --release -p ivm-fuzz-seeds` in fuzz/) next to their working
 # corpus (fuzz/corpus/<target>, which libFuzzer grows), with inputs up to FUZZ_MAX_LEN
 # bytes (default 4096).
+#
+# Every target is built first, then the targets run in two lanes of their own (every other
+# target in the list goes to the second lane), so that the half of them that fuzz on one
+# thread (the engine, the list, most of the queue's ops) do not leave a core idle. Each
+# target still fuzzes for FUZZ_SECONDS; the second lane's output is printed when it ends,
+# and a crash in either lane fails the script. Measured on 2026-12-04: 133 s in all, build
+# included (260 s one target after another in CI's run of 5052dbb). The price: a VM target
+# beside another runs fewer inputs (vm_program 3 349 in its lane against 5 781 alone, the
+# next minute; vm_faults 110 against 108).
 set -euo pipefail
 cd fuzz
 seconds="${FUZZ_SECONDS:-30}"
 max_len="${FUZZ_MAX_LEN:-4096}"
 targets=$(cargo +nightly fuzz list)
 [ -n "$targets" ] || { echo "no fuzz targets found" >&2; exit 1; }
-for t in $targets; do
+
+fuzz_one() {
+    local t=$1
     echo "--- fuzz $t (${seconds}s)"
     if [ -d "seeds/$t" ]; then
         mkdir -p "corpus/$t"
@@ -19,4 +30,26 @@ for t in $targets; do
     else
         cargo +nightly fuzz run "$t" -- -max_total_time="$seconds" -rss_limit_mb=4096
     fi
+}
+
+cargo +nightly fuzz build
+first=() second=()
+i=0
+for t in $targets; do
+    if (( i % 2 == 0 )); then first+=("$t"); else second+=("$t"); fi
+    i=$((i + 1))
 done
+
+lane_log=$(mktemp)
+(
+    set -e
+    for t in "${second[@]}"; do fuzz_one "$t"; done
+) >"$lane_log" 2>&1 &
+lane=$!
+status=0
+for t in "${first[@]}"; do fuzz_one "$t" || { status=$?; break; }; done
+wait "$lane" || status=$?
+echo "--- second lane (${second[*]})"
+cat "$lane_log"
+rm -f "$lane_log"
+exit "$status"
