@@ -451,6 +451,10 @@ pub(crate) fn spin_while_progress(
             }
             last_elsewhere = e;
             last_change = now;
+            // Progress elsewhere: look at `done` again before the budget can end the
+            // spin (a thread preempted past the budget would otherwise give up on a
+            // wait that its last look showed moving).
+            continue;
         }
         if now.duration_since(start) >= CALLER_PROGRESS_SPIN {
             return false;
