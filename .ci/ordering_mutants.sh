@@ -3,7 +3,7 @@
 # models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
 #
 # For every site in ivm-core's sources, in ivm-std's engine token (engine/drive/token.rs,
-# engine/drive/single_waits.rs), in what drives it (engine/core.rs, engine/helping.rs) and
+# engine/drive/single_waits.rs), in what drives it (engine/core.rs, engine/submission.rs, engine/helping.rs) and
 # in its shutdown gate (engine/gate.rs) —
 # or in the files named on the command line (ivm-std's `model/thread_ctx.rs` and
 # `model/express.rs`, ivm-engine's
@@ -35,7 +35,7 @@ timeout_s="${MUTANT_TIMEOUT:-600}"
 if [ "$#" -gt 0 ]; then
     files=("$@")
 else
-    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs | grep -v "/tests.rs$"; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/helping.rs; echo crates/ivm-std/src/engine/gate.rs)
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs | grep -v "/tests.rs$"; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/submission.rs; echo crates/ivm-std/src/engine/helping.rs; echo crates/ivm-std/src/engine/gate.rs)
 fi
 backup="$(mktemp -d)"
 restore() {

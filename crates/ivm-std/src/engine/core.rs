@@ -1,10 +1,12 @@
-//! The engine-facing core of a VM's shared state ([`VmCore`]): submission (with
-//! backpressure and the shutdown gate), the engine and its token, single-thread driving,
-//! probes, diagnostics, the counters, the workers to close at exit, and the reentrancy
-//! guard. Workers, the scheduler and every driver hold this and nothing above it.
+//! The engine-facing core of a VM's shared state ([`VmCore`]): the state itself (the
+//! pending queue, the engine and its token, the shutdown gate, the counters), probes,
+//! diagnostics, the workers to close at exit, and the reentrancy guard. Workers, the
+//! scheduler and every driver hold this and nothing above it. Its methods are spread by
+//! concept: submission and backpressure in `submission.rs`, single-thread driving in
+//! `single.rs`, who drives in multi-thread mode in `drive/`.
 
 use std::cell::Cell;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ivm_core::counter::BlockingCounter;
@@ -14,7 +16,6 @@ use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
 use crate::engine::Engine;
-use crate::engine::drive::Claim;
 use crate::model::instruction::{Instruction, PendingTag};
 use crate::model::thread_ctx::ThreadCtx;
 use crate::util::config::Config;
@@ -212,48 +213,6 @@ impl VmCore {
     }
 }
 
-/// Single-thread mode: the engine, held by this thread. Letting go (drop, or
-/// [`unlock_own`](Self::unlock_own)) announces the release to a caller that found it held
-/// ([`SingleWaits::released`](crate::engine::drive::SingleWaits::released)).
-pub(crate) struct SingleEngine<'a> {
-    guard: Option<MutexGuard<'a, Engine>>,
-    waits: &'a crate::engine::drive::SingleWaits,
-}
-
-impl SingleEngine<'_> {
-    /// Lets go; `seen` is the holder's own snapshot (see `SingleWaits::notify_own`).
-    pub(crate) fn unlock_own(mut self, seen: &mut u32) {
-        drop(self.guard.take());
-        self.waits.released(Some(seen));
-    }
-}
-
-impl std::ops::Deref for SingleEngine<'_> {
-    type Target = Engine;
-    fn deref(&self) -> &Engine {
-        self.guard
-            .as_ref()
-            .expect("ivm: the engine guard is held until drop")
-    }
-}
-
-impl std::ops::DerefMut for SingleEngine<'_> {
-    fn deref_mut(&mut self) -> &mut Engine {
-        self.guard
-            .as_mut()
-            .expect("ivm: the engine guard is held until drop")
-    }
-}
-
-impl Drop for SingleEngine<'_> {
-    fn drop(&mut self) {
-        if let Some(g) = self.guard.take() {
-            drop(g);
-            self.waits.released(None);
-        }
-    }
-}
-
 impl VmCore {
     pub(crate) fn single_thread(&self) -> bool {
         self.engine.is_some()
@@ -313,169 +272,6 @@ impl VmCore {
         Ok(())
     }
 
-    /// Hands `list` to the scheduler (emptying it); wakes it on the empty edge. With
-    /// `backpressure`, first waits while too many instructions are in flight.
-    pub(crate) fn receive_list(
-        &self,
-        list: &mut Vec<Arc<Instruction>>,
-        backpressure: bool,
-    ) -> Result<()> {
-        if list.is_empty() {
-            return Ok(());
-        }
-        let token = match self.enter() {
-            Ok(t) => t,
-            Err(e) => {
-                list.clear();
-                return Err(e);
-            }
-        };
-        if backpressure
-            && !self.single_thread()
-            && self.flying() > self.config.high_water_mark
-            && let Err(e) = self.wait_backpressure()
-        {
-            list.clear();
-            return Err(e);
-        }
-        // From here to its drive the submission never waits for anything: a worker that
-        // finishes an instruction meanwhile may leave the release to it for one kernel
-        // (`helping::Helping::submitting`), if any worker runs long kernels (only those do;
-        // registering costs two RMWs and a fence). Not around the backpressure wait
-        // above, nor the user's `run` closure: either may outlast any kernel.
-        // Relaxed: a hint; a worker that misses the registration releases itself.
-        // A VM thread (a kernel dropping a tensor) does not drive here: not a submitter.
-        let _submitting = (!self.single_thread()
-            && self.long_kernel_workers.load(Ordering::Relaxed) > 0
-            && !inside(self.id))
-        .then(|| crate::engine::helping::Helping::submitting(self));
-        // Relaxed: a count; the instructions themselves are published by the pushes.
-        self.flying.fetch_add(list.len(), Ordering::Relaxed);
-        // One chain: the submission reaches the engine in one piece (see `pending`).
-        let want = busy_worker(&list[0]);
-        let wake = self.pending.push_chain(list.drain(..));
-        self.pushed_claiming(wake, Claim::NONE, want);
-        drop(token);
-        Ok(())
-    }
-
-    /// After pushes to the pending queue (`was_empty`: one of them found it empty): the
-    /// engine must see them. Single-thread mode: the caller drives next; wake a parked
-    /// driver on the empty edge. Multi-thread mode: drive here if nobody holds the engine
-    /// and this is not a VM thread, else mark it / wake the scheduler (`drive/`).
-    pub(crate) fn pushed(&self, was_empty: bool) {
-        self.pushed_claiming(was_empty, Claim::NONE, false);
-    }
-
-    /// [`pushed`](Self::pushed), by a caller that runs `claim` itself if the engine hands
-    /// it over while this caller drives ([`Claim`]).
-    /// `want`: see [`after_push`](Self::after_push).
-    fn pushed_claiming(&self, was_empty: bool, claim: Claim, want: bool) {
-        if self.single_thread() {
-            if was_empty {
-                self.parking.unpark();
-            }
-        } else {
-            self.after_push(!inside(self.id), claim, want);
-        }
-    }
-
-    pub(crate) fn receive_one(&self, instr: Arc<Instruction>, backpressure: bool) -> Result<()> {
-        self.receive_one_claiming(instr, backpressure, false)
-    }
-
-    /// [`receive_one`](Self::receive_one) for a sync callback whose caller runs it itself
-    /// if the engine, driven by this caller inside this call, hands it over (it is then
-    /// marked `status::CLAIMED` when this returns): `claim`.
-    pub(crate) fn receive_one_claiming(
-        &self,
-        instr: Arc<Instruction>,
-        backpressure: bool,
-        claim: bool,
-    ) -> Result<()> {
-        let token = self.enter()?;
-        if backpressure && !self.single_thread() && self.flying() > self.config.high_water_mark {
-            self.wait_backpressure()?;
-        }
-        // The caller keeps its own handle on `instr`, so the address stays its own while
-        // it drives with the claim.
-        let claim = if claim {
-            Claim::of(&instr)
-        } else {
-            Claim::NONE
-        };
-        // Relaxed: as in `receive_list`.
-        self.flying.fetch_add(1, Ordering::Relaxed);
-        let want = busy_worker(&instr);
-        let was_empty = self.pending.push(instr);
-        self.pushed_claiming(was_empty, claim, want);
-        drop(token);
-        Ok(())
-    }
-
-    /// Blocks until fewer than the low-water mark are in flight.
-    fn wait_backpressure(&self) -> Result<()> {
-        let _hook = self.wait_scope();
-        let low = self.config.low_water_mark;
-        // Relaxed + the SeqCst fence: store-buffer pattern with `after_release` (which
-        // decrements `flying`, fences, then reads `bp_waiters`): one of us sees the other.
-        self.bp_waiters.fetch_add(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        // A worker may have left a release for whoever drives next (an unawaited debt,
-        // `helping::Owed::leave_unless_awaited`) before it could see us: pay it, since
-        // we wait for releases. One it marks after our count sees us and pays itself.
-        // As after a push: drives here, or has the scheduler thread drive for a VM thread.
-        if self.parking.dirty_unlocked() {
-            self.after_push(!inside(self.id), Claim::NONE, false);
-        }
-        let period = self.config.timeout_period;
-        let mut last = self.progress();
-        let mut period_end = FutexWait::now().saturating_add(period);
-        let r = loop {
-            // Acquire: pairs with the Release bump in `after_release`.
-            let seq = self.bp_seq.load(Ordering::Acquire);
-            if self.flying() < low {
-                break Ok(());
-            }
-            let slice = FutexWait::now().saturating_add(Duration::from_millis(10));
-            FutexWait::wait(&self.bp_seq, seq, Some(slice.min(period_end)));
-            if FutexWait::now() >= period_end {
-                let now = self.progress();
-                if now == last {
-                    break Err(Error::Timeout(self.diagnostic()));
-                }
-                last = now;
-                period_end = FutexWait::now().saturating_add(period);
-            }
-        };
-        self.bp_waiters.fetch_sub(1, Ordering::Relaxed);
-        r
-    }
-
-    /// Counts instructions handed to an engine directly (tests).
-    #[cfg(test)]
-    pub(crate) fn count_received(&self, n: usize) {
-        self.flying.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Engine: one instruction released.
-    pub(crate) fn instruction_released(&self) {
-        // Relaxed: counts; the instruction's effects were published through DONE.
-        self.flying.fetch_sub(1, Ordering::Relaxed);
-        self.finished.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Engine, after releasing: wakes backpressured submitters below the low-water mark.
-    pub(crate) fn after_release(&self, _released: usize) {
-        fence(Ordering::SeqCst);
-        if self.bp_waiters.load(Ordering::Relaxed) > 0 && self.flying() < self.config.low_water_mark
-        {
-            // Release: pairs with the waiter's Acquire load of `bp_seq`.
-            self.bp_seq.fetch_add(1, Ordering::Release);
-            FutexWait::wake_all(&self.bp_seq);
-        }
-    }
-
     pub(crate) fn publish_counters(&self, (i, a, e): (usize, usize, usize)) {
         // Relaxed: diagnostic snapshots.
         self.live[0].store(i, Ordering::Relaxed);
@@ -505,125 +301,6 @@ impl VmCore {
     pub(crate) fn stop_requested(&self) -> bool {
         // Acquire: pairs with the Release store in shutdown.
         self.stop.load(Ordering::Acquire)
-    }
-
-    /// Single-thread mode: runs the engine in this thread until it can make no progress
-    /// (waiting for the engine first if another thread holds it).
-    pub(crate) fn drive(&self) -> Result<()> {
-        self.drive_until(|idle| idle.is_some(), None)
-    }
-
-    /// Single-thread mode: the engine if nobody holds it (see [`SingleEngine`]).
-    pub(crate) fn try_engine(&self) -> Option<SingleEngine<'_>> {
-        let m = self.engine.as_ref()?;
-        let guard = match m.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        Some(SingleEngine {
-            guard: Some(guard),
-            waits: &self.parking.waits,
-        })
-    }
-
-    /// Single-thread mode: the engine, waiting for it if another thread holds it (which
-    /// only ever holds it while it steps, never while it sleeps).
-    pub(crate) fn lock_engine(&self) -> Option<SingleEngine<'_>> {
-        Some(SingleEngine {
-            guard: Some(lock(self.engine.as_ref()?)),
-            waits: &self.parking.waits,
-        })
-    }
-
-    /// Single-thread mode: runs the engine in this thread until `done` holds, or
-    /// [`Error::Timeout`] with a diagnostic once `deadline` passed or after a whole
-    /// timeout period in which no instruction finished.
-    ///
-    /// `done(Some(idle))` is asked after a drive that left the engine unable to progress
-    /// (`idle`: nothing pending or lively); `done(None)` while another thread holds the
-    /// engine. In between it sleeps ([`SingleWaits`]) **without** the engine, so that
-    /// another thread (a graph kernel calling the VM, another caller) can drive it,
-    /// until something is announced: a device or lazy-job completion, a push, another
-    /// driver's progress, the release of the engine it found held, or a deadline.
-    ///
-    /// [`SingleWaits`]: crate::engine::drive::SingleWaits
-    pub(crate) fn drive_until(
-        &self,
-        mut done: impl FnMut(Option<bool>) -> bool,
-        deadline: Option<ivm_core::wait::Instant>,
-    ) -> Result<()> {
-        if self.engine.is_none() {
-            return Ok(());
-        }
-        // The caller runs (and waits for) the VM's work from here on.
-        let _hook = self.wait_scope();
-        let _reentry = ReentryGuard::enter(self.id);
-        let waits = &self.parking.waits;
-        let period = self.config.timeout_period;
-        let mut last = self.progress();
-        let mut period_end = FutexWait::now().saturating_add(period);
-        // Whether the wait is over: the caller's deadline, or a period without progress.
-        let expired = |last: &mut usize, period_end: &mut ivm_core::wait::Instant| {
-            let now = FutexWait::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return true;
-            }
-            if now >= *period_end {
-                let f = self.progress();
-                if f == *last {
-                    return true;
-                }
-                *last = f;
-                *period_end = now.saturating_add(period);
-            }
-            false
-        };
-        loop {
-            // Before looking at anything: what is announced after this ends the wait.
-            let mut seen = waits.snapshot();
-            let mut engine = self.try_engine();
-            if engine.is_none() {
-                // Held by another thread: ask for its release, then try once more (see
-                // `SingleWaits::want_engine`).
-                waits.want_engine();
-                engine = self.try_engine();
-            }
-            if let Some(mut engine) = engine {
-                // Only the holder of the engine consumes the pending queue.
-                let mut consumer = self.pending.consume();
-                loop {
-                    let end = consumer.drain(|i| engine.receive(i));
-                    if engine.step(self) {
-                        // Another waiter's result may be ready.
-                        waits.notify_own(&mut seen);
-                        continue;
-                    }
-                    if !end.may_sleep() {
-                        ivm_core::sync::spin_loop();
-                        continue;
-                    }
-                    break;
-                }
-                drop(consumer);
-                if done(Some(engine.is_idle())) {
-                    return Ok(());
-                }
-                if expired(&mut last, &mut period_end) {
-                    return Err(Error::Timeout(engine.diagnostic()));
-                }
-                let busy = engine.has_work();
-                engine.unlock_own(&mut seen);
-                if busy {
-                    continue;
-                }
-            } else if done(None) {
-                return Ok(());
-            } else if expired(&mut last, &mut period_end) {
-                return Err(Error::Timeout(self.diagnostic()));
-            }
-            waits.wait(seen, deadline.map_or(period_end, |d| d.min(period_end)));
-        }
     }
 
     /// A diagnostic of the engine (asks the scheduler; bounded wait).
@@ -703,15 +380,4 @@ impl VmCore {
             c.close();
         }
     }
-}
-
-/// Whether `instr` goes to a worker that has work queued and runs long kernels (hints
-/// for the hand-back, [`VmCore::after_push`]): with short kernels the engine's work is
-/// the bottleneck, and splitting it between the worker and the caller is faster than
-/// handing the engine back and forth (`perf_report`'s `instr_per_s_single` halved).
-fn busy_worker(instr: &Instruction) -> bool {
-    instr.stream.thread.as_deref().is_some_and(|w| {
-        // Relaxed: a hint.
-        w.long_kernels.load(Ordering::Relaxed) && !w.queue.is_empty()
-    })
 }

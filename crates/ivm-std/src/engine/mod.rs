@@ -16,7 +16,9 @@ pub(crate) mod execute;
 pub(crate) mod gate;
 pub(crate) mod helping;
 pub(crate) mod scheduler;
+mod single;
 pub mod stats;
+mod submission;
 pub(crate) mod worker;
 
 use std::sync::Arc;

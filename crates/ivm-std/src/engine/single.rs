@@ -1,0 +1,177 @@
+//! Single-thread mode's driving: the engine sits in a mutex ([`VmCore::engine`]) and the
+//! calling thread runs it ([`VmCore::drive_until`]), holding it as a [`SingleEngine`]
+//! only while it steps, never while it sleeps; what it waits for between steps is
+//! announced through [`SingleWaits`](crate::engine::drive::SingleWaits).
+
+use std::sync::MutexGuard;
+
+use ivm_core::wait::Wait;
+
+use crate::engine::Engine;
+use crate::engine::core::{ReentryGuard, VmCore};
+use crate::util::error::{Error, Result};
+use crate::util::futex::FutexWait;
+use crate::util::lock;
+
+/// Single-thread mode: the engine, held by this thread. Letting go (drop, or
+/// [`unlock_own`](Self::unlock_own)) announces the release to a caller that found it held
+/// ([`SingleWaits::released`](crate::engine::drive::SingleWaits::released)).
+pub(crate) struct SingleEngine<'a> {
+    guard: Option<MutexGuard<'a, Engine>>,
+    waits: &'a crate::engine::drive::SingleWaits,
+}
+
+impl SingleEngine<'_> {
+    /// Lets go; `seen` is the holder's own snapshot (see `SingleWaits::notify_own`).
+    pub(crate) fn unlock_own(mut self, seen: &mut u32) {
+        drop(self.guard.take());
+        self.waits.released(Some(seen));
+    }
+}
+
+impl std::ops::Deref for SingleEngine<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        self.guard
+            .as_ref()
+            .expect("ivm: the engine guard is held until drop")
+    }
+}
+
+impl std::ops::DerefMut for SingleEngine<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        self.guard
+            .as_mut()
+            .expect("ivm: the engine guard is held until drop")
+    }
+}
+
+impl Drop for SingleEngine<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = self.guard.take() {
+            drop(g);
+            self.waits.released(None);
+        }
+    }
+}
+
+impl VmCore {
+    /// Single-thread mode: runs the engine in this thread until it can make no progress
+    /// (waiting for the engine first if another thread holds it).
+    pub(crate) fn drive(&self) -> Result<()> {
+        self.drive_until(|idle| idle.is_some(), None)
+    }
+
+    /// Single-thread mode: the engine if nobody holds it (see [`SingleEngine`]).
+    pub(crate) fn try_engine(&self) -> Option<SingleEngine<'_>> {
+        let m = self.engine.as_ref()?;
+        let guard = match m.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(SingleEngine {
+            guard: Some(guard),
+            waits: &self.parking.waits,
+        })
+    }
+
+    /// Single-thread mode: the engine, waiting for it if another thread holds it (which
+    /// only ever holds it while it steps, never while it sleeps).
+    pub(crate) fn lock_engine(&self) -> Option<SingleEngine<'_>> {
+        Some(SingleEngine {
+            guard: Some(lock(self.engine.as_ref()?)),
+            waits: &self.parking.waits,
+        })
+    }
+
+    /// Single-thread mode: runs the engine in this thread until `done` holds, or
+    /// [`Error::Timeout`] with a diagnostic once `deadline` passed or after a whole
+    /// timeout period in which no instruction finished.
+    ///
+    /// `done(Some(idle))` is asked after a drive that left the engine unable to progress
+    /// (`idle`: nothing pending or lively); `done(None)` while another thread holds the
+    /// engine. In between it sleeps ([`SingleWaits`]) **without** the engine, so that
+    /// another thread (a graph kernel calling the VM, another caller) can drive it,
+    /// until something is announced: a device or lazy-job completion, a push, another
+    /// driver's progress, the release of the engine it found held, or a deadline.
+    ///
+    /// [`SingleWaits`]: crate::engine::drive::SingleWaits
+    pub(crate) fn drive_until(
+        &self,
+        mut done: impl FnMut(Option<bool>) -> bool,
+        deadline: Option<ivm_core::wait::Instant>,
+    ) -> Result<()> {
+        if self.engine.is_none() {
+            return Ok(());
+        }
+        // The caller runs (and waits for) the VM's work from here on.
+        let _hook = self.wait_scope();
+        let _reentry = ReentryGuard::enter(self.id);
+        let waits = &self.parking.waits;
+        let period = self.config.timeout_period;
+        let mut last = self.progress();
+        let mut period_end = FutexWait::now().saturating_add(period);
+        // Whether the wait is over: the caller's deadline, or a period without progress.
+        let expired = |last: &mut usize, period_end: &mut ivm_core::wait::Instant| {
+            let now = FutexWait::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return true;
+            }
+            if now >= *period_end {
+                let f = self.progress();
+                if f == *last {
+                    return true;
+                }
+                *last = f;
+                *period_end = now.saturating_add(period);
+            }
+            false
+        };
+        loop {
+            // Before looking at anything: what is announced after this ends the wait.
+            let mut seen = waits.snapshot();
+            let mut engine = self.try_engine();
+            if engine.is_none() {
+                // Held by another thread: ask for its release, then try once more (see
+                // `SingleWaits::want_engine`).
+                waits.want_engine();
+                engine = self.try_engine();
+            }
+            if let Some(mut engine) = engine {
+                // Only the holder of the engine consumes the pending queue.
+                let mut consumer = self.pending.consume();
+                loop {
+                    let end = consumer.drain(|i| engine.receive(i));
+                    if engine.step(self) {
+                        // Another waiter's result may be ready.
+                        waits.notify_own(&mut seen);
+                        continue;
+                    }
+                    if !end.may_sleep() {
+                        ivm_core::sync::spin_loop();
+                        continue;
+                    }
+                    break;
+                }
+                drop(consumer);
+                if done(Some(engine.is_idle())) {
+                    return Ok(());
+                }
+                if expired(&mut last, &mut period_end) {
+                    return Err(Error::Timeout(engine.diagnostic()));
+                }
+                let busy = engine.has_work();
+                engine.unlock_own(&mut seen);
+                if busy {
+                    continue;
+                }
+            } else if done(None) {
+                return Ok(());
+            } else if expired(&mut last, &mut period_end) {
+                return Err(Error::Timeout(self.diagnostic()));
+            }
+            waits.wait(seen, deadline.map_or(period_end, |d| d.min(period_end)));
+        }
+    }
+}

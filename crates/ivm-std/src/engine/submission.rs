@@ -1,0 +1,193 @@
+//! Submission into a VM's engine ([`VmCore::receive_list`], [`VmCore::receive_one`]):
+//! through the shutdown gate, past backpressure (a submitter waits while too many
+//! instructions are in flight, woken from [`VmCore::after_release`]), onto the pending
+//! queue, then to whoever drives next. The life of an instruction, step 2, in
+//! ARCHITECTURE.md.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ivm_core::sync::{Ordering, fence};
+use ivm_core::wait::Wait;
+
+use crate::engine::core::{VmCore, inside};
+use crate::engine::drive::Claim;
+use crate::model::instruction::Instruction;
+use crate::util::error::{Error, Result};
+use crate::util::futex::FutexWait;
+
+impl VmCore {
+    /// Hands `list` to the scheduler (emptying it); wakes it on the empty edge. With
+    /// `backpressure`, first waits while too many instructions are in flight.
+    pub(crate) fn receive_list(
+        &self,
+        list: &mut Vec<Arc<Instruction>>,
+        backpressure: bool,
+    ) -> Result<()> {
+        if list.is_empty() {
+            return Ok(());
+        }
+        let token = match self.enter() {
+            Ok(t) => t,
+            Err(e) => {
+                list.clear();
+                return Err(e);
+            }
+        };
+        if backpressure
+            && !self.single_thread()
+            && self.flying() > self.config.high_water_mark
+            && let Err(e) = self.wait_backpressure()
+        {
+            list.clear();
+            return Err(e);
+        }
+        // From here to its drive the submission never waits for anything: a worker that
+        // finishes an instruction meanwhile may leave the release to it for one kernel
+        // (`helping::Helping::submitting`), if any worker runs long kernels (only those do;
+        // registering costs two RMWs and a fence). Not around the backpressure wait
+        // above, nor the user's `run` closure: either may outlast any kernel.
+        // Relaxed: a hint; a worker that misses the registration releases itself.
+        // A VM thread (a kernel dropping a tensor) does not drive here: not a submitter.
+        let _submitting = (!self.single_thread()
+            && self.long_kernel_workers.load(Ordering::Relaxed) > 0
+            && !inside(self.id))
+        .then(|| crate::engine::helping::Helping::submitting(self));
+        // Relaxed: a count; the instructions themselves are published by the pushes.
+        self.flying.fetch_add(list.len(), Ordering::Relaxed);
+        // One chain: the submission reaches the engine in one piece (see `pending`).
+        let want = busy_worker(&list[0]);
+        let wake = self.pending.push_chain(list.drain(..));
+        self.pushed_claiming(wake, Claim::NONE, want);
+        drop(token);
+        Ok(())
+    }
+
+    /// After pushes to the pending queue (`was_empty`: one of them found it empty): the
+    /// engine must see them. Single-thread mode: the caller drives next; wake a parked
+    /// driver on the empty edge. Multi-thread mode: drive here if nobody holds the engine
+    /// and this is not a VM thread, else mark it / wake the scheduler (`drive/`).
+    pub(crate) fn pushed(&self, was_empty: bool) {
+        self.pushed_claiming(was_empty, Claim::NONE, false);
+    }
+
+    /// [`pushed`](Self::pushed), by a caller that runs `claim` itself if the engine hands
+    /// it over while this caller drives ([`Claim`]).
+    /// `want`: see [`after_push`](Self::after_push).
+    fn pushed_claiming(&self, was_empty: bool, claim: Claim, want: bool) {
+        if self.single_thread() {
+            if was_empty {
+                self.parking.unpark();
+            }
+        } else {
+            self.after_push(!inside(self.id), claim, want);
+        }
+    }
+
+    pub(crate) fn receive_one(&self, instr: Arc<Instruction>, backpressure: bool) -> Result<()> {
+        self.receive_one_claiming(instr, backpressure, false)
+    }
+
+    /// [`receive_one`](Self::receive_one) for a sync callback whose caller runs it itself
+    /// if the engine, driven by this caller inside this call, hands it over (it is then
+    /// marked `status::CLAIMED` when this returns): `claim`.
+    pub(crate) fn receive_one_claiming(
+        &self,
+        instr: Arc<Instruction>,
+        backpressure: bool,
+        claim: bool,
+    ) -> Result<()> {
+        let token = self.enter()?;
+        if backpressure && !self.single_thread() && self.flying() > self.config.high_water_mark {
+            self.wait_backpressure()?;
+        }
+        // The caller keeps its own handle on `instr`, so the address stays its own while
+        // it drives with the claim.
+        let claim = if claim {
+            Claim::of(&instr)
+        } else {
+            Claim::NONE
+        };
+        // Relaxed: as in `receive_list`.
+        self.flying.fetch_add(1, Ordering::Relaxed);
+        let want = busy_worker(&instr);
+        let was_empty = self.pending.push(instr);
+        self.pushed_claiming(was_empty, claim, want);
+        drop(token);
+        Ok(())
+    }
+
+    /// Blocks until fewer than the low-water mark are in flight.
+    fn wait_backpressure(&self) -> Result<()> {
+        let _hook = self.wait_scope();
+        let low = self.config.low_water_mark;
+        // Relaxed + the SeqCst fence: store-buffer pattern with `after_release` (which
+        // decrements `flying`, fences, then reads `bp_waiters`): one of us sees the other.
+        self.bp_waiters.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        // A worker may have left a release for whoever drives next (an unawaited debt,
+        // `helping::Owed::leave_unless_awaited`) before it could see us: pay it, since
+        // we wait for releases. One it marks after our count sees us and pays itself.
+        // As after a push: drives here, or has the scheduler thread drive for a VM thread.
+        if self.parking.dirty_unlocked() {
+            self.after_push(!inside(self.id), Claim::NONE, false);
+        }
+        let period = self.config.timeout_period;
+        let mut last = self.progress();
+        let mut period_end = FutexWait::now().saturating_add(period);
+        let r = loop {
+            // Acquire: pairs with the Release bump in `after_release`.
+            let seq = self.bp_seq.load(Ordering::Acquire);
+            if self.flying() < low {
+                break Ok(());
+            }
+            let slice = FutexWait::now().saturating_add(Duration::from_millis(10));
+            FutexWait::wait(&self.bp_seq, seq, Some(slice.min(period_end)));
+            if FutexWait::now() >= period_end {
+                let now = self.progress();
+                if now == last {
+                    break Err(Error::Timeout(self.diagnostic()));
+                }
+                last = now;
+                period_end = FutexWait::now().saturating_add(period);
+            }
+        };
+        self.bp_waiters.fetch_sub(1, Ordering::Relaxed);
+        r
+    }
+
+    /// Counts instructions handed to an engine directly (tests).
+    #[cfg(test)]
+    pub(crate) fn count_received(&self, n: usize) {
+        self.flying.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Engine: one instruction released.
+    pub(crate) fn instruction_released(&self) {
+        // Relaxed: counts; the instruction's effects were published through DONE.
+        self.flying.fetch_sub(1, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Engine, after releasing: wakes backpressured submitters below the low-water mark.
+    pub(crate) fn after_release(&self, _released: usize) {
+        fence(Ordering::SeqCst);
+        if self.bp_waiters.load(Ordering::Relaxed) > 0 && self.flying() < self.config.low_water_mark
+        {
+            // Release: pairs with the waiter's Acquire load of `bp_seq`.
+            self.bp_seq.fetch_add(1, Ordering::Release);
+            FutexWait::wake_all(&self.bp_seq);
+        }
+    }
+}
+
+/// Whether `instr` goes to a worker that has work queued and runs long kernels (hints
+/// for the hand-back, [`VmCore::after_push`]): with short kernels the engine's work is
+/// the bottleneck, and splitting it between the worker and the caller is faster than
+/// handing the engine back and forth (`perf_report`'s `instr_per_s_single` halved).
+fn busy_worker(instr: &Instruction) -> bool {
+    instr.stream.thread.as_deref().is_some_and(|w| {
+        // Relaxed: a hint.
+        w.long_kernels.load(Ordering::Relaxed) && !w.queue.is_empty()
+    })
+}
