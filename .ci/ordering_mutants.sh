@@ -108,13 +108,13 @@ models() {
                 --target-dir target/mutants -p ivm-std --test loom_gate --test loom_wake_path --test loom_helpers \
                 --test loom_single_waits --test loom_caller_runs --test loom_express \
                 --test loom_awaited \
-                -- --skip planted ;;
+                -- --skip planted --test-threads=1 ;;
         crates/ivm-engine/*)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
-                --target-dir target/mutants -p ivm-engine --test 'loom_*' -- --skip planted ;;
+                --target-dir target/mutants -p ivm-engine --test 'loom_*' -- --skip planted --test-threads=1 ;;
         *)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
-                --target-dir target/mutants -p ivm-core --test 'loom_*' -- --skip planted ;;
+                --target-dir target/mutants -p ivm-core --test 'loom_*' -- --skip planted --test-threads=1 ;;
     esac
 }
 
