@@ -16,7 +16,8 @@
 # then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
 # models for an ivm-core mutant, ivm-std's gate, wake-path, helper, awaited-release,
 # single-thread-wait, caller-runs and express models for an ivm-std mutant, ivm-engine's
-# models for an ivm-engine mutant. A
+# models for an ivm-engine mutant; each binary runs its models one at a time (faster on 2
+# cores, see .ci/loom.sh). A
 # mutant is *killed* when a model fails (or does not build), *survives* when
 # every model passes. The survivors are printed at the end, as `file:line (what)`.
 #
