@@ -120,6 +120,7 @@ models() {
 }
 
 killed=0
+timeouts=0
 survived=()
 total=0
 for f in "${files[@]}"; do
@@ -128,9 +129,16 @@ for f in "${files[@]}"; do
         total=$((total + 1))
         cp "$backup/$(echo "$f" | tr / _)" "$f"
         mutate "$f" "$line" "$col" "$kind"
-        if models "$f" >/dev/null 2>&1; then
+        rc=0
+        models "$f" >/dev/null 2>&1 || rc=$?
+        if [ "$rc" -eq 0 ]; then
             survived+=("$f:$line ($what)")
             echo "SURVIVED $f:$line ($what)"
+        elif [ "$rc" -eq 124 ]; then
+            # A slow machine can time out a mutant no model catches: said apart.
+            killed=$((killed + 1))
+            timeouts=$((timeouts + 1))
+            echo "killed   $f:$line ($what) by the ${timeout_s} s timeout"
         else
             killed=$((killed + 1))
             echo "killed   $f:$line ($what)"
@@ -140,5 +148,5 @@ for f in "${files[@]}"; do
 done
 
 echo
-echo "ordering mutants: $total, killed $killed, survived ${#survived[@]} (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
+echo "ordering mutants: $total, killed $killed ($timeouts of them by the timeout), survived ${#survived[@]} (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
 for s in "${survived[@]}"; do echo "  $s"; done
