@@ -15,6 +15,7 @@ pub(crate) mod drive;
 pub(crate) mod execute;
 pub(crate) mod gate;
 pub(crate) mod helping;
+pub(crate) mod kernel_clock;
 pub(crate) mod scheduler;
 mod single;
 pub mod stats;

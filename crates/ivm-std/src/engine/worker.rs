@@ -43,8 +43,8 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let poll = shared.config.worker_poll_window;
     // A release this worker owes the engine (see `helping::Owed`).
     let owed = crate::engine::helping::Owed::default();
-    let sampled = std::cell::Cell::new(0u32);
-    let avg_ns = std::cell::Cell::new(0u64);
+    // Whether our instructions run long (`kernel_clock.rs`).
+    let clock = std::cell::RefCell::new(crate::engine::kernel_clock::KernelClock::default());
     let run = |instr: Arc<Instruction>| {
         // Before running anything (it may take long), settle what we owe, unless nothing
         // waits for it (an unawaited debt: whoever drives next pays it); or a helper
@@ -63,17 +63,12 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             }
         }
         let sync_access = instr.waiter.is_some();
-        // Every 8th instruction is timed: whether kernels run long on average
-        // (`ThreadCtx::long_kernels`, an exponential average of the samples).
-        let n = sampled.get().wrapping_add(1);
-        sampled.set(n);
-        let t0 = n.is_multiple_of(8).then(Instant::now);
+        // Some instructions are timed (at random: `kernel_clock.rs`): whether kernels run
+        // long on average (`ThreadCtx::long_kernels`).
+        let t0 = clock.borrow_mut().start();
         crate::engine::execute::execute(&instr);
         if let Some(t0) = t0 {
-            let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            let avg = (avg_ns.get() * 3 + ns) / 4;
-            avg_ns.set(avg);
-            let long = avg >= crate::util::tuning::LONG_KERNEL_NS;
+            let long = clock.borrow_mut().timed(t0);
             // Relaxed: hints.
             if ctx.long_kernels.load(Ordering::Relaxed) != long {
                 ctx.long_kernels.store(long, Ordering::Relaxed);

@@ -1,0 +1,153 @@
+//! Whether a worker's instructions run long (`ThreadCtx::long_kernels`): a worker times some
+//! of the instructions it runs and keeps an average; the VM's hand-over rules ask it
+//! (`VmCore::after_push`'s hand-back, a worker leaving its releases to a submitting caller,
+//! `helping::Owed`).
+//!
+//! Which instructions are timed is drawn at random (one in [`SAMPLE_ONE_IN`] on average,
+//! a xorshift draw per instruction), never by a fixed period: a front end's instructions
+//! often repeat with a period of their own, and a fixed sampling period that divides it
+//! times the same few instructions over and over. The training demo's step is 24
+//! instructions; timed every 8th, a worker timed the same three of them for as long as it
+//! ran, and in three of the eight possible phases those three average under
+//! [`LONG_KERNEL_NS`] while the whole step's average about 1.5 µs (the test below runs
+//! the demo's durations). Such a worker counted its kernels short and drove the engine
+//! itself between them about 2.5 times a step (0.7 µs each: its caller's submissions
+//! received and dispatched on the kernels' thread) instead of leaving those releases to
+//! the submitting caller; measured with the worker's paths timed by the cycle counter in a
+//! scratch build, eager mode only, three runs: 21 454 such drives in 8 550 steps.
+//!
+//! The average is exponential with weight 1/16 per sample: a single short instruction
+//! among long ones (the demo's optimizer steps take 0.1 µs beside 5 µs matrix products)
+//! does not flip the hint; it follows a change of workload within a few hundred
+//! instructions.
+
+use std::time::Instant;
+
+use crate::util::tuning::LONG_KERNEL_NS;
+
+/// One in this many instructions is timed, on average.
+pub(crate) const SAMPLE_ONE_IN: u32 = 8;
+
+/// A worker's sampler of its instructions' durations (one per worker thread, not shared).
+#[derive(Debug)]
+pub(crate) struct KernelClock {
+    /// Xorshift32 state (never zero).
+    draw: u32,
+    /// Exponential average of the timed instructions' durations, in nanoseconds.
+    avg_ns: u64,
+}
+
+impl Default for KernelClock {
+    fn default() -> Self {
+        Self {
+            draw: 0x9E37_79B9,
+            avg_ns: 0,
+        }
+    }
+}
+
+impl KernelClock {
+    /// Before an instruction: whether to time it (then pass the start to [`timed`](Self::timed)).
+    #[inline]
+    pub(crate) fn start(&mut self) -> Option<Instant> {
+        self.sample().then(Instant::now)
+    }
+
+    /// Whether the next instruction is timed: a xorshift32 step, one in [`SAMPLE_ONE_IN`].
+    #[inline]
+    fn sample(&mut self) -> bool {
+        let mut x = self.draw;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.draw = x;
+        x % SAMPLE_ONE_IN == 0
+    }
+
+    /// After a timed instruction that started at `t0`: whether the worker's instructions
+    /// run long now.
+    pub(crate) fn timed(&mut self, t0: Instant) -> bool {
+        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.record(ns)
+    }
+
+    /// Adds one timed duration to the average; whether it is now at least
+    /// [`LONG_KERNEL_NS`].
+    fn record(&mut self, ns: u64) -> bool {
+        self.avg_ns = (self.avg_ns.saturating_mul(15).saturating_add(ns)) / 16;
+        self.avg_ns >= LONG_KERNEL_NS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `rounds` repetitions of `period` (instruction durations in ns) through the
+    /// sampler; returns the share of instructions after the first `warm_up` for which
+    /// the hint said "long".
+    fn long_share(period: &[u64], rounds: usize, warm_up: usize) -> f64 {
+        let mut c = KernelClock::default();
+        let mut long = false;
+        let (mut seen, mut said_long) = (0usize, 0usize);
+        for i in 0..rounds * period.len() {
+            if c.sample() {
+                long = c.record(period[i % period.len()]);
+            }
+            if i >= warm_up {
+                seen += 1;
+                said_long += usize::from(long);
+            }
+        }
+        said_long as f64 / seen as f64
+    }
+
+    /// The training demo's step (its kernels' durations from the demo's trace, rounded): 24
+    /// instructions averaging about 1.5 µs, most of the time in a few matrix products,
+    /// with short optimizer steps between. Timed every 8th, three phases of the step
+    /// average under 1 µs (positions 7, 15, 23: 1.6, 0.05 and 0.1 µs) and the hint said
+    /// "short" for good.
+    const DEMO_STEP: [u64; 24] = [
+        300, 100, 3_900, 1_400, 800, 5_000, 200, 1_600, 2_300, 3_700, 300, 3_100, 1_500, 6_300,
+        1_500, 50, 500, 2_100, 100, 300, 300, 1_200, 50, 100,
+    ];
+
+    #[test]
+    fn a_periodic_stream_is_judged_by_its_average_not_by_one_phase() {
+        // The old rule (every 8th, from the 8th on) saw positions 7, 15 and 23 only.
+        let phase: Vec<u64> = [7, 15, 23].iter().map(|&i| DEMO_STEP[i]).collect();
+        let old_avg = phase.iter().sum::<u64>() / 3;
+        assert!(
+            old_avg < LONG_KERNEL_NS,
+            "the phase of the example is short"
+        );
+        let mean = DEMO_STEP.iter().sum::<u64>() / DEMO_STEP.len() as u64;
+        assert!(mean >= LONG_KERNEL_NS, "the step averages long");
+        let share = long_share(&DEMO_STEP, 2_000, 24 * 50);
+        assert!(
+            share > 0.9,
+            "the hint said long for {:.1} % of the instructions",
+            share * 100.0
+        );
+    }
+
+    #[test]
+    fn short_instructions_are_short_and_a_rare_long_one_does_not_flip_it() {
+        // One 4 µs instruction in 64 of 100 ns: 0.16 µs on average.
+        let mut period = vec![100u64; 64];
+        period[0] = 4_000;
+        let share = long_share(&period, 500, 64 * 10);
+        assert!(
+            share < 0.01,
+            "the hint said long for {:.1} % of the instructions",
+            share * 100.0
+        );
+    }
+
+    #[test]
+    fn about_one_in_eight_is_timed() {
+        let mut c = KernelClock::default();
+        let timed = (0..80_000).filter(|_| c.sample()).count();
+        assert!((9_000..11_000).contains(&timed), "{timed} of 80 000 timed");
+    }
+}
