@@ -61,7 +61,7 @@ impl KernelClock {
         x ^= x >> 17;
         x ^= x << 5;
         self.draw = x;
-        x % SAMPLE_ONE_IN == 0
+        x.is_multiple_of(SAMPLE_ONE_IN)
     }
 
     /// After a timed instruction that started at `t0`: whether the worker's instructions
