@@ -1,9 +1,10 @@
 //! The sim adapter on its own (no VM).
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::time::{Duration, Instant};
 
 use super::*;
-use ivm_std::CpuAdapter;
+use ivm_std::{CpuAdapter, DeviceMemory, HostMemory};
 
 fn adapter(devices: u32) -> Arc<SimAdapter> {
     SimAdapter::new(SimConfig::random(devices, 7))
