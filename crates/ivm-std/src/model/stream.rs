@@ -88,7 +88,7 @@ pub(crate) struct DeviceCtx {
     pub(crate) single_thread: bool,
     pub(crate) sticky: Sticky,
     /// The longest a worker waits for the stream's queued work before it poisons the
-    /// outputs of a failed launch itself (the VM's timeout period; `device_launch.rs`).
+    /// outputs of a failed launch itself (the VM's timeout period; `engine/device_launch/completion.rs`).
     pub(crate) drain_bound: std::time::Duration,
 }
 
