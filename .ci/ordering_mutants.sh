@@ -3,7 +3,8 @@
 # models catch. Not part of .ci/run (a full run takes about 30 minutes on 2 cores).
 #
 # For every site in ivm-core's sources, in ivm-std's engine token (engine/drive/token.rs,
-# engine/drive/single_waits.rs), in what drives it (engine/core.rs, engine/submission.rs, engine/helping.rs) and
+# engine/drive/single_waits.rs), in what drives it (engine/core.rs, engine/submission.rs,
+# engine/backpressure.rs, engine/helping.rs) and
 # in its shutdown gate (engine/gate.rs) —
 # or in the files named on the command line (ivm-std's `model/thread_ctx.rs` and
 # `model/express.rs`, ivm-engine's
@@ -15,7 +16,8 @@
 #   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
 # then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
 # models for an ivm-core mutant, ivm-std's gate, wake-path, helper, awaited-release,
-# single-thread-wait, caller-runs and express models for an ivm-std mutant, ivm-engine's
+# backpressure, single-thread-wait, caller-runs and express models for an ivm-std mutant
+# (or those MUTANT_STD_MODELS names), ivm-engine's
 # models for an ivm-engine mutant; each binary runs its models one at a time (faster on 2
 # cores, see .ci/loom.sh). A
 # mutant is *killed* when a model fails (or does not build), *survives* when
@@ -24,6 +26,8 @@
 #   bash .ci/ordering_mutants.sh                       # every site
 #   bash .ci/ordering_mutants.sh crates/ivm-core/src/notifier.rs   # the sites of some files
 #   MUTANT_TIMEOUT=900 bash .ci/ordering_mutants.sh    # seconds per mutant (default 600)
+#   MUTANT_STD_MODELS="loom_backpressure loom_awaited" bash .ci/ordering_mutants.sh \
+#       crates/ivm-std/src/engine/backpressure.rs      # only these ivm-std models (faster)
 #
 # A mutant whose models run past the timeout counts as killed (loom reports lost wake-ups
 # as deadlocks quickly; a timeout means the model no longer terminates). Sources are
@@ -36,7 +40,7 @@ timeout_s="${MUTANT_TIMEOUT:-600}"
 if [ "$#" -gt 0 ]; then
     files=("$@")
 else
-    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs | grep -v "/tests.rs$"; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/submission.rs; echo crates/ivm-std/src/engine/helping.rs; echo crates/ivm-std/src/engine/gate.rs)
+    mapfile -t files < <(ls crates/ivm-core/src/*.rs crates/ivm-core/src/list/*.rs crates/ivm-core/src/mpsc/*.rs | grep -v "/tests.rs$"; echo crates/ivm-std/src/engine/drive/token.rs; echo crates/ivm-std/src/engine/drive/single_waits.rs; echo crates/ivm-std/src/engine/core.rs; echo crates/ivm-std/src/engine/submission.rs; echo crates/ivm-std/src/engine/backpressure.rs; echo crates/ivm-std/src/engine/helping.rs; echo crates/ivm-std/src/engine/gate.rs)
 fi
 backup="$(mktemp -d)"
 restore() {
@@ -105,10 +109,12 @@ EOF
 models() {
     case "$1" in
         crates/ivm-std/*)
+            local tests=() t
+            for t in ${MUTANT_STD_MODELS:-loom_gate loom_wake_path loom_helpers loom_single_waits loom_caller_runs loom_express loom_awaited loom_backpressure}; do
+                tests+=(--test "$t")
+            done
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \
-                --target-dir target/mutants -p ivm-std --test loom_gate --test loom_wake_path --test loom_helpers \
-                --test loom_single_waits --test loom_caller_runs --test loom_express \
-                --test loom_awaited \
+                --target-dir target/mutants -p ivm-std "${tests[@]}" \
                 -- --skip planted --test-threads=1 ;;
         crates/ivm-engine/*)
             RUSTFLAGS="--cfg loom" timeout "$timeout_s" cargo test --quiet --release \

@@ -60,6 +60,11 @@ pub use doors::custom::{Done, InstructionPolicy};
 pub use doors::lazy::LazyGraph;
 pub use doors::{completion, custom, lazy};
 pub use engine::DebugCounters;
+/// Loom models only: backpressure's waiters and the word they sleep on
+/// (`engine/backpressure.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use engine::backpressure::{Backpressure, Waiting};
 /// Loom models only: the engine token and the scheduler's parking word (`engine/drive/token.rs`).
 #[cfg(loom)]
 #[doc(hidden)]

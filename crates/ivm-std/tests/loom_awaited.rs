@@ -14,13 +14,15 @@
 //!     bit) and records the successor in the engine; its drive then releases the job if
 //!     DONE is set (and with it readies the successor).
 //!   * `Backpressure`: a submitter about to wait for backpressure (`wait_backpressure`):
-//!     counts itself, fences (SeqCst), and drives if the word reads "dirty, unlocked".
+//!     counts itself and fences (the VM's own `Backpressure::announce`), and drives if the
+//!     word reads "dirty, unlocked"; it stays counted while it waits.
 //!
 //! Every interleaving must release the job exactly once and leave no mark undriven: a
 //! debt the worker keeps must be one nothing waits for. Planted: the worker reads the bit
 //! before its mark (`PlantedReadBeforeMark`: a holder may tell the job between the read
 //! and the mark, see it not done, and let go), the backpressured submitter does not look
-//! for a mark (`PlantedWaiterDoesNotLook`), the worker reads the count without the fence
+//! for a mark (`PlantedWaiterDoesNotLook`) or counts itself without the fence
+//! (`PlantedWaiterNoFence`), the worker reads the count without the fence
 //! (`PlantedNoFence`), or its mark is Release only (`PlantedMarkRelease`: it may miss the
 //! bit the last holder set); loom must find the release left undone in each.
 //!
@@ -28,8 +30,8 @@
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_awaited`.
 #![cfg(loom)]
 
-use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, UnsafeCell, fence};
-use ivm_std::EngineToken;
+use ivm_core::sync::{AtomicBool, AtomicU32, Ordering, UnsafeCell};
+use ivm_std::{Backpressure, EngineToken};
 
 /// `status::AWAITED` of the job.
 const AWAITED: u32 = 1;
@@ -50,8 +52,8 @@ struct Vm {
     done: AtomicBool,
     /// The job's status bits other than DONE (`AWAITED`).
     status: AtomicU32,
-    /// Submitters waiting for backpressure (`VmCore::bp_waiters`).
-    bp_waiters: AtomicUsize,
+    /// Submitters waiting for backpressure (`VmCore::backpressure`).
+    backpressure: Backpressure,
     /// The successor was pushed to the pending queue (not yet handled by the engine).
     pending: AtomicBool,
 }
@@ -69,6 +71,7 @@ enum Variant {
     Backpressure,
     PlantedReadBeforeMark,
     PlantedWaiterDoesNotLook,
+    PlantedWaiterNoFence,
     PlantedNoFence,
     PlantedMarkRelease,
 }
@@ -135,7 +138,7 @@ fn model(variant: Variant) {
             data: UnsafeCell::new(0),
             done: AtomicBool::new(false),
             status: AtomicU32::new(0),
-            bp_waiters: AtomicUsize::new(0),
+            backpressure: Backpressure::new(),
             pending: AtomicBool::new(false),
         }));
 
@@ -159,18 +162,21 @@ fn model(variant: Variant) {
             }
             // Relaxed: the mark's Acquire read the last holder's unlock.
             let awaited = early.unwrap_or_else(|| vm.status.load(Ordering::Relaxed) & AWAITED != 0);
-            if variant != Variant::PlantedNoFence {
-                // `VmCore::backpressured`.
-                fence(Ordering::SeqCst);
-            }
-            // Relaxed: ordered by the fences (store buffering with the waiter).
-            let backpressured = vm.bp_waiters.load(Ordering::Relaxed) > 0;
+            // `VmCore::backpressured`: a fence, then the count (store buffering with the
+            // waiter's count and fence).
+            let backpressured = if variant == Variant::PlantedNoFence {
+                vm.backpressure.planted_waiting_without_fence()
+            } else {
+                vm.backpressure.waiting()
+            };
             if (awaited || backpressured) && vm.wake.try_lock() {
                 vm.drive();
             }
             // Else the debt is kept: the worker runs its next instruction "for ever".
         });
 
+        // A backpressured submitter stays counted while it waits (until the end here).
+        let mut waiting = None;
         match variant {
             Variant::Successor | Variant::PlantedReadBeforeMark | Variant::PlantedMarkRelease => {
                 // A submission of the successor: push, then drive if nobody holds the
@@ -181,10 +187,16 @@ fn model(variant: Variant) {
                     vm.drive();
                 }
             }
-            Variant::Backpressure | Variant::PlantedWaiterDoesNotLook | Variant::PlantedNoFence => {
+            Variant::Backpressure
+            | Variant::PlantedWaiterDoesNotLook
+            | Variant::PlantedWaiterNoFence
+            | Variant::PlantedNoFence => {
                 // `wait_backpressure`: count, fence, pay a debt marked before our count.
-                vm.bp_waiters.fetch_add(1, Ordering::Relaxed);
-                fence(Ordering::SeqCst);
+                waiting = Some(if variant == Variant::PlantedWaiterNoFence {
+                    vm.backpressure.planted_announce_without_fence()
+                } else {
+                    vm.backpressure.announce()
+                });
                 if variant != Variant::PlantedWaiterDoesNotLook
                     && vm.wake.dirty_unlocked()
                     && vm.wake.try_lock()
@@ -197,6 +209,7 @@ fn model(variant: Variant) {
         }
 
         worker.join().unwrap();
+        drop(waiting);
         // SAFETY: both threads are joined; nobody holds the engine (checked below).
         let (released, successor) = vm
             .engine
@@ -233,6 +246,12 @@ fn planted_read_before_mark() {
 #[should_panic(expected = "released exactly once")]
 fn planted_waiter_does_not_look() {
     model(Variant::PlantedWaiterDoesNotLook);
+}
+
+#[test]
+#[should_panic(expected = "released exactly once")]
+fn planted_waiter_no_fence() {
+    model(Variant::PlantedWaiterNoFence);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use ivm_core::counter::BlockingCounter;
 use ivm_core::mpsc::MpscQueue;
 use ivm_core::notifier::Timed;
-use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
+use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering};
 use ivm_core::wait::Wait;
 
 use crate::engine::Engine;
@@ -144,8 +144,8 @@ pub(crate) struct VmCore {
     /// [submitting](crate::engine::helping::Helping::submitting) caller only when some worker may
     /// leave it a release (a hint, Relaxed: nothing is published through it).
     pub(crate) long_kernel_workers: AtomicUsize,
-    pub(crate) bp_seq: AtomicU32,
-    pub(crate) bp_waiters: AtomicUsize,
+    /// Submitters waiting for backpressure and the word they sleep on (`backpressure.rs`).
+    pub(crate) backpressure: crate::engine::backpressure::Backpressure,
     pub(crate) probes: Mutex<Vec<Probe>>,
     pub(crate) probes_flag: AtomicBool,
     pub(crate) live: [AtomicUsize; 3],
@@ -194,8 +194,7 @@ impl VmCore {
             finished: AtomicUsize::new(0),
             kept: crossbeam_utils::CachePadded::new(AtomicUsize::new(0)),
             long_kernel_workers: AtomicUsize::new(0),
-            bp_seq: AtomicU32::new(0),
-            bp_waiters: AtomicUsize::new(0),
+            backpressure: crate::engine::backpressure::Backpressure::new(),
             probes: Mutex::new(Vec::new()),
             probes_flag: AtomicBool::new(false),
             live: [
@@ -219,13 +218,12 @@ impl VmCore {
     }
 
     /// After a worker's mark: whether a submitter waits for backpressure (it does not
-    /// drive while it waits, so a release it waits for must not be left for later). The
-    /// SeqCst fence orders the mark before the load; `wait_backpressure` counts itself,
-    /// fences, then looks for a mark (store buffering: one of us sees the other).
+    /// drive while it waits, so a release it waits for must not be left for later).
+    /// `Backpressure::waiting`'s fence orders the mark before the count; `wait_backpressure`
+    /// counts itself, fences, then looks for a mark (store buffering: one of us sees the
+    /// other).
     pub(crate) fn backpressured(&self) -> bool {
-        fence(Ordering::SeqCst);
-        // Relaxed: ordered by the fences (see above).
-        self.bp_waiters.load(Ordering::Relaxed) > 0
+        self.backpressure.waiting()
     }
 
     /// A count that moves whenever an instruction finished (released, or finished with its

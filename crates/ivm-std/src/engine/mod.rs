@@ -9,6 +9,7 @@
 //! instructions back. Run by exactly one thread at a time (ARCHITECTURE.md, "who may drive
 //! the engine").
 
+pub(crate) mod backpressure;
 pub(crate) mod core;
 mod device_launch;
 pub(crate) mod drive;

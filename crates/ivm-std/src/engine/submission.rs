@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ivm_core::sync::{Ordering, fence};
+use ivm_core::sync::Ordering;
 use ivm_core::wait::Wait;
 
 use crate::engine::core::{VmCore, inside};
@@ -121,10 +121,10 @@ impl VmCore {
     fn wait_backpressure(&self) -> Result<()> {
         let _hook = self.wait_scope();
         let low = self.config.low_water_mark;
-        // Relaxed + the SeqCst fence: store-buffer pattern with `after_release` (which
-        // decrements `flying`, fences, then reads `bp_waiters`): one of us sees the other.
-        self.bp_waiters.fetch_add(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        // Counted, then a SeqCst fence (`Backpressure::announce`): store buffering with
+        // `after_release` (which decrements `flying`, fences, then reads the waiters) and
+        // with a worker's mark (`VmCore::backpressured`): one of us sees the other.
+        let waiting = self.backpressure.announce();
         // A worker may have left a release for whoever drives next (an unawaited debt,
         // `helping::Owed::leave_unless_awaited`) before it could see us: pay it, since
         // we wait for releases. One it marks after our count sees us and pays itself.
@@ -136,13 +136,13 @@ impl VmCore {
         let mut last = self.progress();
         let mut period_end = FutexWait::now().saturating_add(period);
         let r = loop {
-            // Acquire: pairs with the Release bump in `after_release`.
-            let seq = self.bp_seq.load(Ordering::Acquire);
+            // Before the count (Acquire inside: a bump we read comes with its decrement).
+            let seq = waiting.seq();
             if self.flying() < low {
                 break Ok(());
             }
             let slice = FutexWait::now().saturating_add(Duration::from_millis(10));
-            FutexWait::wait(&self.bp_seq, seq, Some(slice.min(period_end)));
+            waiting.sleep(seq, Some(slice.min(period_end)));
             if FutexWait::now() >= period_end {
                 let now = self.progress();
                 if now == last {
@@ -152,7 +152,7 @@ impl VmCore {
                 period_end = FutexWait::now().saturating_add(period);
             }
         };
-        self.bp_waiters.fetch_sub(1, Ordering::Relaxed);
+        drop(waiting);
         r
     }
 
@@ -169,15 +169,11 @@ impl VmCore {
         self.finished.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Engine, after releasing: wakes backpressured submitters below the low-water mark.
+    /// Engine, after releasing (its decrements of `flying` done): wakes backpressured
+    /// submitters below the low-water mark (`Backpressure::after_release`).
     pub(crate) fn after_release(&self, _released: usize) {
-        fence(Ordering::SeqCst);
-        if self.bp_waiters.load(Ordering::Relaxed) > 0 && self.flying() < self.config.low_water_mark
-        {
-            // Release: pairs with the waiter's Acquire load of `bp_seq`.
-            self.bp_seq.fetch_add(1, Ordering::Release);
-            FutexWait::wake_all(&self.bp_seq);
-        }
+        self.backpressure
+            .after_release(|| self.flying() < self.config.low_water_mark);
     }
 }
 
