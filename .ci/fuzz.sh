@@ -9,11 +9,13 @@
 # target in the list goes to the second lane), so that the half of them that fuzz on one
 # thread (the engine, the list, most of the queue's ops) do not leave a core idle. Each
 # target still fuzzes for FUZZ_SECONDS; the second lane's output is printed when it ends,
-# and a crash in either lane fails the script. Measured on 2026-12-04: 133 s in all, build
+# and a crash in either lane fails the script (.ci/lanes.sh). Measured on 2026-12-04: 133 s in all, build
 # included (260 s one target after another in CI's run of 5052dbb). The price: a VM target
 # beside another runs fewer inputs (vm_program 3 349 in its lane against 5 781 alone, the
 # next minute; vm_faults 110 against 108).
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source .ci/lanes.sh
 cd fuzz
 seconds="${FUZZ_SECONDS:-30}"
 max_len="${FUZZ_MAX_LEN:-4096}"
@@ -40,16 +42,10 @@ for t in $targets; do
     i=$((i + 1))
 done
 
-lane_log=$(mktemp)
-(
-    set -e
-    for t in "${second[@]}"; do fuzz_one "$t"; done
-) >"$lane_log" 2>&1 &
-lane=$!
-status=0
-for t in "${first[@]}"; do fuzz_one "$t" || { status=$?; break; }; done
-wait "$lane" || status=$?
-echo "--- second lane (${second[*]})"
-cat "$lane_log"
-rm -f "$lane_log"
-exit "$status"
+fuzz_lane() {
+    local t
+    for t in "$@"; do fuzz_one "$t" || return; done
+}
+first_lane() { fuzz_lane "${first[@]}"; }
+second_lane() { fuzz_lane "${second[@]}"; }
+two_lanes "${second[*]}" first_lane second_lane

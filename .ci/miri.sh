@@ -15,26 +15,20 @@
 # lane, about 2.3 minutes; the two reduced VM runs 64 s and about 60 s in the second,
 # about 2.1 minutes). The second lane has a target directory of
 # its own, so that the lanes never wait for each other's build lock; its output is printed
-# when it ends, and either lane failing fails the script. Measured on 2026-12-04, built,
+# when it ends, and either lane failing fails the script (.ci/lanes.sh). Measured on 2026-12-04, built,
 # alternately: 153 s one after another, 93 s in two lanes (111 s with the second lane's
 # first build).
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source .ci/lanes.sh
 export MIRIFLAGS="-Zmiri-strict-provenance -Zmiri-symbolic-alignment-check"
-lane_log=$(mktemp)
-(
-    set -e
-    cargo +nightly miri test --target-dir target/miri-lane2 -p ivm-std --test miri_vm
-    cargo +nightly miri test --target-dir target/miri-lane2 -p ivm-graph --test miri_graph
-) >"$lane_log" 2>&1 &
-lane=$!
-status=0
-{
-    cargo +nightly miri test -p ivm-core &&
-    cargo +nightly miri test -p ivm-engine --all-features &&
+unit_tests() {
+    cargo +nightly miri test -p ivm-core || return
+    cargo +nightly miri test -p ivm-engine --all-features || return
     cargo +nightly miri test -p ivm-std --lib
-} || status=$?
-wait "$lane" || status=$?
-echo "--- second lane (ivm-std tests/miri_vm.rs, ivm-graph tests/miri_graph.rs)"
-cat "$lane_log"
-rm -f "$lane_log"
-exit "$status"
+}
+reduced_vm_runs() {
+    cargo +nightly miri test --target-dir target/miri-lane2 -p ivm-std --test miri_vm || return
+    cargo +nightly miri test --target-dir target/miri-lane2 -p ivm-graph --test miri_graph
+}
+two_lanes "ivm-std tests/miri_vm.rs, ivm-graph tests/miri_graph.rs" unit_tests reduced_vm_runs

@@ -13,7 +13,8 @@
 # planted on purpose):
 #   * each Acquire / Release / AcqRel / SeqCst in code is replaced by Relaxed, one at a
 #     time (a `fence(..)` call is deleted instead: a Relaxed fence is not allowed);
-#   * each `W::wake_one(..)` / `W::wake_all(..)` call is deleted, one at a time;
+#   * each `W::wake_one(..)` / `W::wake_all(..)` call (ivm-std: `FutexWait::`) is deleted,
+#     one at a time;
 # then the non-planted loom models run at LOOM_MAX_PREEMPTIONS (default 2): ivm-core's
 # models for an ivm-core mutant, ivm-std's gate, wake-path, helper, awaited-release,
 # backpressure, single-thread-wait, caller-runs and express models for an ivm-std mutant
@@ -80,9 +81,9 @@ for n, line in enumerate(lines):
         continue
     for m in re.finditer(r"\b(Ordering::)?(Acquire|Release|AcqRel|SeqCst)\b", code):
         print(f"{n + 1}\t{m.start()}\trelax\t{m.group(2)} -> Relaxed")
-    m = re.search(r"\bW::(wake_one|wake_all)\([^;]*\);", code)
+    m = re.search(r"\b(W|FutexWait)::(wake_one|wake_all)\([^;]*\);", code)
     if m:
-        print(f"{n + 1}\t{m.start()}\tdelete-wake\t{m.group(1)} deleted")
+        print(f"{n + 1}\t{m.start()}\tdelete-wake\t{m.group(2)} deleted")
 EOF
 }
 
@@ -100,7 +101,7 @@ if kind == "relax":
 elif kind == "delete-fence":
     s = re.sub(r"\bfence\([^)]*\)", "()", s, count=1)
 elif kind == "delete-wake":
-    s = re.sub(r"\bW::(wake_one|wake_all)\([^;]*\);", "();", s, count=1)
+    s = re.sub(r"\b(W|FutexWait)::(wake_one|wake_all)\([^;]*\);", "();", s, count=1)
 lines[line - 1] = s
 open(path, "w").write("\n".join(lines))
 EOF

@@ -22,7 +22,7 @@
 //!
 //! The modes run side by side (`runs.rs`): each trains its own copy of the model, one
 //! epoch at a time, round-robin, the order rotated every epoch, so that the drift of a
-//! shared host hits every mode alike. `--runs N` (default 5) such runs, every one with the
+//! shared host hits every mode alike. `--runs N` (default 20) such runs, every one with the
 //! same losses. The table reports, per mode, the median and interquartile range of the
 //! ratio of each epoch's time to plain's same epoch, over all epochs of all runs; the
 //! core-to-core round trip printed with it says how much each hand-over between threads
@@ -141,7 +141,7 @@ fn parse_args() -> Result<Args, String> {
         modes: vec![Mode::Plain, Mode::Eager, Mode::Lazy],
         quiet: false,
         trace: Some(std::env::temp_dir().join("ivm-train-trace.json")),
-        runs: 5,
+        runs: 20,
         pin: true,
         data_parallel: false,
     };

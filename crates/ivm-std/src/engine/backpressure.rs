@@ -9,11 +9,11 @@
 //!   releaser decrements that count, fences and reads the waiters
 //!   ([`after_release`](Backpressure::after_release)). One of them sees the other: the
 //!   waiter sees the decrement, or the releaser sees the waiter and wakes it.
-//! * **the wake itself** (Release/Acquire): the releaser bumps the sequence word with
-//!   Release after its decrement; a waiter reads the word with Acquire
-//!   ([`Waiting::seq`]) before it looks at the count. A waiter that read the bump sees the
-//!   decrement; one that read the old value sleeps on it and is woken by the bump's wake.
-//!   `tests/loom_backpressure.rs`.
+//! * **the wake itself** (a release fence and an Acquire load): the releaser bumps the
+//!   sequence word after its decrement and its SeqCst fence (which releases the bump); a
+//!   waiter reads the word with Acquire ([`Waiting::seq`]) before it looks at the count. A
+//!   waiter that read the bump sees the decrement; one that read the old value sleeps on
+//!   it and is woken by the bump's wake. `tests/loom_backpressure.rs`.
 //! * **waiter and a worker that left a release for later** (store buffering): the waiter,
 //!   after `announce`'s fence, looks for a mark on the engine word and drives; a worker
 //!   marks the word, then asks [`waiting`](Backpressure::waiting) (a fence, then the
@@ -74,9 +74,12 @@ impl Backpressure {
         fence(Ordering::SeqCst);
         // Relaxed: ordered by the fences.
         if self.waiters.load(Ordering::Relaxed) > 0 && below_low() {
-            // Release: publishes our decrement of the count in flight to the waiter's
-            // Acquire load in `Waiting::seq`.
-            self.seq.fetch_add(1, Ordering::Release);
+            // Relaxed: the SeqCst fence above is a release fence for this bump, so a
+            // waiter whose Acquire load in `Waiting::seq` reads it sees our decrement of
+            // the count in flight (fence-to-acquire synchronisation; a Release here adds
+            // nothing: weakening it to Relaxed passes every model, and removing the fence
+            // fails `tests/loom_backpressure.rs`).
+            self.seq.fetch_add(1, Ordering::Relaxed);
             FutexWait::wake_all(&self.seq);
         }
     }
@@ -101,7 +104,7 @@ impl Backpressure {
     #[cfg(loom)]
     pub fn planted_after_release_without_fence(&self, below_low: impl FnOnce() -> bool) {
         if self.waiters.load(Ordering::Relaxed) > 0 && below_low() {
-            self.seq.fetch_add(1, Ordering::Release);
+            self.seq.fetch_add(1, Ordering::Relaxed);
             FutexWait::wake_all(&self.seq);
         }
     }
@@ -109,7 +112,7 @@ impl Backpressure {
 
 impl Waiting<'_> {
     /// The sequence word now, read before the waiter looks at the count in flight (then
-    /// passed to [`sleep`](Self::sleep)). Acquire: pairs with the Release bump in
+    /// passed to [`sleep`](Self::sleep)). Acquire: pairs with the fence before the bump in
     /// [`Backpressure::after_release`], so a waiter that reads a bump sees the decrement
     /// that came before it.
     pub fn seq(&self) -> u32 {
