@@ -112,7 +112,10 @@ mod tests {
         1_500, 50, 500, 2_100, 100, 300, 300, 1_200, 50, 100,
     ];
 
+    // Not under Miri: plain arithmetic over tens of thousands of draws (no unsafe, no
+    // atomics), which its interpreter would take most of a minute over.
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn a_periodic_stream_is_judged_by_its_average_not_by_one_phase() {
         // The old rule (every 8th, from the 8th on) saw positions 7, 15 and 23 only.
         let phase: Vec<u64> = [7, 15, 23].iter().map(|&i| DEMO_STEP[i]).collect();
@@ -132,6 +135,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn short_instructions_are_short_and_a_rare_long_one_does_not_flip_it() {
         // One 4 µs instruction in 64 of 100 ns: 0.16 µs on average.
         let mut period = vec![100u64; 64];
@@ -145,6 +149,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)]
     fn about_one_in_eight_is_timed() {
         let mut c = KernelClock::default();
         let timed = (0..80_000).filter(|_| c.sample()).count();
