@@ -1,5 +1,5 @@
 //! A graph runtime for ivm's lazy jobs: a compiled graph of kernels over its own blobs,
-//! run as actors on several threads, served through a [`LazyGraph`]'s named buffers.
+//! run as actors on several threads, served through a [`LazyGraph`](ivm_std::lazy::LazyGraph)'s named buffers.
 //!
 //! It is written against ivm-std's public lazy-job protocol ([`ivm_std::lazy`]) only, as
 //! any other graph runtime may be; the `ivm` facade re-exports it as `ivm::graph`.
@@ -46,7 +46,7 @@
 //! run are still delivered. The graph keeps serving later runs.
 //!
 //! Dropping (or [`Graph::shutdown`]) closes the job's buffers and joins the threads;
-//! every run not finished by then fails with [`Error::GraphClosed`], so no eager
+//! every run not finished by then fails with [`Error::GraphClosed`](ivm_std::Error::GraphClosed), so no eager
 //! instruction waits forever.
 //!
 //! # Examples

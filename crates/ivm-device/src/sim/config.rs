@@ -41,7 +41,7 @@ impl Latency {
     }
 }
 
-/// Configuration of a [`SimAdapter`].
+/// Configuration of a [`SimAdapter`](super::SimAdapter).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
     /// How many sim devices (`sim:0` .. `sim:{devices-1}`).

@@ -7,9 +7,9 @@
 //! they complete, as on a real device. Latencies are drawn uniformly from configurable
 //! ranges with a seeded generator ([`SimConfig`]).
 //!
-//! * [`Event::query`] is false right after [`DeviceStream::record_event`] while work is
+//! * [`Event::query`](ivm_std::Event::query) is false right after [`DeviceStream::record_event`] while work is
 //!   queued before the record; the event completes when the stream's thread reaches it,
-//!   and then runs its [`on_complete`](Event::on_complete) callbacks on that thread.
+//!   and then runs its [`on_complete`](ivm_std::Event::on_complete) callbacks on that thread.
 //! * [`DeviceStream::wait_event`] really holds back the waiting stream's queue: its thread
 //!   sleeps until the event completes.
 //! * Memory is host memory, so kernel bodies (host closures) see its bytes. The allocator
