@@ -9,7 +9,7 @@
 //!   chunk), so the VM's threads run next to the caller's work.
 //!
 //! On 2 cores the ratio of the two is `caller_work_ratio` (target ≥ 0.8; see
-//! `examples/perf_report.rs`). `cargo bench --bench caller_work`.
+//! `examples/perf_report/`). `cargo bench --bench caller_work`.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
