@@ -45,6 +45,7 @@
 //! `IVM_GRAPH_ON_CALLER=1` makes the lazy mode's graph run on the caller that waits for its
 //! loss (`GraphBuilder::run_on_caller`).
 
+mod args;
 mod data;
 #[cfg(feature = "mpi")]
 mod dp;
@@ -53,6 +54,7 @@ mod modes;
 mod pin;
 mod plots;
 mod program;
+mod report;
 mod runs;
 mod trace;
 
@@ -65,148 +67,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ivm::ivm_device::sim::{Latency, SimAdapter, SimConfig};
 use ivm::ivm_std::{Config, Device, Stream, StreamId, StreamType, VirtualMachine};
 
+use args::{Args, DeviceArg, Mode, parse_args};
 use kernels::Adam;
 use modes::{Plain, TrainRows, Trainer, Weights};
 use program::Program;
-
-/// Where the VM runs the kernels.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum DeviceArg {
-    Cpu,
-    /// The simulated accelerator with this launch latency.
-    Sim(Duration),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Plain,
-    Eager,
-    /// Eager on the sim device with the batch copies on the compute stream (no overlap).
-    EagerOneStream,
-    Lazy,
-}
-
-impl Mode {
-    /// The trace's process id of this mode.
-    fn pid(self) -> u32 {
-        match self {
-            Mode::Plain => 1,
-            Mode::Eager => 2,
-            Mode::Lazy => 3,
-            Mode::EagerOneStream => 4,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Plain => "plain",
-            Mode::Eager => "eager",
-            Mode::Lazy => "lazy",
-            Mode::EagerOneStream => "eager-1s",
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Args {
-    epochs: usize,
-    batch: usize,
-    hidden: usize,
-    lr: f32,
-    seed: u64,
-    device: DeviceArg,
-    modes: Vec<Mode>,
-    quiet: bool,
-    trace: Option<std::path::PathBuf>,
-    runs: usize,
-    /// Every mode's kernels on one CPU, the caller on another (`pin.rs`); `--no-pin`
-    /// leaves placement to the OS.
-    pin: bool,
-    /// `--data-parallel`: train over MPI ranks (`dp.rs`).
-    data_parallel: bool,
-}
-
-const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
-[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] \
-[--data-parallel (under mpirun; build with --features mpi)]";
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        epochs: 150,
-        batch: 64,
-        hidden: 256,
-        lr: 3e-3,
-        seed: 42,
-        device: DeviceArg::Cpu,
-        modes: vec![Mode::Plain, Mode::Eager, Mode::Lazy],
-        quiet: false,
-        trace: Some(std::env::temp_dir().join("ivm-train-trace.json")),
-        runs: 20,
-        pin: true,
-        data_parallel: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let (flag, inline) = match flag.split_once('=') {
-            Some((f, v)) => (f.to_string(), Some(v.to_string())),
-            None => (flag, None),
-        };
-        let mut value = |name: &str| {
-            inline
-                .clone()
-                .or_else(|| it.next())
-                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
-        };
-        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
-            v.parse()
-                .map_err(|_| format!("{flag}: `{v}` is not a valid number"))
-        }
-        match flag.as_str() {
-            "--epochs" => a.epochs = num(&flag, value(&flag)?)?,
-            "--batch-size" => a.batch = num(&flag, value(&flag)?)?,
-            "--hidden" => a.hidden = num(&flag, value(&flag)?)?,
-            "--lr" => a.lr = num(&flag, value(&flag)?)?,
-            "--seed" => a.seed = num(&flag, value(&flag)?)?,
-            "--runs" => a.runs = num(&flag, value(&flag)?)?,
-            "--quiet" | "-q" => a.quiet = true,
-            "--data-parallel" => a.data_parallel = true,
-            "--trace" => a.trace = Some(value(&flag)?.into()),
-            "--no-trace" => a.trace = None,
-            "--no-pin" => a.pin = false,
-            "--device" => {
-                let v = value(&flag)?;
-                a.device = match v.as_str() {
-                    "cpu" => DeviceArg::Cpu,
-                    s if s.starts_with("sim") => {
-                        let us = s
-                            .strip_prefix("sim:")
-                            .map(|n| num::<u64>("--device sim:<latency_us>", n.to_string()))
-                            .transpose()?
-                            .unwrap_or(5);
-                        DeviceArg::Sim(Duration::from_micros(us))
-                    }
-                    _ => return Err(format!("--device: `{v}`: expected cpu or sim:<latency_us>")),
-                }
-            }
-            "--mode" => {
-                let v = value(&flag)?;
-                a.modes = match v.as_str() {
-                    "all" => vec![Mode::Plain, Mode::Eager, Mode::Lazy],
-                    "plain" => vec![Mode::Plain],
-                    "eager" => vec![Mode::Eager],
-                    "lazy" => vec![Mode::Lazy],
-                    _ => return Err(format!("--mode: `{v}`: expected all, plain, eager or lazy")),
-                }
-            }
-            "--help" | "-h" => return Err(USAGE.to_string()),
-            _ => return Err(format!("unknown flag `{flag}`\n{USAGE}")),
-        }
-    }
-    if a.epochs == 0 || a.batch == 0 || a.hidden == 0 || a.runs == 0 {
-        return Err("--epochs, --batch-size, --hidden and --runs must be positive".into());
-    }
-    Ok(a)
-}
+use report::{check_determinism, core_round_trip, percentile, same_bits, where_time_goes};
 
 /// What one training run produced.
 struct Run {
@@ -351,144 +216,6 @@ fn new_vm(device: DeviceArg) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Op
             Ok((vm, s, Some(h2d)))
         }
     }
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-/// The per-step breakdown of each mode's last epoch, from the trace.
-fn where_time_goes(runs: &[Run], spe: usize) {
-    println!();
-    println!("where the last epoch's time goes, µs per step (from the trace):");
-    println!(
-        "| mode     | wall | kernels | graph protocol | h2d copies | caller run (build+submit) | caller waits in read | wall - kernels |"
-    );
-    println!(
-        "|----------|-----:|--------:|---------------:|-----------:|--------------------------:|---------------------:|---------------:|"
-    );
-    for r in runs {
-        let c = trace::per_step(r.mode.pid(), spe);
-        let get = |k| c.get(&k).copied().unwrap_or(0.0);
-        let wall = r.last_epoch.as_secs_f64() * 1e6 / spe as f64;
-        let kernels = get(trace::Cat::Kernel);
-        println!(
-            "| {:<8} | {wall:>4.0} | {kernels:>7.1} | {:>14.1} | {:>10.1} | {:>25.1} | {:>20.1} | {:>14.1} |",
-            r.mode.name(),
-            get(trace::Cat::Protocol),
-            get(trace::Cat::Copy),
-            get(trace::Cat::Submit),
-            get(trace::Cat::Read),
-            wall - kernels
-        );
-    }
-}
-
-/// The round trip of one cache line between two threads spinning on it (each waits for the
-/// other's store): the least any hand-over between the VM's threads costs on this machine
-/// right now. Spinning yields now and then, so two threads sharing a CPU still finish.
-fn core_round_trip() -> Duration {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const N: u32 = 5_000;
-    fn wait_for(flag: &AtomicU32, v: u32) {
-        let mut spins = 0u32;
-        // Acquire: pairs with the other thread's Release store (a real hand-over).
-        while flag.load(Ordering::Acquire) != v {
-            spins += 1;
-            if spins.is_multiple_of(1024) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-    }
-    let flag = Arc::new(AtomicU32::new(0));
-    let peer = flag.clone();
-    let h = std::thread::spawn(move || {
-        for i in 0..N {
-            wait_for(&peer, 2 * i + 1);
-            peer.store(2 * i + 2, Ordering::Release);
-        }
-    });
-    wait_for(&flag, 0);
-    let t0 = Instant::now();
-    for i in 0..N {
-        flag.store(2 * i + 1, Ordering::Release);
-        wait_for(&flag, 2 * i + 2);
-    }
-    let e = t0.elapsed();
-    let _ = h.join();
-    e / N
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i].as_secs_f64() * 1e6
-}
-
-/// Compares every run's losses and weights with the first run's, bit for bit.
-fn check_determinism(runs: &[Run]) -> Result<String, String> {
-    let Some(reference) = runs.first() else {
-        return Ok("no run".into());
-    };
-    if runs.len() < 2 {
-        return Ok(format!(
-            "only {} ran: nothing to compare (use --mode all)",
-            reference.mode.name()
-        ));
-    }
-    for r in &runs[1..] {
-        if r.losses.len() != reference.losses.len() {
-            return Err(format!(
-                "{} ran {} steps, {} ran {}",
-                r.mode.name(),
-                r.losses.len(),
-                reference.mode.name(),
-                reference.losses.len()
-            ));
-        }
-        if let Some((i, (a, b))) = reference
-            .losses
-            .iter()
-            .zip(&r.losses)
-            .enumerate()
-            .find(|(_, (a, b))| a.to_bits() != b.to_bits())
-        {
-            return Err(format!(
-                "step {i}: {} loss {a:e} ({:#010x}) but {} loss {b:e} ({:#010x})",
-                reference.mode.name(),
-                a.to_bits(),
-                r.mode.name(),
-                b.to_bits()
-            ));
-        }
-        let same = reference
-            .weights
-            .iter()
-            .zip(&r.weights)
-            .all(|((wa, ba), (wb, bb))| {
-                let eq = |x: &[f32], y: &[f32]| {
-                    x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-                };
-                eq(wa, wb) && eq(ba, bb)
-            });
-        if !same {
-            return Err(format!(
-                "the final weights of {} and {} differ",
-                reference.mode.name(),
-                r.mode.name()
-            ));
-        }
-    }
-    let names: Vec<_> = runs.iter().map(|r| r.mode.name()).collect();
-    Ok(format!(
-        "per-step losses ({} steps) and final weights bit-identical across {}",
-        reference.losses.len(),
-        names.join(", ")
-    ))
 }
 
 fn main() -> ExitCode {
