@@ -277,9 +277,19 @@ impl VmCore {
         self.live[2].store(e, Ordering::Relaxed);
     }
 
+    /// Whether a probe may be waiting (a hint: the probes themselves are taken under
+    /// the mutex, [`take_probes`](Self::take_probes)).
+    ///
+    /// Relaxed is enough, on both sides: a reader that sees the flag a submitter set
+    /// after its unlock cannot then take the mutex before that unlock. Had it locked
+    /// first, its unlock would happen before the submitter's lock, hence before the
+    /// flag's store, and its load (sequenced before its lock) could not read that store.
+    /// So a set flag always finds the probe that set it, and the mutex publishes it. (The
+    /// scheduler asleep is woken by `submit_probe`'s unpark, whose own Release/Acquire
+    /// makes the flag visible to its look after the wake.) Weakening the Release/Acquire
+    /// pair this used to have to Relaxed passed every model (`.ci/ordering_mutants.sh`).
     pub(crate) fn probes_submitted(&self) -> bool {
-        // Acquire: pairs with the Release store in `submit_probe`.
-        self.probes_flag.load(Ordering::Acquire)
+        self.probes_flag.load(Ordering::Relaxed)
     }
 
     pub(crate) fn take_probes(&self) -> Vec<Probe> {
@@ -291,13 +301,20 @@ impl VmCore {
 
     pub(crate) fn submit_probe(&self, p: Probe) {
         lock(&self.probes).push(p);
-        // Release: the probe (pushed under the mutex) is there when the flag is seen.
-        self.probes_flag.store(true, Ordering::Release);
+        // Relaxed: after our unlock, so whoever sees it set finds the probe under the
+        // mutex (see `probes_submitted`).
+        self.probes_flag.store(true, Ordering::Relaxed);
         self.parking.unpark();
     }
 
     pub(crate) fn stop_requested(&self) -> bool {
-        // Acquire: pairs with the Release store in shutdown.
+        // Acquire: pairs with shutdown's Release store (`vm/lifecycle.rs`), made after
+        // the gate emptied (`Gate::wait_until_empty`, Acquire), so every push of a caller
+        // that got through the gate happens before a load that sees the flag: the
+        // scheduler's look at the pending queue after it (`scheduler_loop`'s exit check)
+        // finds those pushes, and it never exits with one undrained. No loom model runs
+        // shutdown against the scheduler: weakened to Relaxed, this survives the ordering
+        // mutants (ARCHITECTURE.md, "Testing and CI").
         self.stop.load(Ordering::Acquire)
     }
 
