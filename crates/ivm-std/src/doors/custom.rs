@@ -10,8 +10,8 @@
 //! * it completes the instruction once: [`Done::complete`] and [`Done::fail`] consume it;
 //! * dropped without being fired, it fails the instruction with an error naming it
 //!   (its outputs are poisoned, their readers get the error) — never a hang;
-//! * fired after its VM is gone (dropped, or shut down without waiting for it), it does no
-//!   harm and returns [`Error::ShutDown`];
+//! * fired after its VM is gone (its `VirtualMachine` dropped, whether the drop's shutdown
+//!   waited for the handle or gave up), it does no harm and returns [`Error::ShutDown`];
 //! * fired during [`InstructionPolicy::launch`], it takes effect when `launch` returns:
 //!   the operands lent to `launch` stay the instruction's own until then.
 //!
@@ -25,15 +25,15 @@
 //! device work on [`KernelCtx::device_stream`] and fires the handle when that work is
 //! enqueued (then, like a kernel, it is ordered by the device queue) or done.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::engine::core::VmCore;
-use crate::engine::execute::{first_poison, panic_message};
+use crate::engine::execute::first_poison;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Callback, Completion, KernelCtx, Operands};
 use crate::util::error::{Error, Failure, Result};
 use crate::util::lock;
+use crate::util::panics::catch;
 
 /// What a custom instruction does when it runs (OneFlow's `InstructionPolicy`). Closures
 /// `FnOnce(&mut KernelCtx, Done)` are policies.
@@ -64,7 +64,8 @@ use crate::util::lock;
 pub trait InstructionPolicy: Send + 'static {
     /// Runs the instruction, once, on its stream's thread, when every instruction it
     /// depends on has completed. `ctx` lends its operands for this call; `done` completes
-    /// it, now or later, from any thread. A panic fails the instruction.
+    /// it, now or later, from any thread. A panic fails the instruction, even after
+    /// `done` was handed to another thread (firing it later returns an error).
     fn launch(self: Box<Self>, ctx: &mut KernelCtx<'_>, done: Done);
 
     /// Whether `launch` always fires its handle before it returns. Then the instruction
@@ -105,6 +106,8 @@ struct Shared {
     /// `launch` has not returned yet: a firing waits here for it.
     launching: bool,
     fired: Option<std::result::Result<(), Failure>>,
+    /// Why the instruction failed without this handle, once it has.
+    failed_without: Option<&'static str>,
 }
 
 /// The right to complete one custom instruction (see the [module docs](self)).
@@ -135,7 +138,8 @@ impl Done {
     /// # Errors
     /// [`Error::ShutDown`] if its VM is gone (the instruction was abandoned; nothing else
     /// happens); [`Error::InvalidArgument`] naming the instruction if it was already
-    /// failed because its policy promised
+    /// failed without this handle: its launch panicked (after handing the handle away),
+    /// or its policy promised
     /// [`completes_during_launch`](InstructionPolicy::completes_during_launch) and its
     /// launch returned without firing this handle.
     pub fn complete(mut self) -> Result<()> {
@@ -158,16 +162,21 @@ impl Done {
 
     fn fire(&mut self, result: std::result::Result<(), Failure>) -> Result<()> {
         self.fired = true;
-        let gone = self.vm.strong_count() == 0;
+        let gone = self
+            .vm
+            .upgrade()
+            .is_none_or(|core| core.is_handle_dropped());
         let mut s = lock(&self.shared);
         if s.completion.is_none() {
+            let why = s.failed_without.unwrap_or("it was completed");
             return Err(Error::InvalidArgument(format!(
-                "{}: already failed (its policy promised to complete during launch, and \
-                 the launch returned without firing its handle)",
+                "{}: already failed ({why})",
                 self.label
             )));
         }
         if s.launching {
+            // Takes effect when the launch returns; a launch that then panics fails the
+            // instruction instead (this call cannot know that yet).
             s.fired = Some(result);
         } else if let Some(c) = s.completion.take() {
             drop(s);
@@ -212,7 +221,7 @@ pub(crate) fn run(
         let mut policy = policy;
         if let Some(p) = policy.get_mut() {
             let error = f.poison_error();
-            let _ = catch_unwind(AssertUnwindSafe(|| p.poisoned(&error)));
+            let _ = catch(|| p.poisoned(&error));
         }
         drop(policy);
         completion.complete(Err(f));
@@ -222,6 +231,7 @@ pub(crate) fn run(
         completion: Some(completion),
         launching: true,
         fired: None,
+        failed_without: None,
     }));
     let done = Done {
         shared: shared.clone(),
@@ -237,14 +247,17 @@ pub(crate) fn run(
             outputs: outs,
             stream: device_stream,
         };
-        catch_unwind(AssertUnwindSafe(|| policy.launch(&mut ctx, done)))
+        catch(|| policy.launch(&mut ctx, done))
     };
     let mut s = lock(&shared);
     s.launching = false;
+    // A panic fails the instruction whether or not the handle escaped first: the operands
+    // were lent for the launch only, and what it left in them is not to be trusted. (A
+    // handle dropped by the unwinding stashed a dropped-handle failure: the panic is the
+    // better answer.) An escaped handle fired later is told why it came too late.
     let result = match ran {
-        Err(payload) => {
-            let message = panic_message(&*payload);
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+        Err(message) => {
+            s.failed_without = Some("its launch panicked");
             Some(Err(Failure {
                 instruction: label,
                 message: format!("its launch panicked: {message}").into(),
@@ -253,25 +266,24 @@ pub(crate) fn run(
         }
         Ok(()) => match s.fired.take() {
             Some(r) => Some(r),
-            None if during_launch => Some(Err(Failure {
-                instruction: label,
-                message: "its policy promised to complete during launch; the launch \
-                          returned without firing its handle"
-                    .into(),
-                panicked: false,
-            })),
+            None if during_launch => {
+                s.failed_without = Some(
+                    "its policy promised to complete during launch, and the launch \
+                     returned without firing its handle",
+                );
+                Some(Err(Failure {
+                    instruction: label,
+                    message: "its policy promised to complete during launch; the launch \
+                              returned without firing its handle"
+                        .into(),
+                    panicked: false,
+                }))
+            }
             // Completed later, by whoever holds the handle.
             None => None,
         },
     };
-    // A panic while the handle was still inside `launch` dropped it (a dropped-handle
-    // failure, stashed): the panic is the better answer. A handle that escaped before the
-    // panic keeps the completion: whoever holds it completes it.
-    let escaped = matches!(result, Some(Err(ref f)) if f.panicked)
-        && s.fired.is_none()
-        && s.completion.is_some()
-        && Arc::strong_count(&shared) > 1;
-    let c = if result.is_some() && !escaped {
+    let c = if result.is_some() {
         s.completion.take()
     } else {
         None

@@ -39,15 +39,38 @@ thread_local! {
 /// While alive, the calling thread waits for (or, in single-thread mode, runs) its VM's
 /// work: the VM's [`WaitHook`] was told before, and is told after on drop (see
 /// [`VmCore::wait_scope`]).
+///
+/// The hook is user code. A panic in `before_wait` is held while the wait goes on (the
+/// VM's work is in flight: a callback may borrow the caller's stack), `after_wait` is
+/// still called, and the first panic resumes on the calling thread when the scope ends,
+/// unless the thread is already unwinding. Either way this thread's hook state is
+/// restored, so that the next wait calls the hook again.
 pub(crate) struct WaitScope {
     hook: Option<(Arc<dyn WaitHook>, usize)>,
+    panicked: Option<Box<dyn std::any::Any + Send>>,
 }
 
 impl Drop for WaitScope {
     fn drop(&mut self) {
-        if let Some((hook, prev)) = self.hook.take() {
-            hook.after_wait();
-            IN_WAIT_HOOK.with(|c| c.set(prev));
+        let Some((hook, prev)) = self.hook.take() else {
+            return;
+        };
+        let after = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook.after_wait()));
+        IN_WAIT_HOOK.with(|c| c.set(prev));
+        let payload = match (self.panicked.take(), after) {
+            (Some(first), later) => {
+                if let Err(p) = later {
+                    crate::util::panics::drop_payload(p);
+                }
+                first
+            }
+            (None, Err(p)) => p,
+            (None, Ok(())) => return,
+        };
+        if std::thread::panicking() {
+            crate::util::panics::drop_payload(payload);
+        } else {
+            std::panic::resume_unwind(payload);
         }
     }
 }
@@ -166,6 +189,10 @@ pub(crate) struct VmCore {
     /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
     /// with a bound, where a join would block for as long as the engine stays lively.
     pub(crate) scheduler_running: BlockingCounter<FutexWait>,
+    /// The user's `VirtualMachine` handle is dropped: work still in flight (a custom
+    /// instruction's `Done` held elsewhere) is abandoned, though VM threads that gave up
+    /// waiting for it may still hold this core.
+    handle_dropped: AtomicBool,
 }
 
 impl VmCore {
@@ -207,6 +234,7 @@ impl VmCore {
             stats: crate::engine::stats::StatsCells::new(),
             foreign: OnceLock::new(),
             scheduler_running: BlockingCounter::new(1),
+            handle_dropped: AtomicBool::new(false),
             config,
         }
     }
@@ -256,6 +284,18 @@ impl VmCore {
 
     pub(crate) fn is_shut(&self) -> bool {
         self.gate.is_closed()
+    }
+
+    /// The `VirtualMachine` handle's drop ends here (its shutdown done or given up).
+    pub(crate) fn mark_handle_dropped(&self) {
+        // Relaxed: nothing is published through it; a reader that happens-after the drop
+        // (a `Done` sent to another thread afterwards) sees it by coherence.
+        self.handle_dropped.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the user's handle to this VM is gone (see `mark_handle_dropped`).
+    pub(crate) fn is_handle_dropped(&self) -> bool {
+        self.handle_dropped.load(Ordering::Relaxed)
     }
 
     /// Rejects calls from this VM's own threads/kernels/callbacks and after shutdown.
@@ -351,15 +391,23 @@ impl VmCore {
     /// the same VM on this thread.
     pub(crate) fn wait_scope(&self) -> WaitScope {
         let Some(hook) = self.foreign.get().and_then(|h| h.wait.clone()) else {
-            return WaitScope { hook: None };
+            return WaitScope {
+                hook: None,
+                panicked: None,
+            };
         };
         let prev = IN_WAIT_HOOK.with(|c| c.replace(self.id));
         if prev == self.id {
-            return WaitScope { hook: None };
+            return WaitScope {
+                hook: None,
+                panicked: None,
+            };
         }
-        hook.before_wait();
+        let panicked =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook.before_wait())).err();
         WaitScope {
             hook: Some((hook, prev)),
+            panicked,
         }
     }
 

@@ -9,7 +9,6 @@
 //!   completion dropped unfired fails it;
 //! * **launched on an asynchronous device stream** (sim, cuda): `device_launch.rs`.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
@@ -19,6 +18,7 @@ use crate::device::DeviceStream;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Body, Completion, Instruction, KernelCtx, Kind, status};
 use crate::util::error::Failure;
+use crate::util::panics::catch;
 
 // ---- running a body on the calling thread ------------------------------------------
 
@@ -28,16 +28,6 @@ pub(crate) fn first_poison<'a>(blobs: impl IntoIterator<Item = &'a Arc<Blob>>) -
         panicked: false,
         ..p
     })
-}
-
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
 }
 
 /// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
@@ -141,7 +131,7 @@ fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
     let outputs = body.outputs.as_slice();
     let small = &instr.small;
     let stream: &dyn DeviceStream = &*instr.stream.dev.stream;
-    let result = catch_unwind(AssertUnwindSafe(|| match kind {
+    let result = catch(|| match kind {
         Kind::Noop
         | Kind::Free
         | Kind::StreamWait { .. }
@@ -186,20 +176,12 @@ fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
             small.with(|p| unsafe { dst.copy_from_slice(&(&*p)[..len]) });
         }
         Kind::Barrier(f) => f(),
-    }));
-    match result {
-        Ok(()) => None,
-        Err(payload) => {
-            let message = panic_message(&*payload);
-            // Drop the payload here, catching a panicking drop too.
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
-            Some(Failure {
-                instruction: instr.label().into(),
-                message: message.into(),
-                panicked: true,
-            })
-        }
-    }
+    });
+    result.err().map(|message| Failure {
+        instruction: instr.label().into(),
+        message: message.into(),
+        panicked: true,
+    })
 }
 
 // ---- bodies that complete later ---------------------------------------------------
@@ -270,7 +252,7 @@ pub(crate) fn run_deferred(instr: &Arc<Instruction>, may_block: bool) -> bool {
         instr: Some(instr.clone()),
     };
     // A panic drops the completion during unwinding, which fails the instruction.
-    let _ = catch_unwind(AssertUnwindSafe(move || f(c, may_block)));
+    let _ = catch(move || f(c, may_block));
     // Release: pairs with the engine's Acquire in `can_run_protocol_inline`: this body's
     // effects (its pushes) happen before a later step of the stream that the engine runs
     // on another thread.

@@ -118,7 +118,7 @@ pub fn interpret<K: Kernels + ?Sized>(program: &Program, kernels: &K) -> Trace {
                         kernels.apply(k.id, &iv, &mut ov);
                     }));
                     match r {
-                        Err(p) => Some(crate::engine::execute::panic_message(&*p)),
+                        Err(p) => Some(crate::util::panics::panic_message(&*p)),
                         Ok(()) if k.panic => Some(planned_panic_message(i)),
                         Ok(()) => {
                             for (&t, v) in outs.iter().zip(ov) {

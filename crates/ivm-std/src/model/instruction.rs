@@ -132,8 +132,18 @@ impl<F: ?Sized + Send + 'static> Callback<F> {
 
 impl<F: ?Sized + Send + 'static> Drop for Callback<F> {
     fn drop(&mut self) {
-        if let (Some(f), Some(sink)) = (self.f.take(), self.sink.take()) {
-            sink.send(crate::Captures::new(Box::new(f)));
+        // The sink and the closure's captures are user code: a panic is caught (dropping
+        // a callback happens on VM threads, inside engine steps).
+        match (self.f.take(), self.sink.take()) {
+            (Some(f), Some(sink)) => {
+                let _ = crate::util::panics::catch(move || {
+                    sink.send(crate::Captures::new(Box::new(f)));
+                });
+            }
+            (Some(f), None) => {
+                let _ = crate::util::panics::drop_caught(f);
+            }
+            (None, _) => {}
         }
     }
 }

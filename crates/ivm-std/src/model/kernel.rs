@@ -219,6 +219,13 @@ impl KernelFn {
     }
 }
 
+/// Hands an unrun closure's captures to the sink. The sink and the captures' `Drop` are
+/// user code: their panics are caught, so that dropping a kernel never unwinds (it happens
+/// on VM threads, inside engine steps).
+fn send_to(sink: Arc<dyn DropSink>, captures: Box<dyn Send>) {
+    let _ = crate::util::panics::catch(move || sink.send(Captures::new(captures)));
+}
+
 impl Drop for KernelFn {
     fn drop(&mut self) {
         let sink = self.sink.take();
@@ -227,21 +234,26 @@ impl Drop for KernelFn {
                 // SAFETY: not called (`call` never drops `self`), so `buf` still holds the
                 // `F`; moved out exactly once here, never dropped in place.
                 let b = unsafe { boxed(buf.as_mut_ptr()) };
-                sink.send(Captures::new(b));
+                send_to(sink, b);
             }
             (Repr::Inline { buf, drop, .. }, None) => {
-                // SAFETY: as above; dropped exactly once here.
-                unsafe { drop(buf.as_mut_ptr()) }
+                let (buf, drop) = (buf.as_mut_ptr(), *drop);
+                // SAFETY: as above; dropped exactly once here (a panicking drop has
+                // dropped what it could: the bytes are never touched again).
+                let _ = crate::util::panics::catch(|| unsafe { drop(buf) });
             }
-            (Repr::Boxed(_), Some(sink)) => {
+            (Repr::Boxed(_), sink) => {
                 // A zero-sized stand-in: no allocation.
                 let empty = Repr::Boxed(Box::new(|_: &mut KernelCtx<'_>| {}));
                 if let Repr::Boxed(f) = core::mem::replace(&mut self.repr, empty) {
-                    sink.send(Captures::new(Box::new(f)));
+                    match sink {
+                        Some(sink) => send_to(sink, Box::new(f)),
+                        None => {
+                            let _ = crate::util::panics::drop_caught(f);
+                        }
+                    }
                 }
             }
-            // Dropped with `self`.
-            (Repr::Boxed(_), None) => {}
         }
     }
 }

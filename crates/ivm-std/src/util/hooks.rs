@@ -28,7 +28,10 @@ use std::sync::Arc;
 /// callback), between the two calls: that work must take the foreign lock itself if it
 /// needs it, as it would on a worker thread.
 ///
-/// The hook must not call into the VM.
+/// The hook must not call into the VM. If it panics, the wait goes on regardless (the
+/// VM's work may borrow the caller's memory), `after_wait` is still called, and the panic
+/// resumes on the calling thread when the call's wait is over; the hook stays installed
+/// and is called around the next wait as before.
 ///
 /// # Examples
 ///

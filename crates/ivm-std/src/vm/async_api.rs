@@ -108,10 +108,10 @@ impl VirtualMachine {
             let c = c.on_stream(&stream);
             let done = completer_for(slot, t, &stream);
             let cb = move |b: &[u8]| {
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)));
-                done.complete(r.map_err(|p| Error::KernelPanicked {
+                let r = crate::util::panics::catch(|| f(b));
+                done.complete(r.map_err(|message| Error::KernelPanicked {
                     instruction: "access_async".into(),
-                    message: crate::engine::execute::panic_message(&*p),
+                    message,
                 }));
             };
             let instr = Instruction::new(

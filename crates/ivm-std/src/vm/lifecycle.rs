@@ -282,8 +282,10 @@ impl Drop for VirtualMachine {
             self.shared.core.gate.close();
             self.shared.core.stop.store(true, Ordering::Release);
             self.shared.core.parking.unpark();
+            self.shared.core.mark_handle_dropped();
             return;
         }
         let _ = self.shutdown();
+        self.shared.core.mark_handle_dropped();
     }
 }

@@ -3,7 +3,6 @@
 //! it (and its device half, [`sync_devices`]), and
 //! [`blocking_run_probe`](VirtualMachine::blocking_run_probe) waits for a probe.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use crate::runtime::shared::VmShared;
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;
+use crate::util::panics::catch;
 
 impl VirtualMachine {
     /// Builds instructions with `f` and hands them to the VM. If `f` returns an error,
@@ -63,13 +63,13 @@ impl VirtualMachine {
             loop {
                 self.shared.core.drive()?;
                 let _reentry = ReentryGuard::enter(self.shared.id);
-                match catch_unwind(AssertUnwindSafe(&mut probe)) {
+                match catch(&mut probe) {
                     Ok(true) => return Ok(()),
                     Ok(false) => std::thread::yield_now(),
-                    Err(_) => {
+                    Err(message) => {
                         return Err(Error::KernelPanicked {
                             instruction: "probe".into(),
-                            message: "probe panicked".into(),
+                            message,
                         });
                     }
                 }
@@ -79,10 +79,10 @@ impl VirtualMachine {
         let done = Arc::new(BlockingCounter::<FutexWait>::new(1));
         let (d2, p2) = (done.clone(), panicked.clone());
         self.shared.core.submit_probe(Probe::User(Box::new(move || {
-            let r = match catch_unwind(AssertUnwindSafe(&mut probe)) {
+            let r = match catch(&mut probe) {
                 Ok(r) => r,
-                Err(_) => {
-                    *lock(&p2) = Some("probe panicked".into());
+                Err(message) => {
+                    *lock(&p2) = Some(message);
                     true
                 }
             };

@@ -14,6 +14,7 @@ use crate::engine::core::NEXT_BLOB_ID;
 use crate::model::blob::Blob;
 use crate::util::ids::Device;
 use crate::util::lock;
+use crate::util::panics::catch;
 
 /// Per-VM lazy-job state: the launcher's queue and the transport dependence (a memoryless
 /// blob every launch writes).
@@ -100,7 +101,9 @@ impl VmLazy {
     pub(crate) fn help(&self) -> bool {
         self.live_offers()
             .filter_map(|o| o.helper)
-            .fold(false, |any, h| h() | any)
+            // A helper that panics ran nothing this caller can count on; the graph's own
+            // launch reports its failure (the helper is the graph runtime's code).
+            .fold(false, |any, h| catch(|| h()).unwrap_or(false) | any)
     }
 
     /// The offers of the graphs still alive, copied out of the lock (nothing allocated:
@@ -122,7 +125,8 @@ impl VmLazy {
         Some(
             self.live_offers()
                 .filter_map(|o| o.progress)
-                .fold(0u64, |sum, p| sum.wrapping_add(p())),
+                // A probe that panics counts nothing (no progress seen through it).
+                .fold(0u64, |sum, p| sum.wrapping_add(catch(|| p()).unwrap_or(0))),
         )
     }
 }

@@ -33,7 +33,6 @@
 mod completion;
 mod queued;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
@@ -41,10 +40,11 @@ use ivm_core::sync::Ordering;
 use self::completion::{complete, device_error, done_now, drain, finisher, queue_landed};
 use self::queued::{Queued, queue, stage};
 use crate::device::{DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
-use crate::engine::execute::{first_poison, panic_message};
+use crate::engine::execute::first_poison;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Completion, Instruction, KernelCtx, Kind, Operands, status};
 use crate::util::error::Failure;
+use crate::util::panics::catch;
 
 /// How a launched instruction completes.
 enum Outcome {
@@ -172,9 +172,7 @@ fn launch_kind(
                 outputs: outs,
                 stream: Some(stream),
             };
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f.call(&mut ctx))) {
-                let message = panic_message(&*payload);
-                let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            if let Err(message) = catch(|| f.call(&mut ctx)) {
                 return Err(Failure {
                     instruction: instr.label().into(),
                     message: message.into(),
@@ -335,7 +333,7 @@ pub(super) fn launch_deferred(instr: &Arc<Instruction>) -> bool {
     let dev = &instr.stream.dev;
     if dev.mode != KernelMode::Queued {
         // A panic drops the completion during unwinding, which fails the instruction.
-        let _ = catch_unwind(AssertUnwindSafe(move || run(c, true)));
+        let _ = catch(move || run(c, true));
         return true;
     }
     // The closure and the completion go to the device together; if the device refuses
@@ -346,7 +344,7 @@ pub(super) fn launch_deferred(instr: &Arc<Instruction>) -> bool {
     let host: HostFn = Box::new(move || {
         let taken = crate::util::lock(&queued).take();
         if let Some((run, c)) = taken {
-            let _ = catch_unwind(AssertUnwindSafe(move || run(c, true)));
+            let _ = catch(move || run(c, true));
         }
     });
     if let Err(e) = dev.stream.launch_host(host) {

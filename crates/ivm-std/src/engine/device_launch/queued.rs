@@ -3,17 +3,17 @@
 //! failure, poisoned operands, access bracketing, panics), and the host staging copies of
 //! callbacks on device-only memory.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use super::completion::device_error;
 use super::poison_all;
 use crate::device::{DeviceMemory, DeviceStream, HostFn};
-use crate::engine::execute::{first_poison, panic_message};
+use crate::engine::execute::first_poison;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, KernelCtx, KernelFn, Operands, ReadFn, WriteFn};
 use crate::model::stream::StreamShared;
 use crate::util::error::Failure;
+use crate::util::panics::catch;
 
 /// Work that runs inside the device queue (kernel bodies on a queued device, callbacks).
 /// A callback on device-only memory gets the bytes of its host staging copy
@@ -111,7 +111,7 @@ pub(super) fn queue(
                 return;
             }
         }
-        let r = catch_unwind(AssertUnwindSafe(|| match work {
+        let r = catch(|| match work {
             Queued::Kernel(k) => k.call(&mut KernelCtx {
                 inputs: ins,
                 outputs: outs,
@@ -127,13 +127,11 @@ pub(super) fn queue(
             Queued::Read(cb, None) => cb.take()(unsafe { ins[0].bytes() }),
             // SAFETY: as above, exclusive access to the output.
             Queued::Write(cb, None) => cb.take()(unsafe { outs[0].bytes_mut() }),
-        }));
+        });
         for b in &all {
             b.mem.end_access();
         }
-        if let Err(payload) = r {
-            let message = panic_message(&*payload);
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+        if let Err(message) = r {
             let f = fail(message, true);
             st.dev.sticky.set(&f);
             poison_all(outs, &f);
