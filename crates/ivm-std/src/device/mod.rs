@@ -37,6 +37,7 @@
 
 pub mod alloc_cache;
 pub(crate) mod cpu;
+pub(crate) mod guarded;
 pub(crate) mod policy;
 
 use std::any::Any;

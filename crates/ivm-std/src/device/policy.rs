@@ -21,6 +21,11 @@ pub enum Placement {
 
 /// How the instructions of a stream run and when they are done.
 ///
+/// The VM asks each question once, when it creates a stream, and keeps the answers; a
+/// policy whose answer panics fails the stream's creation with [`Error::Device`].
+///
+/// [`Error::Device`]: crate::Error::Device
+///
 /// The engine launches an instruction (runs its body on the stream's thread) and then
 /// asks the policy whether it is done. On a compute stream an instruction is done at
 /// launch (the device queue orders the stream); streams whose work completes later (copy
@@ -87,6 +92,64 @@ pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
     /// adapter says so. Default `false`.
     fn caller_may_run(&self) -> bool {
         false
+    }
+}
+
+/// A policy's answers, asked once when its stream is created: the VM (the engine's
+/// dispatch included) reads these, never the policy, which is the adapter's code and so
+/// could panic or change its mind mid-run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PolicyAnswers {
+    stream_type: StreamType,
+    placement: Placement,
+    done_at_launch: bool,
+    strict_same_stream_edges: bool,
+    dispatch_in_build_order: bool,
+    supports_events: bool,
+    caller_may_run: bool,
+}
+
+impl PolicyAnswers {
+    /// Asks `p` each question once.
+    pub(crate) fn of(p: &dyn StreamPolicy) -> Self {
+        Self {
+            stream_type: p.stream_type(),
+            placement: p.placement(),
+            done_at_launch: p.done_at_launch(),
+            strict_same_stream_edges: p.strict_same_stream_edges(),
+            dispatch_in_build_order: p.dispatch_in_build_order(),
+            supports_events: p.supports_events(),
+            caller_may_run: p.caller_may_run(),
+        }
+    }
+
+    /// [`StreamPolicy::stream_type`].
+    pub(crate) fn stream_type(&self) -> StreamType {
+        self.stream_type
+    }
+    /// [`StreamPolicy::placement`].
+    pub(crate) fn placement(&self) -> Placement {
+        self.placement
+    }
+    /// [`StreamPolicy::done_at_launch`].
+    pub(crate) fn done_at_launch(&self) -> bool {
+        self.done_at_launch
+    }
+    /// [`StreamPolicy::strict_same_stream_edges`].
+    pub(crate) fn strict_same_stream_edges(&self) -> bool {
+        self.strict_same_stream_edges
+    }
+    /// [`StreamPolicy::dispatch_in_build_order`].
+    pub(crate) fn dispatch_in_build_order(&self) -> bool {
+        self.dispatch_in_build_order
+    }
+    /// [`StreamPolicy::supports_events`].
+    pub(crate) fn supports_events(&self) -> bool {
+        self.supports_events
+    }
+    /// [`StreamPolicy::caller_may_run`].
+    pub(crate) fn caller_may_run(&self) -> bool {
+        self.caller_may_run
     }
 }
 

@@ -95,7 +95,7 @@ use crate::doors::sync_access::name_device_work;
 use crate::engine::worker::{caller_runs, caller_runs_any};
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Kind};
-use crate::model::stream::StreamShared;
+use crate::model::stream::{CompletionSink, StreamShared};
 use crate::model::thread_ctx::ThreadCtx;
 use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
@@ -112,14 +112,19 @@ pub(crate) struct Slot<T> {
     state: AtomicU32,
     value: Mutex<Option<Result<T>>>,
     waker: Mutex<Option<Waker>>,
+    /// Single-thread mode: a caller blocked in [`Completion::wait`] sleeps in the engine's
+    /// drive loop, not on `state`; the completion (often on a device's thread) announces
+    /// itself there too.
+    announce: Option<Arc<dyn CompletionSink>>,
 }
 
 impl<T> Slot<T> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(announce: Option<Arc<dyn CompletionSink>>) -> Self {
         Self {
             state: AtomicU32::new(PENDING),
             value: Mutex::new(None),
             waker: Mutex::new(None),
+            announce,
         }
     }
 
@@ -141,11 +146,16 @@ impl<T> Slot<T> {
             self.state.store(DONE, Ordering::Release);
         }
         FutexWait::wake_all(&self.state);
+        if let Some(a) = &self.announce {
+            // After the Release store: a drive loop woken here sees DONE.
+            a.unpark();
+        }
         // Taken under the waker mutex: a poll that registered before this sees its waker
-        // woken here; one that registers after sees DONE when it re-checks.
+        // woken here; one that registers after sees DONE when it re-checks. The waker is
+        // the user's: a panic in it must not unwind through the VM thread completing this.
         let w = lock(&self.waker).take();
         if let Some(w) = w {
-            w.wake();
+            let _ = crate::util::panics::catch(move || w.wake());
         }
     }
 
@@ -232,7 +242,11 @@ impl<T> Completion<T> {
     }
 
     pub(crate) fn new(vm: &Arc<VmShared>) -> (Self, Arc<Slot<T>>) {
-        let slot = Arc::new(Slot::new());
+        let announce = vm
+            .core
+            .single_thread()
+            .then(|| vm.core.parking.clone() as Arc<dyn CompletionSink>);
+        let slot = Arc::new(Slot::new(announce));
         (
             Self {
                 vm: vm.clone(),

@@ -24,7 +24,9 @@ impl Rig {
                     vm_id: id,
                     index: 100 + k,
                     id: StreamId::compute(Device::CPU, k),
-                    policy: Box::new(CpuStreamPolicy(StreamType::Compute)),
+                    policy: crate::device::policy::PolicyAnswers::of(&CpuStreamPolicy(
+                        StreamType::Compute,
+                    )),
                     in_build_order: false,
                     thread: Some(Arc::new(ThreadCtx::new(format!("t{k}")))),
                     dev: crate::model::stream::DeviceCtx::cpu(

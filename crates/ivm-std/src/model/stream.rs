@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::device::policy::StreamPolicy;
+use crate::device::policy::PolicyAnswers;
 use crate::device::{DeviceAllocator, DeviceStream, KernelMode};
 use crate::model::thread_ctx::ThreadCtx;
 use crate::util::error::Failure;
@@ -119,7 +119,7 @@ pub(crate) struct StreamShared {
     /// Dense index of the stream in its VM (the engine's per-stream table).
     pub(crate) index: u32,
     pub(crate) id: StreamId,
-    pub(crate) policy: Box<dyn StreamPolicy>,
+    pub(crate) policy: PolicyAnswers,
     /// `policy.dispatch_in_build_order()`, asked once: every instruction built on the
     /// stream is then stream-sequential.
     pub(crate) in_build_order: bool,

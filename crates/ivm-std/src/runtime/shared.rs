@@ -10,7 +10,8 @@ use std::thread::JoinHandle;
 use ivm_core::sync::Ordering;
 
 use crate::device::DeviceAdapter;
-use crate::device::policy::{Placement, StreamPolicy};
+use crate::device::guarded::{GuardedAllocator, GuardedStream};
+use crate::device::policy::{Placement, PolicyAnswers};
 use crate::engine::core::VmCore;
 use crate::engine::worker::worker_loop;
 use crate::model::blob::Blob;
@@ -22,6 +23,7 @@ use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 use crate::util::ids::{Device, DeviceKind, StreamId, StreamType};
 use crate::util::lock;
+use crate::util::panics::catch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ThreadKey {
@@ -168,8 +170,27 @@ impl VmShared {
                 "{id}: barrier streams are internal; use barrier()"
             )));
         }
-        let device_stream = adapter.create_stream(id.device.index, id.stream_type)?;
-        let mut allocator = adapter.allocator(id.device.index)?;
+        // The built-in cpu adapter is the VM's own code; any other adapter's objects are
+        // called through guards that turn its panics into errors (`device/guarded.rs`).
+        let builtin = id.device.kind == DeviceKind::CPU;
+        let in_adapter = |call: &str, m: String| {
+            Error::Device(format!("the {} adapter's {call} panicked: {m}", id.device))
+        };
+        let (device_stream, allocator) = catch(|| {
+            Ok::<_, Error>((
+                adapter.create_stream(id.device.index, id.stream_type)?,
+                adapter.allocator(id.device.index)?,
+            ))
+        })
+        .map_err(|m| in_adapter("create_stream or allocator", m))??;
+        let (device_stream, mut allocator) = if builtin {
+            (device_stream, allocator)
+        } else {
+            (
+                GuardedStream::wrap(device_stream)?,
+                GuardedAllocator::wrap(allocator, id.device),
+            )
+        };
         let cache = self.core.config.caching_allocator.then(|| {
             Arc::new(
                 crate::device::alloc_cache::CachingAllocator::new(
@@ -184,8 +205,10 @@ impl VmShared {
             allocator = c.clone();
         }
         let mode = device_stream.kernel_mode();
-        let policy: Box<dyn StreamPolicy> =
-            adapter.stream_policy(id.device.index, id.stream_type, mode);
+        let policy = catch(|| {
+            PolicyAnswers::of(&*adapter.stream_policy(id.device.index, id.stream_type, mode))
+        })
+        .map_err(|m| in_adapter("stream_policy", m))?;
         if policy.stream_type() != id.stream_type {
             return Err(Error::UnsupportedStream(format!(
                 "{id}: the {} adapter's policy is for {:?} streams",

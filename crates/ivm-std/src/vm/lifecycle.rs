@@ -10,7 +10,7 @@ use ivm_core::sync::Ordering;
 use super::{Threads, VirtualMachine};
 use crate::device::DeviceAdapter;
 use crate::device::cpu::CpuAdapter;
-use crate::device::policy::CpuStreamPolicy;
+use crate::device::policy::{CpuStreamPolicy, PolicyAnswers};
 use crate::engine::core::{NEXT_VM_ID, VmCore, inside};
 use crate::model::stream::{DeviceCtx, StreamShared};
 use crate::runtime::shared::{Registry, VmShared};
@@ -86,7 +86,7 @@ impl VirtualMachine {
                 stream_type: StreamType::Barrier,
                 thread_id: 0,
             },
-            policy: Box::new(CpuStreamPolicy(StreamType::Barrier)),
+            policy: PolicyAnswers::of(&CpuStreamPolicy(StreamType::Barrier)),
             in_build_order: false,
             thread: None,
             dev: DeviceCtx::cpu(parking.clone(), single),
