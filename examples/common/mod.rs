@@ -6,6 +6,8 @@
 //! user takes what it needs, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod hog;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -57,10 +57,13 @@ pub(crate) struct Args {
     pub(crate) pin: bool,
     /// `--data-parallel`: train over MPI ranks (`dp.rs`).
     pub(crate) data_parallel: bool,
+    /// `--hog N`: N busy threads beside every mode, from before the first epoch to after
+    /// the last (`../common/hog.rs`).
+    pub(crate) hog: usize,
 }
 
 const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
-[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] \
+[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] [--hog N] \
 [--data-parallel (under mpirun; build with --features mpi)]";
 
 pub(crate) fn parse_args() -> Result<Args, String> {
@@ -77,6 +80,7 @@ pub(crate) fn parse_args() -> Result<Args, String> {
         runs: 20,
         pin: true,
         data_parallel: false,
+        hog: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -106,6 +110,7 @@ pub(crate) fn parse_args() -> Result<Args, String> {
             "--trace" => a.trace = Some(value(&flag)?.into()),
             "--no-trace" => a.trace = None,
             "--no-pin" => a.pin = false,
+            "--hog" => a.hog = num(&flag, value(&flag)?)?,
             "--device" => {
                 let v = value(&flag)?;
                 a.device = match v.as_str() {

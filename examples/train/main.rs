@@ -35,7 +35,9 @@
 //! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`, `--runs N`,
 //! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy`, `--quiet`,
 //! `--trace PATH` (default: `ivm-train-trace.json` in the temp directory) or `--no-trace`,
-//! `--no-pin`,
+//! `--no-pin`, `--hog N` (N busy threads of this process beside every mode, started
+//! before the first epoch and stopped after the last: a machine where other work takes a
+//! core),
 //! `--data-parallel` (under `mpirun`, built with `--features mpi`: `dp.rs`).
 //!
 //! The last epoch of every mode is recorded as spans (kernels on the threads that ran
@@ -49,6 +51,8 @@ mod args;
 mod data;
 #[cfg(feature = "mpi")]
 mod dp;
+#[path = "../common/hog.rs"]
+mod hog;
 mod kernels;
 mod modes;
 mod pin;
@@ -319,6 +323,12 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
             .position(|&m| m == Mode::Eager)
             .map_or(0, |i| i + 1);
         modes.insert(at, Mode::EagerOneStream);
+    }
+    // Busy threads beside every mode, started before the pinning (they keep the process's
+    // whole mask) and stopped when `_hog` drops, after the last run.
+    let _hog = hog::Hog::start(args.hog);
+    if args.hog > 0 {
+        println!("beside {} busy thread(s) of this process (--hog)", args.hog);
     }
     // `--runs` interleaved runs (`runs.rs`); every run must repeat the first's losses.
     let pb = progress(args, "interleaved runs", args.runs as u64);
