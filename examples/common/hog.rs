@@ -37,11 +37,6 @@ impl Hog {
             .collect();
         Self { stop, threads }
     }
-
-    /// How many busy threads run.
-    pub fn threads(&self) -> usize {
-        self.threads.len()
-    }
 }
 
 impl Drop for Hog {

@@ -332,6 +332,7 @@ fn wait_small(
         let worker = instr.stream.thread.as_deref();
         let running = || worker.is_none_or(|w| !w.is_parked());
         if crate::engine::helping::spin_yield_until(
+            &shared.core,
             &mut done,
             crate::util::tuning::CALLER_YIELD_SPIN,
             running,

@@ -374,16 +374,54 @@ impl VmCore {
     }
 }
 
+thread_local! {
+    /// Whether this caller thread's CPU is shared (`preemption.rs`): kept across calls, so
+    /// that a caller that saw itself preempted does not spin again for a while.
+    static CALLER_SENSE: std::cell::RefCell<crate::engine::preemption::PreemptionSense> =
+        std::cell::RefCell::default();
+}
+
+/// The calling thread's look at the clock during a spin (see [`CALLER_SENSE`]): whether it
+/// was descheduled since its last look (counted in the VM's stats).
+fn caller_look(shared: &VmCore, now: std::time::Instant) -> bool {
+    let jumped = CALLER_SENSE.with(|s| s.borrow_mut().look(now));
+    if jumped {
+        // Relaxed: a statistic.
+        shared
+            .stats
+            .caller_preempted
+            .fetch_add(1, ivm_core::sync::Ordering::Relaxed);
+    }
+    jumped
+}
+
+/// Whether the calling thread saw itself preempted lately: spinning cannot help then (the
+/// thread it waits for may need this CPU, and the caller loses it anyway), so it sleeps
+/// at once. A new spin starts its looks afresh.
+fn caller_contended(now: std::time::Instant) -> bool {
+    CALLER_SENSE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.restart();
+        s.contended(now)
+    })
+}
+
 /// Spins until `done()`, for at most `budget`: with spin-loop hints for up to
 /// [`PURE_SPIN`] while `peer_running()` (the thread it waits for is running), else with
 /// `yield_now` (a thread that was just woken is not running yet, and may need this very
-/// core). Returns whether `done()` held.
+/// core). Gives up at once when the caller's CPU is shared (`preemption.rs`): it was
+/// descheduled during this spin or lately. Returns whether `done()` held.
 pub(crate) fn spin_yield_until(
+    shared: &VmCore,
     mut done: impl FnMut() -> bool,
     budget: Duration,
     peer_running: impl Fn() -> bool,
 ) -> bool {
     let start = std::time::Instant::now();
+    if caller_contended(start) {
+        return done();
+    }
+    let mut watch = crate::engine::preemption::WorkerWatch::start(shared);
     let mut elapsed = Duration::ZERO;
     let mut steps = 0u32;
     loop {
@@ -392,8 +430,15 @@ pub(crate) fn spin_yield_until(
         }
         steps = steps.wrapping_add(1);
         if steps.is_multiple_of(32) {
-            elapsed = start.elapsed();
+            let now = std::time::Instant::now();
+            elapsed = now.duration_since(start);
+            if caller_look(shared, now) {
+                return false;
+            }
             if elapsed >= budget {
+                // A worker that was awake all this time but hardly ran waits for a CPU:
+                // the next kernels of its stream run on their caller.
+                watch.stalled(shared);
                 return false;
             }
         }
@@ -416,6 +461,9 @@ pub(crate) fn spin_yield_until(
 /// It is asked once when the spinning starts (the baseline) and then only when the
 /// releases stall; a count that moved since it was last asked counts as a release.
 ///
+/// A caller whose CPU is shared (`preemption.rs`: it was descheduled during this spin or
+/// lately) does not spin: it sleeps, and is woken with the scheduler's wake-up preference.
+///
 /// The caller is a [`Helping`] helper meanwhile: it releases what workers finish, so they
 /// run their next instructions without driving the engine.
 pub(crate) fn spin_while_progress(
@@ -432,9 +480,14 @@ pub(crate) fn spin_while_progress(
         ivm_core::sync::spin_loop();
     }
     let start = std::time::Instant::now();
+    if caller_contended(start) {
+        // Spinning cannot help (see `caller_contended`).
+        return false;
+    }
     let mut last_change = start;
     let mut last = shared.progress();
     let mut last_elsewhere = elsewhere();
+    let mut watch = crate::engine::preemption::WorkerWatch::start(shared);
     loop {
         if done() {
             return true;
@@ -445,6 +498,9 @@ pub(crate) fn spin_while_progress(
             last = f;
             last_change = now;
         } else if now.duration_since(last_change) >= CALLER_STALL {
+            // A worker awake but off its CPU all this time waits for one: the next
+            // kernels of its stream run on their caller (`preemption.rs`).
+            watch.stalled(shared);
             let e = elsewhere();
             if e.is_none() || e == last_elsewhere {
                 return false;
@@ -456,7 +512,14 @@ pub(crate) fn spin_while_progress(
             // wait that its last look showed moving).
             continue;
         }
+        if caller_look(shared, now) {
+            // This thread was just descheduled: sleep. (A look that saw a gap also saw a
+            // stall above, and asked `elsewhere` first.)
+            return false;
+        }
         if now.duration_since(start) >= CALLER_PROGRESS_SPIN {
+            // The budget is spent: sleep, having noted a worker that hardly ran.
+            watch.stalled(shared);
             return false;
         }
         helping.poll();

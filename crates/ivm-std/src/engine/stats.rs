@@ -47,6 +47,8 @@ pub(crate) struct ThreadCounters {
     pub(crate) name: String,
     pub(crate) parks: AtomicUsize,
     pub(crate) wakes: AtomicUsize,
+    /// Times it saw itself descheduled while it polled (`engine/preemption.rs`).
+    pub(crate) preempted: AtomicUsize,
 }
 
 impl ThreadCounters {
@@ -76,6 +78,12 @@ pub(crate) struct StatsCells {
     pub(crate) threads: Mutex<Vec<Arc<ThreadCounters>>>,
     /// Instructions queued to a sleeping worker that a waiting caller ran itself.
     pub(crate) caller_ran: AtomicUsize,
+    /// Callers that saw themselves descheduled while spinning for the VM, and slept.
+    pub(crate) caller_preempted: AtomicUsize,
+    /// Stalls in which a waiting caller found a worker awake but off its CPU.
+    pub(crate) worker_stalled: AtomicUsize,
+    /// Kernels a driving caller ran itself because their worker was contended.
+    pub(crate) contended_inline: AtomicUsize,
 }
 
 impl Default for StatsCells {
@@ -103,6 +111,9 @@ impl StatsCells {
             running_other: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
             caller_ran: AtomicUsize::new(0),
+            caller_preempted: AtomicUsize::new(0),
+            worker_stalled: AtomicUsize::new(0),
+            contended_inline: AtomicUsize::new(0),
         }
     }
 
@@ -122,6 +133,7 @@ impl StatsCells {
             name: name.to_string(),
             parks: AtomicUsize::new(0),
             wakes: AtomicUsize::new(0),
+            preempted: AtomicUsize::new(0),
         });
         lock(&self.threads).push(c.clone());
         c
@@ -146,6 +158,9 @@ pub struct ThreadStats {
     pub parks: usize,
     /// Times a producer woke it (the rest of its sleeps ended on a deadline or shutdown).
     pub wakes: usize,
+    /// Times it saw itself descheduled while it polled for work (another thread took its
+    /// CPU); it then polls no more for a while and parks at once when idle.
+    pub preempted: usize,
 }
 
 /// A snapshot of a VM's counters (see the [module docs](crate::engine::stats)).
@@ -177,6 +192,15 @@ pub struct VmStats {
     /// Instructions queued to a sleeping worker that a caller about to wait ran itself
     /// instead (ARCHITECTURE.md, "Who may drive the engine").
     pub caller_ran: usize,
+    /// Times a caller spinning for the VM saw itself descheduled (another thread took its
+    /// CPU) and went to sleep instead (`engine/preemption.rs`).
+    pub caller_preempted: usize,
+    /// Stalls in which a waiting caller found a worker awake but off its CPU (waiting for
+    /// one): that worker was then marked contended (`engine/preemption.rs`).
+    pub worker_stalled: usize,
+    /// Kernels that a caller driving the engine ran itself because their stream's worker
+    /// was marked contended.
+    pub contended_inline: usize,
 }
 
 /// Where the engine's owner leaves a DAG dump for the caller who asked for it.

@@ -34,6 +34,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         }
     }
     let _lane = CloseLane(&ctx);
+    crate::engine::preemption::register_cpu_clock(&ctx);
     // Relaxed: a statistic, written by this thread only.
     let served = |k: usize| {
         let n = ctx.express_served.load(Ordering::Relaxed);
@@ -125,6 +126,10 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         }
     };
     let mut idle_since: Option<Instant> = None;
+    // Whether another thread takes this worker's CPU (`preemption.rs`): then it polls no
+    // more, so that the caller runs its work instead of waiting for it to be scheduled.
+    let mut preemption = crate::engine::preemption::PreemptionSense::default();
+    let mut poll_now = poll;
     let (mut idle_steps, mut idle_for) = (0u32, std::time::Duration::ZERO);
     // Polling backs off to `yield_now` (few cores: do not starve the caller).
     let backoff = ivm_core::sync::Backoff::new();
@@ -166,6 +171,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             if ran {
                 just_woken = false;
                 idle_since = None;
+                preemption.restart();
                 (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
                 backoff.reset();
                 continue;
@@ -182,12 +188,27 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // Poll: spin-loop hints first (the next instruction of a busy caller comes
             // within microseconds), then back off to `yield_now` (few cores: do not
             // starve anyone), reading the clock every 16 steps only.
-            let since = *idle_since.get_or_insert_with(Instant::now);
+            let since = *idle_since.get_or_insert_with(|| {
+                // An idle stretch begins: poll as the last preemption seen allows.
+                let now = Instant::now();
+                poll_now = poll_window(&ctx, poll);
+                now
+            });
             idle_steps = idle_steps.wrapping_add(1);
             if idle_steps.is_multiple_of(16) {
-                idle_for = since.elapsed();
+                let now = Instant::now();
+                if preemption.look(now) {
+                    // Relaxed: a statistic.
+                    counters.preempted.fetch_add(1, Ordering::Relaxed);
+                    crate::engine::preemption::mark_contended(
+                        &ctx,
+                        crate::util::tuning::CONTENDED_HOLD,
+                    );
+                }
+                idle_for = now.duration_since(since);
+                poll_now = poll_window(&ctx, poll);
             }
-            if idle_for < poll {
+            if idle_for < poll_now {
                 if idle_for < crate::util::tuning::WORKER_PURE_SPIN {
                     ivm_core::sync::spin_loop();
                 } else {
@@ -213,6 +234,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             Ok(()) => {
                 just_woken = true;
                 idle_since = None;
+                preemption.restart();
                 (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
                 backoff.reset();
             }
@@ -230,6 +252,17 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     };
     consumer.drain_until_empty(run);
     owed.settle(&shared, true);
+}
+
+/// How long the worker of `ctx` polls when idle: `window`, or not at all while it counts
+/// as sharing its CPU (`preemption.rs`: seen by itself or by a waiting caller), so that it
+/// parks, lets go of its queue, and its callers run the work.
+fn poll_window(ctx: &ThreadCtx, window: std::time::Duration) -> std::time::Duration {
+    if crate::engine::preemption::is_contended(ctx) {
+        std::time::Duration::ZERO
+    } else {
+        window
+    }
 }
 
 /// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]), whose

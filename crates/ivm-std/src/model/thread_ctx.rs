@@ -59,6 +59,13 @@ pub(crate) struct ThreadCtx {
     pub(crate) express: ExpressLane,
     /// How many of them the worker did (a statistic, written by the worker only).
     pub(crate) express_served: AtomicUsize,
+    /// A hint: the id of the worker's CPU-time clock plus one (0: unknown), set by the
+    /// worker when it starts, so that a waiting caller can tell a worker that runs from
+    /// one that waits for a CPU (`engine/preemption.rs`).
+    pub(crate) cpu_clock: AtomicUsize,
+    /// A hint: until when (`engine/preemption.rs`'s clock, in microseconds) the worker
+    /// counts as sharing its CPU; callers then run its stream's kernels themselves.
+    pub(crate) contended_until: AtomicUsize,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -79,6 +86,8 @@ impl ThreadCtx {
             long_kernels: AtomicBool::new(false),
             express: ExpressLane::new(),
             express_served: AtomicUsize::new(0),
+            cpu_clock: AtomicUsize::new(0),
+            contended_until: AtomicUsize::new(0),
         }
     }
 

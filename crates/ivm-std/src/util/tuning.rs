@@ -53,6 +53,27 @@ pub(crate) const CALLER_STALL: Duration = Duration::from_micros(200);
 /// ... and at most this long in all before it sleeps.
 pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);
 
+// Sensing a shared CPU (`engine/preemption.rs`).
+/// A gap between two looks at the clock of a spinning thread at least this long means the
+/// thread was descheduled: the looks are a few spin or yield steps apart (well under
+/// 50 µs even when every step yields), while the kernel takes a CPU from a thread for a
+/// tick or a scheduling slice (a millisecond or more).
+pub(crate) const PREEMPTED_GAP: Duration = Duration::from_micros(200);
+
+/// How long a thread that saw itself preempted counts its CPU as shared: it polls no more
+/// (a worker parks at once when idle, a caller sleeps instead of spinning) until this long
+/// after the last preemption it saw. Long against a slice, so that a busy neighbour keeps
+/// it in that mode; short enough that a one-off preemption on a quiet machine costs a few
+/// wake-ups only.
+pub(crate) const CONTENDED_HOLD: Duration = Duration::from_millis(20);
+
+/// How long a worker that a waiting caller found awake but off its CPU stays marked
+/// contended: callers run its stream's kernels themselves meanwhile. Each detection costs
+/// the caller a stall (and the wait for the worker to be scheduled: up to a scheduling
+/// slice), so the hold is long against that; a wrong detection on a quiet machine costs
+/// this long of synchronous execution, which is the floor the VM degrades to anyway.
+pub(crate) const STALLED_WORKER_HOLD: Duration = Duration::from_millis(100);
+
 // The instruction pool (`pool.rs`).
 /// Most released instructions a VM keeps for reuse.
 pub(crate) const POOL_MAX: usize = 4096;

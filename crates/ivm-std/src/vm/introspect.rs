@@ -51,6 +51,7 @@ impl VirtualMachine {
                 name: t.name.clone(),
                 parks: t.parks.load(Ordering::Relaxed),
                 wakes: t.wakes.load(Ordering::Relaxed),
+                preempted: t.preempted.load(Ordering::Relaxed),
             })
             .collect();
         Ok(VmStats {
@@ -64,6 +65,9 @@ impl VirtualMachine {
             streams,
             running_other_streams: c.running_other.load(Ordering::Relaxed),
             caller_ran: c.caller_ran.load(Ordering::Relaxed),
+            caller_preempted: c.caller_preempted.load(Ordering::Relaxed),
+            worker_stalled: c.worker_stalled.load(Ordering::Relaxed),
+            contended_inline: c.contended_inline.load(Ordering::Relaxed),
             threads,
         })
     }

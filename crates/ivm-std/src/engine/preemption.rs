@@ -1,0 +1,211 @@
+//! Whether the machine takes this thread's CPU away: a thread that spins or polls reads
+//! its clock every few steps, and a gap between two looks far longer than the steps take
+//! means it was descheduled — another thread (of this process or another) wants its CPU.
+//!
+//! Spinning is only worth it while the threads involved each have a CPU. Where they do
+//! not, a polling worker keeps its CPU from whoever preempted it (the caller it waits
+//! for, or a busy neighbour that the kernel then runs for a whole slice when the worker
+//! yields), and a parked one is woken with the scheduler's wake-up preference. So a
+//! worker that sees itself preempted parks at once when idle, for a while
+//! ([`CONTENDED_HOLD`]), and a spinning caller stops spinning and sleeps; a caller whose
+//! worker sleeps runs the worker's queue itself (`worker::caller_runs`): under
+//! contention the VM degrades to the caller doing the work.
+
+//!
+//! A waiting caller also watches the workers it waits for: when no instruction was
+//! released for a while ([`CALLER_STALL`](crate::util::tuning::CALLER_STALL)), a worker
+//! that is not parked and got less than half of that time on a CPU (its thread's CPU
+//! clock, read from the caller) is waiting for a CPU, not computing: it is marked
+//! contended ([`WorkerWatch`]), and while it is, callers that drive the engine run its
+//! stream's kernels themselves instead of queueing them to it (`Exec::dispatch`).
+
+use std::time::{Duration, Instant};
+
+use ivm_core::sync::Ordering;
+
+use crate::engine::core::VmCore;
+use crate::model::thread_ctx::ThreadCtx;
+use crate::util::tuning::{CONTENDED_HOLD, PREEMPTED_GAP, STALLED_WORKER_HOLD};
+
+/// Microseconds since this process first asked (the clock of `ThreadCtx::contended_until`).
+fn now_us() -> usize {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    usize::try_from(origin.elapsed().as_micros()).unwrap_or(usize::MAX)
+}
+
+/// Marks the worker of `ctx` contended for `hold` from now.
+pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
+    let until = now_us().saturating_add(usize::try_from(hold.as_micros()).unwrap_or(usize::MAX));
+    // Relaxed: a hint; nothing is published through it.
+    ctx.contended_until.fetch_max(until, Ordering::Relaxed);
+}
+
+/// Whether the worker of `ctx` counts as sharing its CPU now.
+pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
+    // Relaxed: a hint (see `mark_contended`).
+    let until = ctx.contended_until.load(Ordering::Relaxed);
+    until != 0 && now_us() < until
+}
+
+/// The calling thread (a worker, as it starts) makes its CPU-time clock known (Linux).
+pub(crate) fn register_cpu_clock(ctx: &ThreadCtx) {
+    #[cfg(target_os = "linux")]
+    {
+        let mut id: libc::clockid_t = 0;
+        // SAFETY: `pthread_self` is the calling thread, alive; `id` is a valid out-pointer.
+        let r = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+        if r == 0
+            && let Ok(v) = usize::try_from(i64::from(id) + 1)
+        {
+            // Relaxed: a hint, read by callers that watch this worker.
+            ctx.cpu_clock.store(v, Ordering::Relaxed);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = ctx;
+}
+
+/// The CPU time the worker of `ctx` has used, if its clock is known.
+fn cpu_time(ctx: &ThreadCtx) -> Option<Duration> {
+    #[cfg(target_os = "linux")]
+    {
+        // Relaxed: a hint (see `register_cpu_clock`).
+        let v = ctx.cpu_clock.load(Ordering::Relaxed);
+        let id = libc::clockid_t::try_from(v.checked_sub(1)?).ok()?;
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid out-pointer; a clock of a thread that has exited is an
+        // error return (EINVAL), not undefined behaviour.
+        if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
+            return None;
+        }
+        Some(Duration::new(
+            u64::try_from(ts.tv_sec).ok()?,
+            u32::try_from(ts.tv_nsec).ok()?,
+        ))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = ctx;
+        None
+    }
+}
+
+/// Workers watched by a waiting caller (see the module docs): their CPU time when the
+/// watch began.
+const WATCHED: usize = 8;
+
+pub(crate) struct WorkerWatch {
+    since: Instant,
+    cpu: [Option<Duration>; WATCHED],
+}
+
+impl WorkerWatch {
+    /// Starts watching the VM's first workers (reads their CPU clocks: a system call
+    /// each, so only when a wait is about to spin).
+    pub(crate) fn start(shared: &VmCore) -> Self {
+        let mut cpu = [None; WATCHED];
+        for (k, c) in cpu.iter_mut().enumerate() {
+            let Some(ctx) = shared.worker(k) else { break };
+            *c = cpu_time(&ctx);
+        }
+        Self {
+            since: Instant::now(),
+            cpu,
+        }
+    }
+
+    /// Nothing was released since the watch began: marks each watched worker that is
+    /// awake but got less than half of that time on a CPU as contended, and counts it.
+    /// Whether any was; the watch starts over.
+    pub(crate) fn stalled(&mut self, shared: &VmCore) -> bool {
+        let now = Instant::now();
+        let wall = now.duration_since(self.since);
+        let mut any = false;
+        for k in 0..WATCHED {
+            let Some(ctx) = shared.worker(k) else { break };
+            let (before, after) = (self.cpu[k], cpu_time(&ctx));
+            if let (Some(b), Some(a)) = (before, after)
+                && !ctx.is_parked()
+                && a.saturating_sub(b) < wall / 2
+            {
+                mark_contended(&ctx, STALLED_WORKER_HOLD);
+                any = true;
+            }
+            self.cpu[k] = after;
+        }
+        self.since = now;
+        if any {
+            // Relaxed: a statistic.
+            shared.stats.worker_stalled.fetch_add(1, Ordering::Relaxed);
+        }
+        any
+    }
+}
+
+/// One thread's view of whether it shares its CPU (see the module docs). Plain data,
+/// owned by the thread that looks.
+#[derive(Debug, Default)]
+pub(crate) struct PreemptionSense {
+    /// The last look of the current spin, if it has had one.
+    last: Option<Instant>,
+    /// Until when this thread counts its CPU as shared.
+    contended_until: Option<Instant>,
+}
+
+impl PreemptionSense {
+    /// A new spin starts: the gap to the look before it (work, sleep) is no evidence.
+    pub(crate) fn restart(&mut self) {
+        self.last = None;
+    }
+
+    /// A look at the clock during a spin, at `now`: whether the thread was descheduled
+    /// since the previous look.
+    pub(crate) fn look(&mut self, now: Instant) -> bool {
+        let jumped = self
+            .last
+            .is_some_and(|l| now.saturating_duration_since(l) >= PREEMPTED_GAP);
+        self.last = Some(now);
+        if jumped {
+            self.contended_until = Some(now + CONTENDED_HOLD);
+        }
+        jumped
+    }
+
+    /// Whether the thread saw itself preempted within the last [`CONTENDED_HOLD`].
+    pub(crate) fn contended(&self, now: Instant) -> bool {
+        self.contended_until.is_some_and(|u| now < u)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_between_looks_marks_the_thread_contended_for_a_while() {
+        let mut p = PreemptionSense::default();
+        let t0 = Instant::now();
+        assert!(!p.look(t0), "the first look has nothing to compare with");
+        assert!(!p.look(t0 + Duration::from_micros(3)));
+        assert!(!p.contended(t0 + Duration::from_micros(3)));
+        let late = t0 + Duration::from_micros(3) + PREEMPTED_GAP;
+        assert!(p.look(late));
+        assert!(p.contended(late));
+        let after = late + CONTENDED_HOLD;
+        assert!(!p.contended(after));
+    }
+
+    #[test]
+    fn a_restart_forgets_the_look_before_it() {
+        let mut p = PreemptionSense::default();
+        let t0 = Instant::now();
+        p.look(t0);
+        p.restart();
+        assert!(!p.look(t0 + 10 * PREEMPTED_GAP), "work or sleep in between");
+        assert!(!p.contended(t0 + 10 * PREEMPTED_GAP));
+    }
+}
