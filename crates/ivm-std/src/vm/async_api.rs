@@ -204,15 +204,13 @@ impl VirtualMachine {
         let shared = self.shared_state();
         shared.core.check_caller()?;
         check_timeout(timeout)?;
-        let deadline = std::time::Instant::now().checked_add(timeout);
+        let deadline = crate::util::deadline_after(timeout);
         let mut instr = Instruction::new("sync", shared.barrier_stream(), Kind::Noop);
         instr.barrier = true;
         instr.waiter = Some(Waiter::new());
         let instr = Arc::new(instr);
         shared.core.receive_one(instr.clone(), false)?;
         wait_deadline(shared, &instr, timeout, false)?;
-        // A timeout too large for the clock bounds nothing.
-        let deadline = deadline.unwrap_or_else(|| std::time::Instant::now() + FOREVER);
         crate::vm::sync_devices(shared, deadline)
     }
 
@@ -266,6 +264,3 @@ impl VirtualMachine {
         crate::doors::sync_access::small_result(&instr, read)
     }
 }
-
-/// A deadline that does not bound anything (a year).
-const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
