@@ -383,6 +383,39 @@ fn non_empty_look_publishes_the_push() {
     });
 }
 
+/// `Consumer::peek` promises that the node it returns is readable: a consumer that peeks
+/// a node a push handed off into the empty queue sees what the producer wrote before
+/// pushing, without popping it (ivm-std's worker reads the peeked instruction's body to
+/// decide whether a waiting caller may run it). Polled until the peek finds the node, as
+/// above.
+#[test]
+fn peek_publishes_the_push() {
+    loom::model(|| {
+        let queue = leaked_queue();
+        let node = leaked_node(0, 0);
+        let producer = thread::spawn(move || {
+            node.publish();
+            queue.push(node);
+        });
+        let mut consumer = queue.consume();
+        loop {
+            if let Some(peeked) = consumer.peek() {
+                assert!(std::ptr::eq(peeked, node), "peek returned another node");
+                peeked.check();
+                break;
+            }
+            thread::yield_now();
+        }
+        // Peeking left the node queued.
+        match consumer.try_pop() {
+            Pop::Item(popped) => assert!(std::ptr::eq(popped, node)),
+            other => panic!("the peeked node was not queued: {other:?}"),
+        }
+        drop(consumer);
+        producer.join().unwrap();
+    });
+}
+
 /// What one thread saw when it tried to take the consumer role and pop once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Turn {

@@ -156,12 +156,16 @@ impl SimStream {
                 .faults
                 .roll(&self.state.fault_rng, faults::Kind::SlowCopy)
         {
-            latency.max(Duration::from_micros(10)) * 100
+            latency.max(Duration::from_micros(10)).saturating_mul(100)
         } else {
             latency
         };
+        // A latency too long for the clock (the configuration takes any `Duration`)
+        // makes the item wait a year, not the enqueue panic.
+        let now = Instant::now();
+        let far = Duration::from_secs(365 * 24 * 3600);
         let item = Item {
-            ready_at: Instant::now() + ready,
+            ready_at: now.checked_add(ready).unwrap_or_else(|| now + far),
             latency,
             op,
         };

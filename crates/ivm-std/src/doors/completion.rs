@@ -444,17 +444,6 @@ pub(crate) fn check_timeout(timeout: Duration) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
-    if offset.checked_add(len).is_none_or(|end| end > t.nbytes()) {
-        return Err(Error::OutOfBounds {
-            len,
-            offset,
-            size: t.nbytes(),
-        });
-    }
-    Ok(())
-}
-
 /// Validates an async access of `t` and returns its default stream.
 pub(crate) fn async_target(shared: &Arc<VmShared>, t: &Tensor) -> Result<Arc<StreamShared>> {
     shared.core.check_caller()?;

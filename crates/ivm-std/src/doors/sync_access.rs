@@ -48,6 +48,7 @@ pub(crate) fn sync_wait(shared: &VmShared, instr: Arc<Instruction>) -> Result<()
     Ok(())
 }
 
+/// A small access's length: [`Error::UnsupportedSize`] unless 1, 2, 4, 8 or 16 bytes.
 pub(crate) fn check_size(len: usize) -> Result<()> {
     match len {
         1 | 2 | 4 | 8 | 16 => Ok(()),
@@ -55,7 +56,9 @@ pub(crate) fn check_size(len: usize) -> Result<()> {
     }
 }
 
-fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
+/// A small access's range: [`Error::OutOfBounds`] unless `offset..offset + len` lies
+/// within `t` (an overflowing end included).
+pub(crate) fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
     if offset.checked_add(len).is_none_or(|end| end > t.nbytes()) {
         return Err(Error::OutOfBounds {
             len,

@@ -307,7 +307,7 @@ impl VmShared {
                 }
             }
         }
-        let deadline = std::time::Instant::now() + self.core.config.timeout_period;
+        let deadline = crate::util::deadline_after(self.core.config.timeout_period);
         // Once shut down the scheduler no longer answers a diagnostic request.
         if let Err(e) = self.wait_devices(&streams, deadline, !self.core.is_shut()) {
             first.get_or_insert(e);

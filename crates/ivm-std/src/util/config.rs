@@ -54,10 +54,11 @@ pub struct Config {
     /// Multi-thread (scheduler + workers) or single-thread mode.
     pub mode: Mode,
     /// How long a worker keeps polling its queue after running something before it blocks
-    /// on its notifier.
+    /// on its notifier. At most [`MAX_POLL_WINDOW`] ([`validate`](Self::validate)): a
+    /// polling worker notices shutdown only when its window ends.
     pub worker_poll_window: Duration,
     /// How long the scheduler keeps working (polling for input and completions) after its
-    /// last progress before it parks.
+    /// last progress before it parks. At most [`MAX_POLL_WINDOW`].
     pub scheduler_work_window: Duration,
     /// When more instructions than this are in flight, `run` blocks (backpressure) ...
     pub high_water_mark: usize,
@@ -67,7 +68,9 @@ pub struct Config {
     /// many instructions are in flight right after it was received.
     pub skip_blocking_threshold: usize,
     /// A blocking wait fails with [`Error::Timeout`] when no instruction at all finished
-    /// during one whole period.
+    /// during one whole period. Any positive value: one too long for the clock (up to
+    /// `Duration::MAX`) makes every deadline derived from it a year away, so it means "no
+    /// timeout".
     pub timeout_period: Duration,
     /// How many received instructions the engine handles per step before it dispatches and
     /// releases (keeps latency bounded under a flood).
@@ -194,6 +197,12 @@ impl Config {
         self
     }
 }
+
+/// The longest [`Config::worker_poll_window`] and [`Config::scheduler_work_window`]: a
+/// window is a spin that trades a core for wake-up latency, worth microseconds to
+/// milliseconds; a longer one only burns the core (and delays shutdown by up to a
+/// worker's window).
+pub const MAX_POLL_WINDOW: Duration = Duration::from_secs(1);
 
 /// Hardware threads below which the default scheduler window is zero and the default worker
 /// poll window shorter (see [`Config::default`]).
@@ -340,6 +349,16 @@ impl Config {
         }
         if self.timeout_period.is_zero() {
             return Err(Error::Config("timeout_period must be positive".into()));
+        }
+        for (name, window) in [
+            ("worker_poll_window", self.worker_poll_window),
+            ("scheduler_work_window", self.scheduler_work_window),
+        ] {
+            if window > MAX_POLL_WINDOW {
+                return Err(Error::Config(format!(
+                    "{name} ({window:?}) must be at most {MAX_POLL_WINDOW:?}"
+                )));
+            }
         }
         if self.sync_ring_capacity == 0 || self.sync_ring_capacity > crate::util::tuning::RING_MAX {
             return Err(Error::Config(format!(

@@ -14,6 +14,18 @@ pub(crate) mod panics;
 pub(crate) mod tuning;
 
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How far off a deadline is that `d` from now would put past the clock's range.
+const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `d` from now, or [`FAR`] from now where `d` is too long for the clock: a duration the
+/// user hands over (`Config::timeout_period`, a call's timeout) may be anything up to
+/// `Duration::MAX`, which means "no deadline", never an overflow panic.
+pub(crate) fn deadline_after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d).unwrap_or_else(|| now + FAR)
+}
 
 /// Locks `m`, ignoring poisoning: every VM mutex guards data that a panicking holder leaves
 /// consistent (kernels run outside every lock, and their panics are caught).

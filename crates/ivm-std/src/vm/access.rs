@@ -16,8 +16,9 @@ impl VirtualMachine {
     /// the lowest-latency way to look at a tensor (see the README's latency figures).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for another length or a range outside `t`;
-    /// [`Error::Poisoned`] when a failed instruction wrote `t`; [`Error::Timeout`] with a
+    /// [`Error::UnsupportedSize`] for a length other than 1, 2, 4, 8 or 16;
+    /// [`Error::OutOfBounds`] for a range that does not lie within `t` (`offset + len` past
+    /// its end, or overflowing); [`Error::Poisoned`] when a failed instruction wrote `t`; [`Error::Timeout`] with a
     /// diagnostic after a timeout period without progress; [`Error::Reentrant`] from one
     /// of this VM's own kernels or callbacks; [`Error::ShutDown`],
     /// [`Error::ForeignObject`], [`Error::Forked`].

@@ -4,10 +4,10 @@
 use super::VirtualMachine;
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::completion::{
-    Completer, Completion, ReadSmallMem, async_target, barrier_completing, check_bounds,
-    check_timeout, completer_for, submit_on, wait_deadline,
+    Completer, Completion, ReadSmallMem, async_target, barrier_completing, check_timeout,
+    completer_for, submit_on, wait_deadline,
 };
-use crate::doors::sync_access::check_size;
+use crate::doors::sync_access::{check_bounds, check_size};
 use crate::model::instruction::Waiter;
 use crate::model::instruction::{Instruction, Kind, ReadFn, WriteFn};
 use crate::runtime::tensor::Tensor;
@@ -20,8 +20,11 @@ impl VirtualMachine {
     /// the returned future copies them into `out` when it resolves. See
     /// [`crate::doors::completion`].
     ///
-    /// Validation errors (size, bounds, a tensor of another VM, shutdown, reentrancy,
-    /// fork) are returned by the future.
+    /// # Errors
+    /// Returned by the future, never by this call: those of
+    /// [`read_small`](Self::read_small) ([`Error::UnsupportedSize`] for a length other than
+    /// 1, 2, 4, 8 or 16, [`Error::OutOfBounds`] for a range outside `t`, ...) and of
+    /// [`Completion`](crate::Completion)'s waits.
     pub fn read_small_async<'a>(
         &self,
         t: &Tensor,
@@ -62,6 +65,9 @@ impl VirtualMachine {
     /// Writes `data` (1, 2, 4, 8 or 16 bytes, copied now) at `offset` of `t` without
     /// blocking; the completion resolves once the write is done. See
     /// [`crate::doors::completion`].
+    ///
+    /// # Errors
+    /// As [`read_small_async`](Self::read_small_async).
     pub fn write_small_async(&self, t: &Tensor, offset: usize, data: &[u8]) -> Completion<()> {
         let shared = self.shared_state();
         let r = (|| {
@@ -204,15 +210,13 @@ impl VirtualMachine {
         let shared = self.shared_state();
         shared.core.check_caller()?;
         check_timeout(timeout)?;
-        let deadline = std::time::Instant::now().checked_add(timeout);
+        let deadline = crate::util::deadline_after(timeout);
         let mut instr = Instruction::new("sync", shared.barrier_stream(), Kind::Noop);
         instr.barrier = true;
         instr.waiter = Some(Waiter::new());
         let instr = Arc::new(instr);
         shared.core.receive_one(instr.clone(), false)?;
         wait_deadline(shared, &instr, timeout, false)?;
-        // A timeout too large for the clock bounds nothing.
-        let deadline = deadline.unwrap_or_else(|| std::time::Instant::now() + FOREVER);
         crate::vm::sync_devices(shared, deadline)
     }
 
@@ -266,6 +270,3 @@ impl VirtualMachine {
         crate::doors::sync_access::small_result(&instr, read)
     }
 }
-
-/// A deadline that does not bound anything (a year).
-const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);

@@ -194,7 +194,7 @@ impl VirtualMachine {
         // Device work launched by released instructions (frees included) completes before
         // shutdown returns, within one timeout period (the scheduler has exited: no
         // engine part in the diagnostic).
-        let deadline = std::time::Instant::now() + self.shared.core.config.timeout_period;
+        let deadline = crate::util::deadline_after(self.shared.core.config.timeout_period);
         self.shared
             .wait_devices(&self.shared.async_streams(), deadline, false)?;
         // Every tensor release has run: give the cached memory back to the devices.

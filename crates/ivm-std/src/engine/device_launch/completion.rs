@@ -135,7 +135,7 @@ pub(super) fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>],
 /// timeout period (a device that neither takes work nor finishes it gets what follows
 /// late, never a hung worker).
 pub(super) fn drain(dev: &DeviceCtx) {
-    let deadline = std::time::Instant::now() + dev.drain_bound;
+    let deadline = crate::util::deadline_after(dev.drain_bound);
     let _ = crate::device::wait_streams(&[&*dev.stream], deadline);
 }
 
