@@ -55,11 +55,11 @@ pub(crate) fn register_cpu_clock(ctx: &ThreadCtx) {
         let mut id: libc::clockid_t = 0;
         // SAFETY: `pthread_self` is the calling thread, alive; `id` is a valid out-pointer.
         let r = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
-        if r == 0
-            && let Ok(v) = usize::try_from(i64::from(id) + 1)
-        {
+        if r == 0 {
+            // A thread's CPU clock id is negative: kept as its 32 bits, plus one.
+            let bits = u32::from_ne_bytes(id.to_ne_bytes()) as usize;
             // Relaxed: a hint, read by callers that watch this worker.
-            ctx.cpu_clock.store(v, Ordering::Relaxed);
+            ctx.cpu_clock.store(bits + 1, Ordering::Relaxed);
         }
     }
     #[cfg(not(target_os = "linux"))]
@@ -72,7 +72,8 @@ fn cpu_time(ctx: &ThreadCtx) -> Option<Duration> {
     {
         // Relaxed: a hint (see `register_cpu_clock`).
         let v = ctx.cpu_clock.load(Ordering::Relaxed);
-        let id = libc::clockid_t::try_from(v.checked_sub(1)?).ok()?;
+        let bits = u32::try_from(v.checked_sub(1)?).ok()?;
+        let id = libc::clockid_t::from_ne_bytes(bits.to_ne_bytes());
         let mut ts = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -197,6 +198,36 @@ mod tests {
         assert!(p.contended(late));
         let after = late + CONTENDED_HOLD;
         assert!(!p.contended(after));
+    }
+
+    /// A worker's CPU clock is readable from another thread and advances while it
+    /// computes (Linux; the id is negative, which a plain conversion to `usize` lost).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_workers_cpu_clock_is_read_from_another_thread() {
+        let ctx = std::sync::Arc::new(ThreadCtx::new("t".into()));
+        let c2 = ctx.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            register_cpu_clock(&c2);
+            tx.send(()).unwrap();
+            let _ = wait.recv();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(20) {
+                std::hint::spin_loop();
+            }
+            tx.send(()).unwrap();
+            let _ = wait.recv();
+        });
+        rx.recv().unwrap();
+        let before = cpu_time(&ctx).expect("the worker's clock is known");
+        go.send(()).unwrap();
+        rx.recv().unwrap();
+        let after = cpu_time(&ctx).expect("the worker's clock is known");
+        assert!(after > before, "{before:?} -> {after:?}");
+        go.send(()).unwrap();
+        h.join().unwrap();
     }
 
     #[test]
