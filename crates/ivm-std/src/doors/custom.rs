@@ -218,6 +218,9 @@ pub(crate) fn run(
         completion.complete(Err(f));
         return;
     }
+    // On a launcher device the policy runs on the worker, ahead of the device: its
+    // `on_host` work is enqueued for this instruction.
+    let instr = device_stream.and(completion.instr.clone());
     let shared = Arc::new(Mutex::new(Shared {
         completion: Some(completion),
         launching: true,
@@ -236,6 +239,7 @@ pub(crate) fn run(
             inputs: ins,
             outputs: outs,
             stream: device_stream,
+            launcher: instr.as_deref(),
         };
         catch_unwind(AssertUnwindSafe(|| policy.launch(&mut ctx, done)))
     };

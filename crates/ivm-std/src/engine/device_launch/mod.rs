@@ -171,6 +171,7 @@ fn launch_kind(
                 inputs: ins,
                 outputs: outs,
                 stream: Some(stream),
+                launcher: Some(&**instr),
             };
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f.call(&mut ctx))) {
                 let message = panic_message(&*payload);
@@ -301,6 +302,25 @@ fn launch_kind(
     } else {
         Ok(Outcome::OnEvent(stream.record_event().map_err(err)?))
     }
+}
+
+/// Enqueues a host kernel `f` over `inputs` and `outputs` on the device stream of `instr`,
+/// a kernel running on a launcher device's worker ([`KernelCtx::on_host`]): it runs in
+/// stream order with the checks and failure handling of a queued device's kernel body.
+pub(crate) fn enqueue_host_kernel(
+    instr: &Instruction,
+    inputs: &[Arc<Blob>],
+    outputs: &[Arc<Blob>],
+    f: crate::model::kernel::KernelFn,
+) -> crate::Result<()> {
+    let (mut ins, mut outs) = (Operands::default(), Operands::default());
+    for b in inputs {
+        ins.push(b.clone());
+    }
+    for b in outputs {
+        outs.push(b.clone());
+    }
+    queue(instr, &ins, &outs, Queued::Kernel(f))
 }
 
 fn pinned_bytes(pinned: &Arc<dyn DeviceMemory>) -> *mut u8 {
