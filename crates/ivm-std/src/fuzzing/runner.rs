@@ -422,7 +422,9 @@ impl<K: Kernels> Runner<K> {
                                 ctx.output_u64(x)[0] = *v;
                             }
                         })
-                        .unwrap_or_else(|e| panic!("{e}"));
+                        // Unwinds without the panic hook: an expected failure under
+                        // injected faults, whose message the instruction's error carries.
+                        .unwrap_or_else(|e| std::panic::resume_unwind(Box::new(e.to_string())));
                     },
                 )
             }
