@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ivm_core::sync::Ordering;
 
 use super::{failure, poison_all};
-use crate::device::HostFn;
+use crate::device::{HostFn, KernelMode};
 use crate::engine::execute::first_poison;
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Landed, Operands, status};
@@ -99,16 +99,28 @@ pub(super) fn done_now(instr: &Instruction, failure: Option<Failure>, finish_wai
 /// failure. Such work checks its operands for poison when the device reaches it: a
 /// queued device's kernel bodies (`KernelMode::Queued`, the sim), and on every
 /// asynchronous device the sync callbacks, copies' poison carriers and a launcher
-/// kernel's host work ([`KernelCtx::on_host`](crate::KernelCtx::on_host)). So the poison
-/// is queued on the stream, behind that work, as a kernel's own failure on the device
-/// would be. (Soft sync has put a device-side wait on this stream ahead of it for earlier
-/// work of other streams of the device.) Later work of this stream meets the poison in
-/// stream order. When the device refuses the poison too (and on streams done when their
-/// device work is), the worker drains the stream first ([`drain`]), then poisons, before
-/// the instruction is done and anything after it launches.
+/// kernel's host work ([`KernelCtx::on_host`](crate::KernelCtx::on_host)).
+///
+/// On a queued device the poison is queued on the stream, behind that work, as a
+/// kernel's own failure on the device would be. (Soft sync has put a device-side wait on
+/// this stream ahead of it for earlier work of other streams of the device.) Later work
+/// of this stream meets the poison in stream order. When the device refuses the poison
+/// too (and on streams done when their device work is), the worker drains the stream
+/// first ([`drain`]), then poisons, before the instruction is done and anything after it
+/// launches.
+///
+/// On a launcher device the worker always drains first: there, later instructions check
+/// their operands when the worker launches them (a kernel's body, a custom instruction's
+/// policy, which must not enqueue device work over a failed producer's output), so the
+/// poison must be in place when this one is done, and not before the earlier work ran.
+/// A failed launch is rare; the drain is bounded by the timeout period.
 pub(super) fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>], f: &Failure) {
     let dev = &instr.stream.dev;
     if !outputs.is_empty() {
+        if dev.mode == KernelMode::Launcher {
+            drain(dev);
+            return poison_all(outputs, f);
+        }
         if instr.stream.policy.done_at_launch() {
             let mut outs = Operands::default();
             for b in outputs {

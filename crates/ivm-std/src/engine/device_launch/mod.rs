@@ -304,6 +304,15 @@ fn launch_kind(
     }
 }
 
+/// Waits (bounded by the timeout period) until the work queued so far on the device
+/// stream of `instr`, a custom instruction whose policy runs on a launcher device's
+/// worker, has run, before its failure known on the worker poisons its outputs: earlier
+/// readers of them still queued there check for poison when the device reaches them
+/// (see `poison_in_stream_order`).
+pub(crate) fn drain_before_failing(instr: &Instruction) {
+    drain(&instr.stream.dev);
+}
+
 /// Enqueues a host kernel `f` over `inputs` and `outputs` on the device stream of `instr`,
 /// a kernel running on a launcher device's worker ([`KernelCtx::on_host`]): it runs in
 /// stream order with the checks and failure handling of a queued device's kernel body.
