@@ -38,3 +38,39 @@ macro_rules! kernel_modes {
         }
     };
 }
+
+/// `kernel_and_vm_modes!([a, b], [c])`: like [`kernel_modes!`], with the VM's mode as
+/// well: the tests `queued::a` (multi-thread), `launcher::a` (multi-thread) and
+/// `launcher_single::a` (single-thread), calling `a(false, Mode::MultiThread)`, ...; those
+/// of the second list only in multi-thread mode.
+#[macro_export]
+macro_rules! kernel_and_vm_modes {
+    ([$($both:ident),* $(,)?], [$($multi:ident),* $(,)?]) => {
+        mod queued {
+            $(#[test]
+            fn $both() {
+                super::$both(false, ivm_std::Mode::MultiThread)
+            })*
+            $(#[test]
+            fn $multi() {
+                super::$multi(false, ivm_std::Mode::MultiThread)
+            })*
+        }
+        mod launcher {
+            $(#[test]
+            fn $both() {
+                super::$both(true, ivm_std::Mode::MultiThread)
+            })*
+            $(#[test]
+            fn $multi() {
+                super::$multi(true, ivm_std::Mode::MultiThread)
+            })*
+        }
+        mod launcher_single {
+            $(#[test]
+            fn $both() {
+                super::$both(true, ivm_std::Mode::SingleThread)
+            })*
+        }
+    };
+}
