@@ -243,7 +243,9 @@ pub(crate) fn run(
             inputs: ins,
             outputs: outs,
             stream: device_stream,
-            launcher: instr.as_deref(),
+            launcher: instr
+                .as_deref()
+                .map(|i| i as &dyn crate::model::kernel::HostEnqueue),
         };
         catch_unwind(AssertUnwindSafe(|| policy.launch(&mut ctx, done)))
     };

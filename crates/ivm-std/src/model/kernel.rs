@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use crate::device::DeviceStream;
 use crate::model::blob::Blob;
-use crate::model::instruction::Instruction;
 use crate::util::hooks::{Captures, DropSink};
 
 /// What a kernel sees: its input and output tensors' bytes (host-accessible memory: the
@@ -29,8 +28,21 @@ pub struct KernelCtx<'a> {
     pub(crate) outputs: &'a [Arc<Blob>],
     pub(crate) stream: Option<&'a dyn DeviceStream>,
     /// The instruction whose body runs on a launcher device's worker (`None` elsewhere):
-    /// what [`on_host`](Self::on_host) enqueues work for.
-    pub(crate) launcher: Option<&'a Instruction>,
+    /// what [`on_host`](Self::on_host) enqueues host work for.
+    pub(crate) launcher: Option<&'a dyn HostEnqueue>,
+}
+
+/// Enqueues host kernels for an instruction running on a launcher device's worker, in its
+/// device stream's order (implemented by the engine, `engine/device_launch/`: the model
+/// does not reach up to it).
+pub(crate) trait HostEnqueue {
+    /// Enqueues `f` over `inputs` and `outputs`.
+    fn enqueue_host(
+        &self,
+        inputs: &[Arc<Blob>],
+        outputs: &[Arc<Blob>],
+        f: KernelFn,
+    ) -> crate::Result<()>;
 }
 
 impl<'a> KernelCtx<'a> {
@@ -132,12 +144,7 @@ impl<'a> KernelCtx<'a> {
                 f(self);
                 Ok(())
             }
-            Some(instr) => crate::engine::device_launch::enqueue_host_kernel(
-                instr,
-                self.inputs,
-                self.outputs,
-                KernelFn::new(f),
-            ),
+            Some(l) => l.enqueue_host(self.inputs, self.outputs, KernelFn::new(f)),
         }
     }
 

@@ -313,23 +313,25 @@ pub(crate) fn drain_before_failing(instr: &Instruction) {
     drain(&instr.stream.dev);
 }
 
-/// Enqueues a host kernel `f` over `inputs` and `outputs` on the device stream of `instr`,
-/// a kernel running on a launcher device's worker ([`KernelCtx::on_host`]): it runs in
-/// stream order with the checks and failure handling of a queued device's kernel body.
-pub(crate) fn enqueue_host_kernel(
-    instr: &Instruction,
-    inputs: &[Arc<Blob>],
-    outputs: &[Arc<Blob>],
-    f: crate::model::kernel::KernelFn,
-) -> crate::Result<()> {
-    let (mut ins, mut outs) = (Operands::default(), Operands::default());
-    for b in inputs {
-        ins.push(b.clone());
+/// A kernel running on a launcher device's worker enqueues host work
+/// ([`KernelCtx::on_host`]) on its instruction's device stream: it runs in stream order
+/// with the checks and failure handling of a queued device's kernel body.
+impl crate::model::kernel::HostEnqueue for Instruction {
+    fn enqueue_host(
+        &self,
+        inputs: &[Arc<Blob>],
+        outputs: &[Arc<Blob>],
+        f: crate::model::kernel::KernelFn,
+    ) -> crate::Result<()> {
+        let (mut ins, mut outs) = (Operands::default(), Operands::default());
+        for b in inputs {
+            ins.push(b.clone());
+        }
+        for b in outputs {
+            outs.push(b.clone());
+        }
+        queue(self, &ins, &outs, Queued::Kernel(f))
     }
-    for b in outputs {
-        outs.push(b.clone());
-    }
-    queue(instr, &ins, &outs, Queued::Kernel(f))
 }
 
 fn pinned_bytes(pinned: &Arc<dyn DeviceMemory>) -> *mut u8 {
