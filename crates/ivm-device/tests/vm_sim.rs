@@ -486,3 +486,36 @@ fn impossible_sim_allocations_are_out_of_memory() {
         drained(&vm);
     }
 }
+
+/// On a launcher stream a kernel's body runs on the worker, ahead of the device: touching
+/// its operands' bytes there would race with the work queued before it, so it fails the
+/// kernel (naming `on_host`), and the stream goes on.
+#[test]
+fn a_launcher_kernel_that_touches_bytes_on_the_worker_fails() {
+    for (name, cfg) in configs() {
+        let sim = sim(SimConfig::random(1, 17), true);
+        let vm = vm_with(cfg, &sim);
+        let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+        let (t, u) = (
+            vm.new_tensor_on(&s, 8).unwrap(),
+            vm.new_tensor_on(&s, 8).unwrap(),
+        );
+        vm.run(|b| b.call_named("direct", &s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+            .unwrap();
+        match read_u64(&vm, &t) {
+            Err(Error::Poisoned {
+                instruction,
+                message,
+            }) => {
+                assert!(instruction.starts_with("direct#"), "{name}: {instruction}");
+                assert!(message.contains("on_host"), "{name}: {message}");
+            }
+            other => panic!("{name}: a launcher kernel touched its bytes: {other:?}"),
+        }
+        vm.run(|b| b.call(&s, &[], &[&u], host(|k| k.output_u64(0)[0] = 2)))
+            .unwrap();
+        assert_eq!(read_u64(&vm, &u).unwrap(), 2, "{name}");
+        drop((t, u));
+        drained(&vm);
+    }
+}
