@@ -4,7 +4,9 @@
 //! Prints a markdown table, then one line per figure: `RATIO <name> <value>` for ratios
 //! and `FIGURE <name> <value> <unit>` for the rest. Runs in under a minute:
 //! `cargo run --release --example perf_report` (`-- --quick` for a shorter smoke run;
-//! `-- warm cold inline throughput allocs cpu caller contended` to run only some sections).
+//! `-- warm cold inline throughput allocs cpu caller contended` to run only some sections;
+//! `-- --device sim|sim-launcher|cuda` adds the device section, `device.rs`, on that device;
+//! cuda needs `--features cuda`).
 //! VM settings come from [`Config::from_env`] (`IVM_*`), with the overrides each scenario
 //! states.
 //!
@@ -36,6 +38,7 @@ use ivm::ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
 
 #[path = "../common/mod.rs"]
 mod common;
+mod device;
 mod reads;
 mod resources;
 mod throughput;
@@ -205,9 +208,16 @@ fn main() {
     );
     // Sections named on the command line (`warm cold inline throughput allocs cpu caller`)
     // run alone; none named: all.
-    let only: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let device = args
+        .iter()
+        .position(|a| a == "--device")
+        .map(|i| args.get(i + 1).cloned().unwrap_or_default());
+    let only: Vec<String> = args
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| !a.starts_with("--") && (*i == 0 || args[i - 1] != "--device"))
+        .map(|(_, a)| a.clone())
         .collect();
     let run = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let start = Instant::now();
@@ -235,6 +245,13 @@ fn main() {
     }
     if run("contended") {
         contended(&mut rep);
+    }
+    if let Some(name) = &device
+        && run("device")
+        && let Err(m) = device::device_figures(&mut rep, quick, name)
+    {
+        eprintln!("perf_report: device {name}: {m}");
+        std::process::exit(2);
     }
     println!("\n| figure | value | unit | target | met |\n|---|---|---|---|---|");
     for r in &rep.rows {

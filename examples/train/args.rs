@@ -8,6 +8,11 @@ pub(crate) enum DeviceArg {
     Cpu,
     /// The simulated accelerator with this launch latency.
     Sim(Duration),
+    /// The simulated accelerator as cuda's streams are: launcher streams and device-only
+    /// memory, with this launch latency (the cuda code path, without a GPU).
+    SimLauncher(Duration),
+    /// The first CUDA GPU (the demo built with `--features cuda`).
+    Cuda,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +68,7 @@ pub(crate) struct Args {
 }
 
 const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
-[--device cpu|sim:<latency_us>] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] [--hog N] \
+[--device cpu|sim:<latency_us>|sim-launcher:<latency_us>|cuda] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] [--hog N] \
 [--data-parallel (under mpirun; build with --features mpi)]";
 
 pub(crate) fn parse_args() -> Result<Args, String> {
@@ -113,17 +118,28 @@ pub(crate) fn parse_args() -> Result<Args, String> {
             "--hog" => a.hog = num(&flag, value(&flag)?)?,
             "--device" => {
                 let v = value(&flag)?;
+                let latency = |prefix: &str| -> Result<Duration, String> {
+                    let us = v
+                        .strip_prefix(prefix)
+                        .and_then(|rest| rest.strip_prefix(':'))
+                        .map(|n| num::<u64>(&format!("--device {prefix}:<latency_us>"), n.into()))
+                        .transpose()?
+                        .unwrap_or(5);
+                    Ok(Duration::from_micros(us))
+                };
                 a.device = match v.as_str() {
                     "cpu" => DeviceArg::Cpu,
-                    s if s.starts_with("sim") => {
-                        let us = s
-                            .strip_prefix("sim:")
-                            .map(|n| num::<u64>("--device sim:<latency_us>", n.to_string()))
-                            .transpose()?
-                            .unwrap_or(5);
-                        DeviceArg::Sim(Duration::from_micros(us))
+                    "cuda" => DeviceArg::Cuda,
+                    s if s.starts_with("sim-launcher") => {
+                        DeviceArg::SimLauncher(latency("sim-launcher")?)
                     }
-                    _ => return Err(format!("--device: `{v}`: expected cpu or sim:<latency_us>")),
+                    s if s.starts_with("sim") => DeviceArg::Sim(latency("sim")?),
+                    _ => {
+                        return Err(format!(
+                            "--device: `{v}`: expected cpu, sim:<latency_us>, \
+                             sim-launcher:<latency_us> or cuda"
+                        ));
+                    }
                 }
             }
             "--mode" => {

@@ -174,7 +174,7 @@ fn train(
     })
 }
 
-/// A VM for `device`: its compute stream, and (for the sim) its host-to-device stream.
+/// A VM for `device`: its compute stream, and (for a device) its host-to-device stream.
 fn new_vm(device: DeviceArg) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Option<Stream>)> {
     let config = Config::from_env()?;
     match device {
@@ -193,33 +193,60 @@ fn new_vm(device: DeviceArg) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Op
             })?;
             Ok((vm, s, None))
         }
-        DeviceArg::Sim(latency) => {
+        DeviceArg::Sim(latency) | DeviceArg::SimLauncher(latency) => {
+            let launcher = matches!(device, DeviceArg::SimLauncher(_));
             let sim = SimAdapter::new(SimConfig {
                 devices: 1,
                 launch_latency: Latency::fixed(latency),
                 kernel_latency: Latency::ZERO,
                 copy_latency: Latency::fixed(latency),
                 seed: 7,
+                // As cuda's streams are: kernels enqueue their work from the worker, and
+                // the memory is device-only.
+                launcher,
+                host_visible: !launcher,
                 ..SimConfig::default()
             });
             let vm = VirtualMachine::with_adapters(config, vec![sim])?;
-            let dev = Device {
-                kind: ivm_device::sim::SIM,
-                index: 0,
-            };
-            let s = vm.stream(StreamId::default_for(dev))?;
-            // The h2d stream on a worker of its own: soft sync then orders compute after
-            // a copy with an event recorded on the h2d stream right behind that copy (a
-            // record instruction on the h2d stream), not behind whatever the h2d queue
-            // holds when the copy completes (a stream wait from the shared worker).
-            let h2d = vm.stream(StreamId {
-                device: dev,
-                stream_type: StreamType::HostToDevice,
-                thread_id: 1,
-            })?;
-            Ok((vm, s, Some(h2d)))
+            device_streams(
+                vm,
+                Device {
+                    kind: ivm_device::sim::SIM,
+                    index: 0,
+                },
+            )
         }
+        #[cfg(feature = "cuda")]
+        DeviceArg::Cuda => {
+            let vm = VirtualMachine::with_adapters(
+                config,
+                vec![ivm::ivm_device::cuda::CudaAdapter::new()?],
+            )?;
+            device_streams(vm, ivm::ivm_device::cuda::cuda_device(0))
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => Err(ivm::Error::InvalidArgument(
+            "--device cuda: build the demo with `--features cuda`".into(),
+        )),
     }
+}
+
+/// `vm`'s compute stream on `dev` and its host-to-device stream.
+fn device_streams(
+    vm: VirtualMachine,
+    dev: Device,
+) -> ivm::ivm_std::Result<(VirtualMachine, Stream, Option<Stream>)> {
+    let s = vm.stream(StreamId::default_for(dev))?;
+    // The h2d stream on a worker of its own: soft sync then orders compute after a copy
+    // with an event recorded on the h2d stream right behind that copy (a record
+    // instruction on the h2d stream), not behind whatever the h2d queue holds when the
+    // copy completes (a stream wait from the shared worker).
+    let h2d = vm.stream(StreamId {
+        device: dev,
+        stream_type: StreamType::HostToDevice,
+        thread_id: 1,
+    })?;
+    Ok((vm, s, Some(h2d)))
 }
 
 fn main() -> ExitCode {
@@ -284,6 +311,11 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
     let device = match args.device {
         DeviceArg::Cpu => "cpu".to_string(),
         DeviceArg::Sim(l) => format!("sim (launch and copy latency {} µs)", l.as_micros()),
+        DeviceArg::SimLauncher(l) => format!(
+            "sim, launcher streams, device-only memory (launch and copy latency {} µs)",
+            l.as_micros()
+        ),
+        DeviceArg::Cuda => "cuda:0".to_string(),
     };
     println!(
         "winequality (red): {} train / {} test rows, {features} features, {classes} classes \
@@ -317,7 +349,7 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
     };
 
     let mut modes = args.modes.clone();
-    if matches!(args.device, DeviceArg::Sim(_)) && modes.contains(&Mode::Eager) {
+    if args.device != DeviceArg::Cpu && modes.contains(&Mode::Eager) {
         let at = modes
             .iter()
             .position(|&m| m == Mode::Eager)

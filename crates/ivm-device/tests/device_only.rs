@@ -3,25 +3,45 @@
 //! reads and writes, sync callbacks (`access`, `access_mut`), lazy-job interfaces and
 //! parameters — stages through host memory with the device's own copies. Each scenario
 //! runs the same work on cpu tensors and on device-only sim tensors and compares the
-//! results bit for bit.
+//! results bit for bit. Each runs on queued sim streams (`queued::<test>`) and on launcher
+//! ones (`SimConfig::launcher`, the kernel mode cuda's streams have), in multi-thread
+//! (`launcher::<test>`) and single-thread mode (`launcher_single::<test>`).
+
+mod common;
 
 use std::sync::Arc;
 
+use common::host;
 use ivm_device::sim::sim_device;
 use ivm_device::{SimAdapter, SimConfig};
 use ivm_graph::{Graph, GraphBuilder};
 use ivm_std::{
-    Config, DebugCounters, DeviceAdapter, Error, Stream, StreamId, Tensor, VirtualMachine,
+    Config, DebugCounters, DeviceAdapter, Error, Mode, Stream, StreamId, Tensor, VirtualMachine,
 };
 
-/// A VM with one device-only sim device (random latencies from `seed`), and its compute
-/// stream.
-fn vm(seed: u64) -> (VirtualMachine, Stream) {
+kernel_and_vm_modes!(
+    [
+        sim_memory_is_device_only_and_host_kernels_on_it_fail_cleanly,
+        sync_callbacks_stage_device_only_memory,
+        lazy_interfaces_and_parameters_stage_device_only_memory,
+        graph_failures_reach_device_only_tensors,
+        empty_device_only_tensors_need_no_staging,
+        async_accesses_stage_device_only_memory,
+        a_failed_copy_in_runs_no_callback,
+        an_async_write_resolves_after_its_copy_back,
+    ],
+    []
+);
+
+/// A VM in `mode` with one device-only sim device (random latencies from `seed`; launcher
+/// streams with `launcher`), and its compute stream.
+fn vm(seed: u64, launcher: bool, mode: Mode) -> (VirtualMachine, Stream) {
     let sim: Arc<dyn DeviceAdapter> = SimAdapter::new(SimConfig {
         host_visible: false,
+        launcher,
         ..SimConfig::random(1, seed)
     });
-    let vm = VirtualMachine::with_adapters(Config::default(), vec![sim]).unwrap();
+    let vm = VirtualMachine::with_adapters(Config::default().with_mode(mode), vec![sim]).unwrap();
     let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
     (vm, s)
 }
@@ -51,14 +71,14 @@ fn assert_drained(vm: VirtualMachine) {
     assert_eq!(vm.debug_counters(), DebugCounters::default());
 }
 
-#[test]
-fn sim_memory_is_device_only_and_host_kernels_on_it_fail_cleanly() {
-    let (vm, s) = vm(1);
+fn sim_memory_is_device_only_and_host_kernels_on_it_fail_cleanly(launcher: bool, mode: Mode) {
+    let (vm, s) = vm(1, launcher, mode);
     let t = vm.new_tensor_from(&s, &bytes_of(&[5, 6])).unwrap();
     assert_eq!(u64s(&read(&vm, &t).unwrap()), [5, 6]);
     // A host kernel cannot touch device-only memory: the instruction fails, naming it,
     // and the VM goes on.
-    vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+    // (On a launcher stream the host work the kernel enqueues fails on the device.)
+    vm.run(|b| b.call(&s, &[], &[&t], host(|k| k.output_u64(0)[0] = 1)))
         .unwrap();
     let err = read(&vm, &t).unwrap_err();
     assert!(matches!(&err, Error::Poisoned { .. }), "{err}");
@@ -70,10 +90,9 @@ fn sim_memory_is_device_only_and_host_kernels_on_it_fail_cleanly() {
 
 /// `access` and `access_mut` on a device-only tensor: the callback sees the device's bytes
 /// and its writes land on the device, in stream order with the copies around it.
-#[test]
-fn sync_callbacks_stage_device_only_memory() {
+fn sync_callbacks_stage_device_only_memory(launcher: bool, mode: Mode) {
     for seed in [1u64, 2, 3] {
-        let (vm, s) = vm(seed);
+        let (vm, s) = vm(seed, launcher, mode);
         let cpu = vm.default_stream();
         let mut results = Vec::new();
         for stream in [&cpu, &s] {
@@ -129,10 +148,9 @@ fn graph() -> Graph {
 
 /// Lazy launches whose input, output and parameter are device-only sim tensors give the
 /// cpu tensors' results, with eager copies and small writes between launches.
-#[test]
-fn lazy_interfaces_and_parameters_stage_device_only_memory() {
+fn lazy_interfaces_and_parameters_stage_device_only_memory(launcher: bool, mode: Mode) {
     for seed in [1u64, 2, 3] {
-        let (vm, s) = vm(seed);
+        let (vm, s) = vm(seed, launcher, mode);
         let cpu = vm.default_stream();
         let g = graph();
         let mut results = Vec::new();
@@ -175,9 +193,8 @@ fn lazy_interfaces_and_parameters_stage_device_only_memory() {
 
 /// The async forms stage too: a write, a callback and a read, each completed, give the
 /// cpu tensor's results.
-#[test]
-fn async_accesses_stage_device_only_memory() {
-    let (vm, s) = vm(4);
+fn async_accesses_stage_device_only_memory(launcher: bool, mode: Mode) {
+    let (vm, s) = vm(4, launcher, mode);
     let cpu = vm.default_stream();
     let mut results = Vec::new();
     for stream in [&cpu, &s] {
@@ -203,9 +220,8 @@ fn async_accesses_stage_device_only_memory() {
 /// A graph kernel that panics poisons a device-only output and parameter like cpu ones
 /// (through the copy back), an invalid output is never touched, and the graph and the
 /// device keep serving.
-#[test]
-fn graph_failures_reach_device_only_tensors() {
-    let (vm, s) = vm(5);
+fn graph_failures_reach_device_only_tensors(launcher: bool, mode: Mode) {
+    let (vm, s) = vm(5, launcher, mode);
     let mut g = GraphBuilder::new("device_only_boom");
     let x = g.input("x", 8);
     let w = g.param("w", 8);
@@ -257,9 +273,8 @@ fn graph_failures_reach_device_only_tensors() {
 
 /// An empty device-only tensor has no bytes to stage: callbacks see an empty slice, and
 /// nothing fails on the device's stream (a failure there would poison later work).
-#[test]
-fn empty_device_only_tensors_need_no_staging() {
-    let (vm, s) = vm(6);
+fn empty_device_only_tensors_need_no_staging(launcher: bool, mode: Mode) {
+    let (vm, s) = vm(6, launcher, mode);
     let empty = vm.new_tensor_on(&s, 0).unwrap();
     assert_eq!(vm.access(&empty, |b: &[u8]| b.len()).unwrap(), 0);
     vm.access_mut(&empty, |b: &mut [u8]| assert!(b.is_empty()))
@@ -280,12 +295,12 @@ fn empty_device_only_tensors_need_no_staging() {
 /// A copy-in that fails on the device: no callback runs on the zeroed staging copy it
 /// leaves (a write would copy those zeros back to the device as the tensor's bytes), each
 /// door reports the failure, and the VM goes on once the device is healed.
-#[test]
-fn a_failed_copy_in_runs_no_callback() {
+fn a_failed_copy_in_runs_no_callback(launcher: bool, mode: Mode) {
     use ivm_device::sim::SimFaults;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let sim = SimAdapter::new(SimConfig {
         host_visible: false,
+        launcher,
         faults: SimFaults {
             seed: 1,
             copy_fail: 1,
@@ -294,7 +309,8 @@ fn a_failed_copy_in_runs_no_callback() {
         ..SimConfig::random(1, 6)
     });
     let adapter: Arc<dyn DeviceAdapter> = sim.clone();
-    let vm = VirtualMachine::with_adapters(Config::default(), vec![adapter]).unwrap();
+    let vm =
+        VirtualMachine::with_adapters(Config::default().with_mode(mode), vec![adapter]).unwrap();
     let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     let tensor = || vm.new_tensor_on(&s, 16).unwrap();
@@ -340,13 +356,13 @@ fn a_failed_copy_in_runs_no_callback() {
 /// not when the staging copy was written: whenever its completion says `Ok`, the bytes
 /// are on the device; when a copy failed, the completion says so and the tensor is
 /// poisoned. Seeds with failed copies in and out, and none.
-#[test]
-fn an_async_write_resolves_after_its_copy_back() {
+fn an_async_write_resolves_after_its_copy_back(launcher: bool, mode: Mode) {
     use ivm_device::sim::SimFaults;
     let (mut ok, mut failed) = (0, 0);
     for seed in 0..24 {
         let sim = SimAdapter::new(SimConfig {
             host_visible: false,
+            launcher,
             faults: SimFaults {
                 seed,
                 copy_fail: 2,
@@ -355,7 +371,8 @@ fn an_async_write_resolves_after_its_copy_back() {
             ..SimConfig::random(1, seed)
         });
         let adapter: Arc<dyn DeviceAdapter> = sim.clone();
-        let vm = VirtualMachine::with_adapters(Config::default(), vec![adapter]).unwrap();
+        let vm = VirtualMachine::with_adapters(Config::default().with_mode(mode), vec![adapter])
+            .unwrap();
         let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
         let t = vm.new_tensor_on(&s, 16).unwrap();
         let r = vm.write_small_async(&t, 0, &7u64.to_ne_bytes()).wait();

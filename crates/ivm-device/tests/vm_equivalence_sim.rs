@@ -3,6 +3,9 @@
 //! every device, copies between host and devices, lazy-job launches, sync accesses of
 //! device tensors, tensors re-homed on other devices, and random (seeded) sim latencies.
 //!
+//! Each runs on queued sim streams and on launcher ones (`SimConfig::launcher`, the kernel
+//! mode cuda's streams have: the programs' kernels enqueue their work from the worker).
+//!
 //! `IVM_EQUIV_SIM_CASES` overrides the proptest case count (default 512); the VM's
 //! configuration honours the `IVM_*` variables (`Config::from_env`).
 
@@ -24,9 +27,13 @@ fn cases() -> u32 {
         .unwrap_or(512)
 }
 
+/// The sim's kernel modes, by name: queued and launcher streams.
+const KERNEL_MODES: [(&str, bool); 2] = [("queued", false), ("launcher", true)];
+
 /// Two sim devices with random latencies drawn from `seed`: short enough for many
-/// programs, long enough that events complete well after they are recorded.
-fn sim(seed: u64) -> Arc<SimAdapter> {
+/// programs, long enough that events complete well after they are recorded; launcher
+/// streams with `launcher`.
+fn sim(seed: u64, launcher: bool) -> Arc<SimAdapter> {
     let us = Duration::from_micros;
     SimAdapter::new(SimConfig {
         devices: 2,
@@ -34,6 +41,7 @@ fn sim(seed: u64) -> Arc<SimAdapter> {
         kernel_latency: Latency::between(us(1), us(300)),
         copy_latency: Latency::between(us(1), us(150)),
         seed,
+        launcher,
         ..SimConfig::default()
     })
 }
@@ -64,11 +72,27 @@ fn finish(runner: Runner, sim: &SimAdapter) {
 
 #[test]
 fn vm_on_cpu_and_two_sim_devices_matches_interpreter_proptest() {
+    proptest_on(false);
+}
+
+#[test]
+fn vm_on_cpu_and_two_launcher_sim_devices_matches_interpreter_proptest() {
+    proptest_on(true);
+}
+
+fn proptest_on(launcher: bool) {
     fuzzing::silence_planned_panics();
-    let sim = sim(0x5eed_0001);
+    let sim = sim(0x5eed_0001, launcher);
     let runner = runner(Config::from_env().unwrap(), &sim);
+    // A quarter of the cases on launcher streams: the same engine paths but the launch,
+    // at about twice a program's cost (each kernel is enqueued from the worker).
+    let cases = if launcher {
+        cases().div_ceil(4)
+    } else {
+        cases()
+    };
     let mut prop = TestRunner::new(PropConfig {
-        cases: cases(),
+        cases,
         failure_persistence: None,
         ..PropConfig::default()
     });
@@ -108,10 +132,10 @@ fn vm_on_cpu_and_two_sim_devices_matches_interpreter_proptest() {
         progs_dev,
     ] = totals.get();
     println!(
-        "{} programs on cpu + 2 sim in {:?}: {kernels} kernels, {copies} copies, {launches} \
+        "{} programs on cpu + 2 sim (launcher: {launcher}) in {:?}: {kernels} kernels, {copies} copies, {launches} \
          launches, {panics} kernel panics (cpu); {cross} cross-stream uses ({cross_dev} \
          cross-device) in {progs} ({progs_dev}) programs",
-        cases(),
+        cases,
         start.elapsed()
     );
     assert!(
@@ -123,28 +147,35 @@ fn vm_on_cpu_and_two_sim_devices_matches_interpreter_proptest() {
 }
 
 /// Seeded programs in the other configurations: record-event soft sync (no device-side
-/// stream wait) and single-thread mode.
+/// stream wait) and single-thread mode, on both kernel modes (and multi-thread mode with
+/// stream waits on launcher streams, which the proptest runs on queued ones).
 #[test]
 fn seeded_programs_match_without_stream_wait_and_single_thread() {
     fuzzing::silence_planned_panics();
-    for (name, config) in [
-        (
-            "multi/record-event",
-            Config::from_env().unwrap().with_stream_wait(false),
-        ),
-        (
-            "single/stream-wait",
-            Config::from_env().unwrap().with_mode(Mode::SingleThread),
-        ),
-    ] {
-        let sim = sim(0x5eed_0002);
-        let runner = runner(config, &sim);
-        for seed in 0..24 {
-            if let Err(m) = runner.run(&Program::from_seed(seed)) {
-                panic!("{name}, seed {seed}: {m}");
+    for (kernels, launcher) in KERNEL_MODES {
+        for (name, config) in [
+            ("multi/stream-wait", Config::from_env().unwrap()),
+            (
+                "multi/record-event",
+                Config::from_env().unwrap().with_stream_wait(false),
+            ),
+            (
+                "single/stream-wait",
+                Config::from_env().unwrap().with_mode(Mode::SingleThread),
+            ),
+        ] {
+            if name == "multi/stream-wait" && !launcher {
+                continue;
             }
+            let sim = sim(0x5eed_0002, launcher);
+            let runner = runner(config, &sim);
+            for seed in 0..24 {
+                if let Err(m) = runner.run(&Program::from_seed(seed)) {
+                    panic!("{kernels} {name}, seed {seed}: {m}");
+                }
+            }
+            finish(runner, &sim);
         }
-        finish(runner, &sim);
     }
 }
 
@@ -199,16 +230,18 @@ fn minimised_regressions() {
             ],
         ),
     ];
-    let sim = sim(0x5eed_0003);
-    let runner = runner(Config::default(), &sim);
-    for (name, ops) in cases {
-        let p = Program { ops };
-        assert_eq!(runner.topology().fit(&p), p, "{name}: not a fitted program");
-        for round in 0..40 {
-            if let Err(m) = runner.run(&p) {
-                panic!("{name}, round {round}: {m}");
+    for (kernels, launcher) in KERNEL_MODES {
+        let sim = sim(0x5eed_0003, launcher);
+        let runner = runner(Config::default(), &sim);
+        for (name, ops) in &cases {
+            let p = Program { ops: ops.clone() };
+            assert_eq!(runner.topology().fit(&p), p, "{name}: not a fitted program");
+            for round in 0..40 {
+                if let Err(m) = runner.run(&p) {
+                    panic!("{kernels} {name}, round {round}: {m}");
+                }
             }
         }
+        finish(runner, &sim);
     }
-    finish(runner, &sim);
 }

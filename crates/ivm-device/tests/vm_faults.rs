@@ -8,9 +8,14 @@
 //! with no live object and the sim allocator with no leak and no double free.
 //! `IVM_FAULT_CASES` sets the number of programs (default 160); the counts are printed.
 //!
+//! Every test runs on queued sim streams and on launcher ones (`SimConfig::launcher`: the
+//! kernel mode cuda's streams have), as `queued::<test>` and `launcher::<test>`.
+//!
 //! Regression tests of the fault findings: a wait on device work that never completes is
 //! bounded and its diagnostic names that work; a sync write whose completion reports a
 //! device error poisons its tensor.
+
+mod common;
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -19,16 +24,34 @@ use std::time::{Duration, Instant};
 use ivm_device::sim::{Latency, SimAdapter, SimConfig, SimFaults, sim_device};
 use ivm_graph::fuzzing::launch_graphs;
 use ivm_std::fuzzing::{self, FaultCampaign, FaultControl, HashKernels, Program, Runner, Topology};
-use ivm_std::{Config, DebugCounters, DeviceAdapter, Diagnostic, Error, StreamId, VirtualMachine};
+use ivm_std::{
+    Config, DebugCounters, DeviceAdapter, Diagnostic, Error, Mode, StreamId, VirtualMachine,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 
 const PERIOD: Duration = Duration::from_millis(200);
 
-/// A sim whose faults (`faults`) are off until `resume_faults`.
-fn sim(faults: SimFaults) -> Arc<SimAdapter> {
+use common::host;
+
+kernel_modes!(
+    sync_waits_for_stuck_device_work_at_most_one_period,
+    shutdown_waits_for_stuck_device_work_at_most_one_period_then_retries,
+    dropping_a_vm_with_stuck_device_work_returns,
+    shutdown_with_an_instruction_whose_event_never_completes_is_bounded,
+    a_read_stuck_behind_a_device_side_wait_names_the_device_work,
+    a_sync_write_that_observes_a_device_error_poisons_its_tensor,
+    a_failed_copy_poisons_its_destination,
+    a_failed_launch_does_not_poison_an_earlier_reader_still_queued,
+    vm_under_sim_faults_matches_the_model_proptest,
+);
+
+/// A sim whose faults (`faults`) are off until `resume_faults`; launcher streams with
+/// `launcher`.
+fn sim(faults: SimFaults, launcher: bool) -> Arc<SimAdapter> {
     let sim = SimAdapter::new(SimConfig {
         faults: SimFaults { seed: 5, ..faults },
+        launcher,
         ..SimConfig::default()
     });
     sim.heal();
@@ -80,7 +103,7 @@ fn vm_with_device_work(sim: &Arc<SimAdapter>) -> (Arc<VirtualMachine>, StreamId)
     let id = StreamId::compute(sim_device(0), 0);
     let s = vm.stream(id).unwrap();
     let x = vm.new_tensor_on(&s, 8).unwrap();
-    vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+    vm.run(|b| b.call(&s, &[], &[&x], host(|k| k.output_u64(0)[0] = 7)))
         .unwrap();
     vm.sync().unwrap();
     sim.resume_faults();
@@ -90,9 +113,8 @@ fn vm_with_device_work(sim: &Arc<SimAdapter>) -> (Arc<VirtualMachine>, StreamId)
 // Finding 1: `sync`, `sync_timeout`, `shutdown` and dropping the VM waited on a device
 // `synchronize()` for as long as an event took: forever.
 
-#[test]
-fn sync_waits_for_stuck_device_work_at_most_one_period() {
-    let sim = sim(stuck_events());
+fn sync_waits_for_stuck_device_work_at_most_one_period(launcher: bool) {
+    let sim = sim(stuck_events(), launcher);
     let (vm, id) = vm_with_device_work(&sim);
     let v2 = vm.clone();
     let t0 = Instant::now();
@@ -109,9 +131,8 @@ fn sync_waits_for_stuck_device_work_at_most_one_period() {
     vm.shutdown().unwrap();
 }
 
-#[test]
-fn shutdown_waits_for_stuck_device_work_at_most_one_period_then_retries() {
-    let sim = sim(stuck_events());
+fn shutdown_waits_for_stuck_device_work_at_most_one_period_then_retries(launcher: bool) {
+    let sim = sim(stuck_events(), launcher);
     let (vm, id) = vm_with_device_work(&sim);
     let v2 = vm.clone();
     let d = timeout_diagnostic(bounded("shutdown", move || v2.shutdown()));
@@ -123,17 +144,15 @@ fn shutdown_waits_for_stuck_device_work_at_most_one_period_then_retries() {
     assert_eq!((st.live_allocations, st.double_frees), (0, 0), "{st:?}");
 }
 
-#[test]
-fn dropping_a_vm_with_stuck_device_work_returns() {
-    let sim = sim(stuck_events());
+fn dropping_a_vm_with_stuck_device_work_returns(launcher: bool) {
+    let sim = sim(stuck_events(), launcher);
     let (vm, _) = vm_with_device_work(&sim);
     bounded("dropping the VM", move || drop(vm));
     sim.heal();
 }
 
-#[test]
-fn shutdown_with_an_instruction_whose_event_never_completes_is_bounded() {
-    let sim = sim(stuck_events());
+fn shutdown_with_an_instruction_whose_event_never_completes_is_bounded(launcher: bool) {
+    let sim = sim(stuck_events(), launcher);
     let vm = vm(&sim);
     let cpu = vm
         .stream(StreamId::default_for(ivm_std::Device::CPU))
@@ -172,14 +191,13 @@ fn shutdown_with_an_instruction_whose_event_never_completes_is_bounded() {
 // Finding 2: a sync read behind a device-side wait on an event that never completes is
 // done at launch (the engine released it), so its timeout diagnostic named nothing.
 
-#[test]
-fn a_read_stuck_behind_a_device_side_wait_names_the_device_work() {
-    let sim = sim(stuck_events());
+fn a_read_stuck_behind_a_device_side_wait_names_the_device_work(launcher: bool) {
+    let sim = sim(stuck_events(), launcher);
     let vm = vm(&sim);
     let default = StreamId::compute(sim_device(0), 0);
     let other = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
     let x = vm.new_tensor_on(&other, 8).unwrap();
-    vm.run(|b| b.call(&other, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+    vm.run(|b| b.call(&other, &[], &[&x], host(|k| k.output_u64(0)[0] = 7)))
         .unwrap();
     vm.sync().unwrap();
     // The read runs on the default stream: soft sync records an event on `other` (stuck)
@@ -206,18 +224,20 @@ fn a_read_stuck_behind_a_device_side_wait_names_the_device_work() {
 // Finding 3: a sync write whose completion (the finisher queued after it on the device)
 // picked up a device error returned the error but left the tensor unpoisoned.
 
-#[test]
-fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
-    let sim = sim(SimFaults {
-        event_error: 1,
-        ..SimFaults::NONE
-    });
+fn a_sync_write_that_observes_a_device_error_poisons_its_tensor(launcher: bool) {
+    let sim = sim(
+        SimFaults {
+            event_error: 1,
+            ..SimFaults::NONE
+        },
+        launcher,
+    );
     let vm = vm(&sim);
     let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
     let other = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
     let x = vm.new_tensor_on(&s, 8).unwrap();
     let y = vm.new_tensor_on(&other, 8).unwrap();
-    vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 7))
+    vm.run(|b| b.call(&s, &[], &[&x], host(|k| k.output_u64(0)[0] = 7)))
         .unwrap();
     vm.sync().unwrap();
     // A kernel reading `x` on another stream has soft sync record an event on the
@@ -226,9 +246,14 @@ fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
     // next to observe it.
     sim.resume_faults();
     vm.run(|b| {
-        b.call(&other, &[&x], &[&y], |k| {
-            k.output_u64(0)[0] = k.input_u64(0)[0];
-        })
+        b.call(
+            &other,
+            &[&x],
+            &[&y],
+            host(|k| {
+                k.output_u64(0)[0] = k.input_u64(0)[0];
+            }),
+        )
     })
     .unwrap();
     let r = vm.write_small(&x, 0, &9u64.to_ne_bytes());
@@ -252,12 +277,14 @@ fn a_sync_write_that_observes_a_device_error_poisons_its_tensor() {
 /// A copy that fails on a stream done at launch (nobody observes its completion) poisons
 /// its destination, naming the copy: a later reader fails instead of reading the stale
 /// bytes, whoever took the device's error first.
-#[test]
-fn a_failed_copy_poisons_its_destination() {
-    let sim = sim(SimFaults {
-        copy_fail: 1,
-        ..SimFaults::NONE
-    });
+fn a_failed_copy_poisons_its_destination(launcher: bool) {
+    let sim = sim(
+        SimFaults {
+            copy_fail: 1,
+            ..SimFaults::NONE
+        },
+        launcher,
+    );
     let vm = vm(&sim);
     let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
     let src = vm.new_tensor_from(&s, &7u64.to_ne_bytes()).unwrap();
@@ -294,12 +321,14 @@ fn a_failed_copy_poisons_its_destination() {
 // The poison now reaches the outputs in stream order (here through the fallback: the
 // device refuses the poison's own launch too, so the worker drains the stream first).
 
-#[test]
-fn a_failed_launch_does_not_poison_an_earlier_reader_still_queued() {
-    let sim = sim(SimFaults {
-        kernel_launch_fail: 1,
-        ..SimFaults::NONE
-    });
+fn a_failed_launch_does_not_poison_an_earlier_reader_still_queued(launcher: bool) {
+    let sim = sim(
+        SimFaults {
+            kernel_launch_fail: 1,
+            ..SimFaults::NONE
+        },
+        launcher,
+    );
     let vm = vm(&sim);
     let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
     let (t, u, x) = (
@@ -312,12 +341,24 @@ fn a_failed_launch_does_not_poison_an_earlier_reader_still_queued() {
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let go_rx = std::sync::Mutex::new(go_rx);
     vm.run(|b| {
-        b.call_named("blocker", &s, &[], &[&x], move |_| {
-            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
-        })?;
-        b.call_named("reader", &s, &[&t], &[&u], |k| {
-            k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
-        })
+        b.call_named(
+            "blocker",
+            &s,
+            &[],
+            &[&x],
+            host(move |_| {
+                let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+            }),
+        )?;
+        b.call_named(
+            "reader",
+            &s,
+            &[&t],
+            &[&u],
+            host(|k| {
+                k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+            }),
+        )
     })
     .unwrap();
     // Until the reader is launched (queued on the device), not run (the blocker holds it).
@@ -340,7 +381,7 @@ fn a_failed_launch_does_not_poison_an_earlier_reader_still_queued() {
     launched("reader#");
     // Every launch fails now: the writer's, and the one that would queue its poison.
     sim.resume_faults();
-    vm.run(|b| b.call_named("writer", &s, &[], &[&t], |k| k.output_u64(0)[0] = 9))
+    vm.run(|b| b.call_named("writer", &s, &[], &[&t], host(|k| k.output_u64(0)[0] = 9)))
         .unwrap();
     // The writer's launch has failed (a moment after it started) while the reader still
     // waits on the device behind the blocker; then the device runs them.
@@ -391,13 +432,32 @@ impl FaultControl for SimControl {
     }
 }
 
-#[test]
-fn vm_under_sim_faults_matches_the_model_proptest() {
-    fuzzing::silence_planned_panics();
-    let cases = std::env::var("IVM_FAULT_CASES")
+fn fault_cases() -> u32 {
+    std::env::var("IVM_FAULT_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(160);
+        .unwrap_or(160)
+}
+
+fn vm_under_sim_faults_matches_the_model_proptest(launcher: bool) {
+    // A quarter of the programs on launcher streams: the same faults, through the
+    // launcher's launch paths.
+    let cases = if launcher {
+        fault_cases().div_ceil(4)
+    } else {
+        fault_cases()
+    };
+    campaign(launcher, Mode::MultiThread, cases);
+}
+
+/// The campaign in single-thread mode, on launcher streams (an eighth of the programs).
+#[test]
+fn single_thread_vm_under_launcher_sim_faults_matches_the_model() {
+    campaign(true, Mode::SingleThread, fault_cases().div_ceil(8));
+}
+
+fn campaign(launcher: bool, mode: Mode, cases: u32) {
+    fuzzing::silence_planned_panics();
     let us = Duration::from_micros;
     let sim = SimAdapter::new(SimConfig {
         devices: 2,
@@ -405,6 +465,7 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
         kernel_latency: Latency::between(us(1), us(100)),
         copy_latency: Latency::between(us(1), us(60)),
         seed: 0xfa_0001,
+        launcher,
         faults: SimFaults {
             seed: 0xfa17,
             kernel_launch_fail: 10,
@@ -418,7 +479,9 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
     let runner = Runner::with_topology(
-        Config::default().with_timeout_period(Duration::from_millis(150)),
+        Config::default()
+            .with_mode(mode)
+            .with_timeout_period(Duration::from_millis(150)),
         vec![a],
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,
@@ -455,7 +518,7 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
     let c = campaign.into_inner();
     let f = sim.fault_stats();
     eprintln!(
-        "ivm fault campaign: {c} in {:.1?}; faults injected: {} ({f:?})",
+        "ivm fault campaign (launcher: {launcher}, {mode:?}): {c} in {:.1?}; faults injected: {} ({f:?})",
         start.elapsed(),
         f.total()
     );

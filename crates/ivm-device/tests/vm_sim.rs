@@ -1,5 +1,10 @@
 //! The VM on the sim adapter: cross-stream soft sync, release on the producer stream,
-//! asynchronous completions, sticky failures, bad input.
+//! asynchronous completions, sticky failures, bad input. The scenarios that launch kernels
+//! run on queued sim streams and on launcher ones (`SimConfig::launcher`, the kernel mode
+//! cuda's streams have), as `queued::<test>` and `launcher::<test>`, each in every VM
+//! configuration (multi- and single-thread, stream waits or recorded events).
+
+mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,6 +14,22 @@ use ivm_std::{
     Config, DebugCounters, DeviceAdapter, DeviceKind, Error, StreamId, StreamType, Tensor,
     VirtualMachine,
 };
+
+use common::host;
+
+kernel_modes!(
+    host_read_after_a_slow_kernel_on_another_stream_sees_its_write,
+    a_tensor_dropped_while_another_stream_reads_it_is_freed_after_the_read,
+    pipelines_over_two_sim_devices_and_the_cpu_compute_the_sequential_result,
+    an_async_kernel_failure_is_sticky_until_the_host_observes_it,
+    many_cross_stream_uses_with_random_latencies,
+);
+
+/// A sim of `config` with launcher streams (`launcher`) or queued ones.
+fn sim(mut config: SimConfig, launcher: bool) -> Arc<SimAdapter> {
+    config.launcher = launcher;
+    SimAdapter::new(config)
+}
 
 fn configs() -> Vec<(&'static str, Config)> {
     let mut v = Vec::new();
@@ -55,19 +76,24 @@ fn drained(vm: &VirtualMachine) {
 
 /// OneFlow's prescheduling bug (#7607): a host read issued right after a slow kernel that
 /// writes the tensor on another stream must see the written value.
-#[test]
-fn host_read_after_a_slow_kernel_on_another_stream_sees_its_write() {
+fn host_read_after_a_slow_kernel_on_another_stream_sees_its_write(launcher: bool) {
     for (name, cfg) in configs() {
-        let sim = SimAdapter::new(SimConfig::random(1, 11));
+        let sim = sim(SimConfig::random(1, 11), launcher);
         let vm = vm_with(cfg, &sim);
         let s1 = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
         let x = vm.new_tensor_on(&s1, 8).unwrap();
         for round in 1..=3u64 {
             vm.run(|b| {
-                b.call_named("slow_write", &s1, &[], &[&x], move |k| {
-                    std::thread::sleep(Duration::from_millis(50));
-                    k.output_u64(0)[0] = 1000 + round;
-                })
+                b.call_named(
+                    "slow_write",
+                    &s1,
+                    &[],
+                    &[&x],
+                    host(move |k| {
+                        std::thread::sleep(Duration::from_millis(50));
+                        k.output_u64(0)[0] = 1000 + round;
+                    }),
+                )
             })
             .unwrap();
             assert_eq!(read_u64(&vm, &x).unwrap(), 1000 + round, "{name}");
@@ -83,10 +109,16 @@ fn host_read_after_a_slow_kernel_on_another_stream_sees_its_write() {
             .unwrap();
         let h = vm.new_tensor(8).unwrap();
         vm.run(|b| {
-            b.call_named("slow_write", &s1, &[], &[&x], |k| {
-                std::thread::sleep(Duration::from_millis(50));
-                k.output_u64(0)[0] = 77;
-            })?;
+            b.call_named(
+                "slow_write",
+                &s1,
+                &[],
+                &[&x],
+                host(|k| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    k.output_u64(0)[0] = 77;
+                }),
+            )?;
             b.copy(&d2h, &x, &h)
         })
         .unwrap();
@@ -102,10 +134,9 @@ fn host_read_after_a_slow_kernel_on_another_stream_sees_its_write() {
 /// PyTorch's `record_stream` problem: a tensor dropped while another stream still reads it
 /// is released on its producer stream after a soft sync, so the (poisoning) allocator frees
 /// it only after the read.
-#[test]
-fn a_tensor_dropped_while_another_stream_reads_it_is_freed_after_the_read() {
+fn a_tensor_dropped_while_another_stream_reads_it_is_freed_after_the_read(launcher: bool) {
     for (name, cfg) in configs() {
-        let sim = SimAdapter::new(SimConfig::random(1, 23));
+        let sim = sim(SimConfig::random(1, 23), launcher);
         let vm = vm_with(cfg, &sim);
         let s0 = vm.stream(StreamId::default_for(sim_device(0))).unwrap();
         let s1 = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
@@ -113,11 +144,22 @@ fn a_tensor_dropped_while_another_stream_reads_it_is_freed_after_the_read() {
         for round in 0..3u64 {
             let x = vm.new_tensor_on(&s0, 8).unwrap();
             vm.run(|b| {
-                b.call(&s0, &[], &[&x], move |k| k.output_u64(0)[0] = 40 + round)?;
-                b.call_named("slow_read", &s1, &[&x], &[&y], |k| {
-                    std::thread::sleep(Duration::from_millis(50));
-                    k.output_u64(0)[0] = k.input_u64(0)[0] + 2;
-                })
+                b.call(
+                    &s0,
+                    &[],
+                    &[&x],
+                    host(move |k| k.output_u64(0)[0] = 40 + round),
+                )?;
+                b.call_named(
+                    "slow_read",
+                    &s1,
+                    &[&x],
+                    &[&y],
+                    host(|k| {
+                        std::thread::sleep(Duration::from_millis(50));
+                        k.output_u64(0)[0] = k.input_u64(0)[0] + 2;
+                    }),
+                )
             })
             .unwrap();
             drop(x); // while `slow_read` still sleeps on s1
@@ -138,10 +180,9 @@ fn a_tensor_dropped_while_another_stream_reads_it_is_freed_after_the_read() {
 
 /// Host-to-device, compute and device-to-host streams on two sim devices plus the cpu,
 /// with random latencies: every result equals the sequential computation.
-#[test]
-fn pipelines_over_two_sim_devices_and_the_cpu_compute_the_sequential_result() {
+fn pipelines_over_two_sim_devices_and_the_cpu_compute_the_sequential_result(launcher: bool) {
     for (name, cfg) in configs() {
-        let sim = SimAdapter::new(SimConfig::random(2, 5));
+        let sim = sim(SimConfig::random(2, 5), launcher);
         let vm = vm_with(cfg, &sim);
         let mut want = Vec::new();
         let mut outs = Vec::new();
@@ -171,15 +212,25 @@ fn pipelines_over_two_sim_devices_and_the_cpu_compute_the_sequential_result() {
                         k.output_u64(0)[1] = i;
                     })?;
                     bl.copy(&h2d, &host_in, &a)?;
-                    bl.call(&c0, &[], &[&a], |k| {
-                        let w = k.output_u64(0);
-                        w[0] = w[0].wrapping_mul(31).wrapping_add(w[1]);
-                    })?;
-                    bl.call(&c1, &[&a], &[&b], |k| {
-                        let v = k.input_u64(0)[0];
-                        k.output_u64(0)[0] = v ^ 0x5555;
-                        k.output_u64(0)[1] = v;
-                    })?;
+                    bl.call(
+                        &c0,
+                        &[],
+                        &[&a],
+                        host(|k| {
+                            let w = k.output_u64(0);
+                            w[0] = w[0].wrapping_mul(31).wrapping_add(w[1]);
+                        }),
+                    )?;
+                    bl.call(
+                        &c1,
+                        &[&a],
+                        &[&b],
+                        host(|k| {
+                            let v = k.input_u64(0)[0];
+                            k.output_u64(0)[0] = v ^ 0x5555;
+                            k.output_u64(0)[1] = v;
+                        }),
+                    )?;
                     bl.copy(&d2h, &b, &host_out)
                 })
                 .unwrap();
@@ -220,10 +271,9 @@ fn pipelines_over_two_sim_devices_and_the_cpu_compute_the_sequential_result() {
 /// A kernel that fails on an asynchronous stream after its instruction was done at launch
 /// poisons, stickily, the outputs launched on that stream until a host-observed completion
 /// returns the error.
-#[test]
-fn an_async_kernel_failure_is_sticky_until_the_host_observes_it() {
+fn an_async_kernel_failure_is_sticky_until_the_host_observes_it(launcher: bool) {
     for (name, cfg) in configs() {
-        let sim = SimAdapter::new(SimConfig::random(1, 3));
+        let sim = sim(SimConfig::random(1, 3), launcher);
         let vm = vm_with(cfg, &sim);
         let s1 = vm.stream(StreamId::compute(sim_device(0), 1)).unwrap();
         let (a, b, c) = (
@@ -232,9 +282,10 @@ fn an_async_kernel_failure_is_sticky_until_the_host_observes_it() {
             vm.new_tensor_on(&s1, 8).unwrap(),
         );
         vm.run(|bl| {
-            bl.call_named("boom", &s1, &[], &[&a], |_| panic!("device fault"))?;
+            // On a launcher stream the kernel's host work fails on the device.
+            bl.call_named("boom", &s1, &[], &[&a], host(|_| panic!("device fault")))?;
             // Independent of `a`, but launched on the same stream after the failure.
-            bl.call_named("after", &s1, &[], &[&b], |k| k.output_u64(0)[0] = 1)
+            bl.call_named("after", &s1, &[], &[&b], host(|k| k.output_u64(0)[0] = 1))
         })
         .unwrap();
         for t in [&a, &b] {
@@ -252,7 +303,7 @@ fn an_async_kernel_failure_is_sticky_until_the_host_observes_it() {
         // The host observes the stream (sync): the error is reported once, then cleared.
         assert!(matches!(vm.sync(), Err(Error::Poisoned { .. })), "{name}");
         vm.sync().unwrap();
-        vm.run(|bl| bl.call(&s1, &[], &[&c], |k| k.output_u64(0)[0] = 5))
+        vm.run(|bl| bl.call(&s1, &[], &[&c], host(|k| k.output_u64(0)[0] = 5)))
             .unwrap();
         assert_eq!(
             read_u64(&vm, &c).unwrap(),
@@ -358,9 +409,8 @@ fn bad_input_is_an_error_not_a_panic() {
 
 /// Tensors created from host data on a device, many small sync accesses, and a flood of
 /// cross-stream work: nothing is lost, nothing is freed early.
-#[test]
-fn many_cross_stream_uses_with_random_latencies() {
-    let sim = SimAdapter::new(SimConfig::random(1, 99));
+fn many_cross_stream_uses_with_random_latencies(launcher: bool) {
+    let sim = sim(SimConfig::random(1, 99), launcher);
     let vm = vm_with(Config::default(), &sim);
     let d = sim_device(0);
     let streams: Vec<_> = (0..3)
@@ -374,10 +424,15 @@ fn many_cross_stream_uses_with_random_latencies() {
     for i in 0..60u64 {
         let s = &streams[(i % 3) as usize];
         vm.run(|b| {
-            b.call(s, &[], &[&t], move |k| {
-                let w = &mut k.output_u64(0)[0];
-                *w = w.wrapping_mul(7).wrapping_add(i);
-            })
+            b.call(
+                s,
+                &[],
+                &[&t],
+                host(move |k| {
+                    let w = &mut k.output_u64(0)[0];
+                    *w = w.wrapping_mul(7).wrapping_add(i);
+                }),
+            )
         })
         .unwrap();
         want = want.wrapping_mul(7).wrapping_add(i);
@@ -428,6 +483,39 @@ fn impossible_sim_allocations_are_out_of_memory() {
         let t = vm.new_tensor_from(&s0, &5u64.to_ne_bytes()).unwrap();
         assert_eq!(read_u64(&vm, &t).unwrap(), 5);
         drop(t);
+        drained(&vm);
+    }
+}
+
+/// On a launcher stream a kernel's body runs on the worker, ahead of the device: touching
+/// its operands' bytes there would race with the work queued before it, so it fails the
+/// kernel (naming `on_host`), and the stream goes on.
+#[test]
+fn a_launcher_kernel_that_touches_bytes_on_the_worker_fails() {
+    for (name, cfg) in configs() {
+        let sim = sim(SimConfig::random(1, 17), true);
+        let vm = vm_with(cfg, &sim);
+        let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+        let (t, u) = (
+            vm.new_tensor_on(&s, 8).unwrap(),
+            vm.new_tensor_on(&s, 8).unwrap(),
+        );
+        vm.run(|b| b.call_named("direct", &s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+            .unwrap();
+        match read_u64(&vm, &t) {
+            Err(Error::Poisoned {
+                instruction,
+                message,
+            }) => {
+                assert!(instruction.starts_with("direct#"), "{name}: {instruction}");
+                assert!(message.contains("on_host"), "{name}: {message}");
+            }
+            other => panic!("{name}: a launcher kernel touched its bytes: {other:?}"),
+        }
+        vm.run(|b| b.call(&s, &[], &[&u], host(|k| k.output_u64(0)[0] = 2)))
+            .unwrap();
+        assert_eq!(read_u64(&vm, &u).unwrap(), 2, "{name}");
+        drop((t, u));
         drained(&vm);
     }
 }

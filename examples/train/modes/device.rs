@@ -154,13 +154,10 @@ impl<'vm> Device<'vm> {
         let order = batch.order.clone();
         let (start, end) = (batch.start, batch.start + self.prog.batch);
         b.call_named("gather", stream, &[all], &[dst], move |k| {
-            trace::span("gather", Cat::Kernel, || {
-                kernels::gather(
-                    f32s(k.input(0)),
-                    &order[start..end],
-                    f32s_mut(k.output(0)),
-                    width,
-                )
+            host_kernel(k, 1, move |ins, out| {
+                trace::span("gather", Cat::Kernel, || {
+                    kernels::gather(f32s(ins[0]), &order[start..end], f32s_mut(out), width)
+                })
             })
         })
     }
@@ -349,12 +346,13 @@ impl<'vm> Device<'vm> {
         }
         let name = op.name;
         b.call_named(op.name, &self.stream, &ins[..n], &[out], move |k| {
-            let mut reads: [&[f32]; 4] = [&[]; 4];
-            for (j, r) in reads.iter_mut().enumerate().take(n) {
-                *r = f32s(k.input(j));
-            }
-            let out = f32s_mut(k.output(0));
-            trace::span(name, Cat::Kernel, || kernel(&reads[..n], out));
+            host_kernel(k, n, move |ins, out| {
+                let mut reads: [&[f32]; 4] = [&[]; 4];
+                for (r, b) in reads.iter_mut().zip(ins) {
+                    *r = f32s(b);
+                }
+                trace::span(name, Cat::Kernel, || kernel(&reads[..n], f32s_mut(out)));
+            })
         })
     }
 
@@ -372,5 +370,68 @@ impl<'vm> Device<'vm> {
             b.touch_tensors(&self.stream, &[&dx.tensor, &dy.tensor])?;
         }
         Ok(())
+    }
+}
+
+/// Runs the host kernel `f` over the kernel's `n` inputs and its output. On the cpu and on
+/// the sim's queued streams the body runs where the bytes are ready: `f` runs at once. On
+/// a launcher device (cuda, or the sim with launcher streams) the body runs on the worker
+/// ahead of the device, and the memory may be device-only: the kernel enqueues on the
+/// device stream a copy of each device-only operand into host memory, `f` as a host
+/// function over the host bytes, and the output's copy back, in stream order. That is
+/// the demo's device kernel there (it has no GPU code of its own): the VM's launcher
+/// paths, device memory, copies and events all run. A device that refuses the work fails
+/// the kernel.
+fn host_kernel<F>(k: &mut ivm::KernelCtx<'_>, n: usize, f: F)
+where
+    F: FnOnce(&[&[u8]], &mut [u8]) + Send + 'static,
+{
+    use ivm::ivm_std::{DeviceMemory, HostMemory};
+    let Some(stream) = k.device_stream() else {
+        let mut reads: [&[u8]; 4] = [&[]; 4];
+        for (j, r) in reads.iter_mut().enumerate().take(n) {
+            *r = k.input(j);
+        }
+        return f(&reads[..n], k.output(0));
+    };
+    let fail = |e: ivm::Error| -> ! { std::panic::resume_unwind(Box::new(e.to_string())) };
+    let out = k.output_memory(0).clone();
+    // Host memory for each operand (the operand itself where the host may touch it).
+    let mut host: Vec<Arc<dyn DeviceMemory>> = Vec::with_capacity(n + 1);
+    for m in (0..n).map(|j| k.input_memory(j)).chain([&out]) {
+        if m.host_ptr().is_some() {
+            host.push(m.clone());
+            continue;
+        }
+        let h: Arc<dyn DeviceMemory> =
+            Arc::new(HostMemory::try_zeroed(m.nbytes()).unwrap_or_else(|e| fail(e)));
+        // SAFETY: the engine gives this kernel its operands (no writer of an input, no
+        // other access of the output) until its stream has run what it enqueues; `h` is
+        // new and touched only by this kernel's work, in stream order.
+        unsafe { stream.copy(m, 0, &h, 0, m.nbytes()) }.unwrap_or_else(|e| fail(e));
+        host.push(h);
+    }
+    let bytes = host.clone();
+    stream
+        .launch_host(Box::new(move || {
+            let slice = |m: &Arc<dyn DeviceMemory>| {
+                let p = m.host_ptr().expect("host memory").as_ptr();
+                // SAFETY: host memory of `nbytes` bytes (the `DeviceMemory` contract),
+                // accessed by this function alone in stream order: the copies in
+                // completed, the copy back starts after it; the output is distinct from
+                // the inputs (the VM refuses a tensor that is both).
+                unsafe { std::slice::from_raw_parts_mut(p, m.nbytes()) }
+            };
+            let (ins, out) = bytes.split_at(n);
+            let mut reads: [&[u8]; 4] = [&[]; 4];
+            for (r, m) in reads.iter_mut().zip(ins) {
+                *r = slice(m);
+            }
+            f(&reads[..n], slice(&out[0]));
+        }))
+        .unwrap_or_else(|e| fail(e));
+    if out.host_ptr().is_none() {
+        // SAFETY: as above: the output is this kernel's until its stream ran this copy.
+        unsafe { stream.copy(&host[n], 0, &out, 0, out.nbytes()) }.unwrap_or_else(|e| fail(e));
     }
 }

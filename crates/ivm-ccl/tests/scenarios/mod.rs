@@ -4,24 +4,70 @@
 
 #![allow(dead_code)] // each test binary uses a subset
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ivm_ccl::{Collectives, Communicator, DType};
-use ivm_std::{Config, Device, Done, Error, KernelCtx, StreamId, Tensor, VirtualMachine};
+use ivm_device::sim::{SIM, SimAdapter, SimConfig};
+use ivm_std::{
+    Config, Device, Done, Error, KernelCtx, Mode, Stream, StreamId, Tensor, VirtualMachine,
+};
 
 pub type Outcome = Result<(), String>;
 
 /// A scenario: what every rank runs with its communicator.
 pub type Scenario = fn(Arc<dyn Communicator>) -> Outcome;
 
-/// A VM and the collectives of `comm` on it (a 30 s timeout: a hang is a failure).
-fn setup(comm: Arc<dyn Communicator>) -> Result<(VirtualMachine, Collectives), String> {
-    let vm = VirtualMachine::new(Config::default()).map_err(|e| e.to_string())?;
+thread_local! {
+    /// For a communicator of a sim device: whether the rank's sim has launcher streams,
+    /// and the VM's mode ([`on_sim`]).
+    static SIM_TARGET: Cell<(bool, Mode)> = const { Cell::new((false, Mode::MultiThread)) };
+}
+
+/// Runs `f` (a rank's scenario) with the VM of a sim communicator on a sim whose streams
+/// are launcher streams (`launcher`) or queued ones, in `mode`.
+pub fn on_sim<T>(launcher: bool, mode: Mode, f: impl FnOnce() -> T) -> T {
+    SIM_TARGET.with(|t| t.set((launcher, mode)));
+    f()
+}
+
+/// A VM and the collectives of `comm` on it (a 30 s timeout: a hang is a failure), and
+/// the compute stream of the communicator's device that the scenario works on (the
+/// default stream for the cpu; for a sim device, a VM with a sim as [`on_sim`] says, with
+/// random latencies).
+fn setup(comm: Arc<dyn Communicator>) -> Result<(VirtualMachine, Collectives, Stream), String> {
+    let dev = comm.device();
+    let vm = if dev.kind == SIM {
+        let (launcher, mode) = SIM_TARGET.with(Cell::get);
+        let sim = SimAdapter::new(SimConfig {
+            launcher,
+            ..SimConfig::random(1, 0xcc1 + comm.rank() as u64)
+        });
+        VirtualMachine::with_adapters(Config::default().with_mode(mode), vec![sim])
+    } else {
+        VirtualMachine::new(Config::default())
+    }
+    .map_err(|e| e.to_string())?;
+    let s = vm
+        .stream(StreamId::compute(dev, 0))
+        .map_err(|e| e.to_string())?;
     let ccl = Collectives::new(&vm, comm)
         .map_err(|e| e.to_string())?
         .with_timeout(Duration::from_secs(30));
-    Ok((vm, ccl))
+    Ok((vm, ccl, s))
+}
+
+/// A kernel whose body `f` touches its operands' bytes: at once where the body runs in
+/// device order (the cpu, a queued sim), enqueued from the worker on a launcher device
+/// (`KernelCtx::on_host`).
+fn host(
+    f: impl FnOnce(&mut KernelCtx<'_>) + Send + 'static,
+) -> impl FnOnce(&mut KernelCtx<'_>) + Send + 'static {
+    move |k| {
+        k.on_host(f)
+            .unwrap_or_else(|e| std::panic::resume_unwind(Box::new(e.to_string())))
+    }
 }
 
 fn read_f32(vm: &VirtualMachine, t: &Tensor, i: usize) -> Result<f32, Error> {
@@ -43,31 +89,40 @@ fn check(cond: bool, what: impl FnOnce() -> String) -> Outcome {
 /// streams): the transport still sees them in build order on every rank — a mismatch
 /// would fail the header check (or, without it, sum the wrong tensors).
 pub fn order_across_streams(comm: Arc<dyn Communicator>) -> Outcome {
-    let (vm, ccl) = setup(comm)?;
+    let (vm, ccl, s0) = setup(comm)?;
     let (rank, size) = (ccl.rank(), ccl.size());
-    let s0 = vm.default_stream();
     let s1 = vm
-        .stream(StreamId::compute(Device::CPU, 1))
+        .stream(StreamId::compute(s0.id().device, 1))
         .map_err(|e| e.to_string())?;
     let e = |e: Error| e.to_string();
     for round in 0..4u32 {
-        let a = vm.new_tensor(64).map_err(e)?;
-        let b = vm.new_tensor(32).map_err(e)?;
+        let a = vm.new_tensor_on(&s0, 64).map_err(e)?;
+        let b = vm.new_tensor_on(&s0, 32).map_err(e)?;
         let slow_a = (rank + round as usize).is_multiple_of(2);
         vm.run(|bld| {
             let (va, vb) = (rank as f32 + 1.0, 10.0 * (rank as f32 + 1.0));
-            bld.call(&s1, &[], &[&a], move |k| {
-                if slow_a {
-                    std::thread::sleep(Duration::from_millis(30));
-                }
-                k.output(0).copy_from_slice(&f32s(&[va; 16]));
-            })?;
-            bld.call(&s0, &[], &[&b], move |k| {
-                if !slow_a {
-                    std::thread::sleep(Duration::from_millis(30));
-                }
-                k.output(0).copy_from_slice(&f32s(&[vb; 8]));
-            })?;
+            bld.call(
+                &s1,
+                &[],
+                &[&a],
+                host(move |k| {
+                    if slow_a {
+                        std::thread::sleep(Duration::from_millis(30));
+                    }
+                    k.output(0).copy_from_slice(&f32s(&[va; 16]));
+                }),
+            )?;
+            bld.call(
+                &s0,
+                &[],
+                &[&b],
+                host(move |k| {
+                    if !slow_a {
+                        std::thread::sleep(Duration::from_millis(30));
+                    }
+                    k.output(0).copy_from_slice(&f32s(&[vb; 8]));
+                }),
+            )?;
             ccl.all_reduce_sum(bld, &a, DType::F32)?;
             ccl.all_reduce_sum(bld, &b, DType::F32)
         })
@@ -89,24 +144,33 @@ pub fn order_across_streams(comm: Arc<dyn Communicator>) -> Outcome {
 /// Compute writes a tensor, the collective reduces it in place, compute reads it, many
 /// times over: the engine orders the three on the one tensor.
 pub fn racing_compute(comm: Arc<dyn Communicator>) -> Outcome {
-    let (vm, ccl) = setup(comm)?;
+    let (vm, ccl, s) = setup(comm)?;
     let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
-    let s = vm.default_stream();
-    let t = vm.new_tensor(8).map_err(e)?;
-    let acc = vm.new_tensor(8).map_err(e)?;
+    let t = vm.new_tensor_on(&s, 8).map_err(e)?;
+    let acc = vm.new_tensor_on(&s, 8).map_err(e)?;
     for i in 0..50i64 {
         vm.run(|b| {
-            b.call(&s, &[], &[&t], move |k| {
-                k.output(0)
-                    .copy_from_slice(&(rank as i64 + i).to_ne_bytes());
-            })?;
+            b.call(
+                &s,
+                &[],
+                &[&t],
+                host(move |k| {
+                    k.output(0)
+                        .copy_from_slice(&(rank as i64 + i).to_ne_bytes());
+                }),
+            )?;
             ccl.all_reduce_sum(b, &t, DType::I64)?;
-            b.call(&s, &[&t], &[&acc], |k| {
-                let x = i64::from_ne_bytes(k.input(0).try_into().unwrap());
-                let a = i64::from_ne_bytes(k.output(0).try_into().unwrap());
-                k.output(0).copy_from_slice(&(a + x).to_ne_bytes());
-            })
+            b.call(
+                &s,
+                &[&t],
+                &[&acc],
+                host(|k| {
+                    let x = i64::from_ne_bytes(k.input(0).try_into().unwrap());
+                    let a = i64::from_ne_bytes(k.output(0).try_into().unwrap());
+                    k.output(0).copy_from_slice(&(a + x).to_ne_bytes());
+                }),
+            )
         })
         .map_err(e)?;
     }
@@ -122,14 +186,13 @@ pub fn racing_compute(comm: Arc<dyn Communicator>) -> Outcome {
 
 /// Broadcast and all-gather move the right bytes; a barrier and `global_sync` pass.
 pub fn broadcast_and_gather(comm: Arc<dyn Communicator>) -> Outcome {
-    let (vm, ccl) = setup(comm)?;
+    let (vm, ccl, s) = setup(comm)?;
     let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
-    let s = vm.default_stream();
     let root = size - 1;
     let t = vm.new_tensor_from(&s, &[rank as u8; 16]).map_err(e)?;
     let mine = vm.new_tensor_from(&s, &[rank as u8 + 1; 8]).map_err(e)?;
-    let all = vm.new_tensor(8 * size).map_err(e)?;
+    let all = vm.new_tensor_on(&s, 8 * size).map_err(e)?;
     vm.run(|b| {
         ccl.broadcast(b, &t, root)?;
         ccl.all_gather(b, &mine, &all)?;
@@ -154,10 +217,9 @@ pub fn broadcast_and_gather(comm: Arc<dyn Communicator>) -> Outcome {
 /// A bucket of two tensors of different sizes is summed in one transport call, each in
 /// place.
 pub fn bucket_all_reduce(comm: Arc<dyn Communicator>) -> Outcome {
-    let (vm, ccl) = setup(comm)?;
+    let (vm, ccl, s) = setup(comm)?;
     let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
-    let s = vm.default_stream();
     let r = rank as f32;
     let a = vm.new_tensor_from(&s, &f32s(&[r; 6])).map_err(e)?;
     let b = vm
@@ -183,11 +245,10 @@ pub fn bucket_all_reduce(comm: Arc<dyn Communicator>) -> Outcome {
 /// The last rank's operand is poisoned (its producer panics): every rank's all-reduce
 /// fails, naming that rank, and every rank's `global_sync` fails; none hangs.
 pub fn poison_fails_every_rank(comm: Arc<dyn Communicator>) -> Outcome {
-    let (vm, ccl) = setup(comm)?;
+    let (vm, ccl, s) = setup(comm)?;
     let (rank, size) = (ccl.rank(), ccl.size());
     let e = |e: Error| e.to_string();
-    let s = vm.default_stream();
-    let t = vm.new_tensor(16).map_err(e)?;
+    let t = vm.new_tensor_on(&s, 16).map_err(e)?;
     let bad = size - 1;
     vm.run(|b| {
         b.custom_named(
@@ -236,10 +297,12 @@ pub fn poison_fails_every_rank(comm: Arc<dyn Communicator>) -> Outcome {
 /// Rank 0 reduces 16 bytes, the others 32: every rank fails with an error naming both
 /// sides, before the transport is touched.
 pub fn size_mismatch(comm: Arc<dyn Communicator>) -> Outcome {
-    let (vm, ccl) = setup(comm)?;
+    let (vm, ccl, s) = setup(comm)?;
     let rank = ccl.rank();
     let e = |e: Error| e.to_string();
-    let t = vm.new_tensor(if rank == 0 { 16 } else { 32 }).map_err(e)?;
+    let t = vm
+        .new_tensor_on(&s, if rank == 0 { 16 } else { 32 })
+        .map_err(e)?;
     vm.run(|b| ccl.all_reduce_sum(b, &t, DType::F32))
         .map_err(e)?;
     match read_f32(&vm, &t, 0) {
@@ -261,7 +324,6 @@ pub fn size_mismatch(comm: Arc<dyn Communicator>) -> Outcome {
 /// A collective on a tensor of a device the transport does not serve is refused when it
 /// is built, before anything reaches the transport.
 pub fn wrong_device_refused(comm: Arc<dyn Communicator>) -> Outcome {
-    use ivm_device::sim::{SIM, SimAdapter, SimConfig};
     let sim = SimAdapter::new(SimConfig::default());
     let vm =
         VirtualMachine::with_adapters(Config::default(), vec![sim]).map_err(|e| e.to_string())?;

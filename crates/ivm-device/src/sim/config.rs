@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use ivm_std::KernelMode;
+
 use super::SimFaults;
 
 /// A latency range: each item draws a duration uniformly from `min..=max`.
@@ -62,6 +64,14 @@ pub struct SimConfig {
     /// callbacks, lazy-job interfaces and parameters stage through host memory), and a
     /// host kernel on it fails. The sim's own copies still move the bytes.
     pub host_visible: bool,
+    /// Whether the streams are *launcher* streams ([`KernelMode::Launcher`], the mode cuda's
+    /// streams have) instead of queued ones ([`KernelMode::Queued`], the default): a
+    /// kernel's body then runs on the VM's worker and enqueues its device work on
+    /// [`KernelCtx::device_stream`](ivm_std::KernelCtx::device_stream) (host work through
+    /// [`KernelCtx::on_host`](ivm_std::KernelCtx::on_host)), with the same queue,
+    /// latencies, events and faults. What runs on cuda's streams runs on these without a
+    /// GPU.
+    pub launcher: bool,
 }
 
 impl Default for SimConfig {
@@ -76,11 +86,21 @@ impl Default for SimConfig {
             seed: 0x1b4d_5eed,
             faults: SimFaults::NONE,
             host_visible: true,
+            launcher: false,
         }
     }
 }
 
 impl SimConfig {
+    /// The kernel mode of this configuration's streams ([`launcher`](Self::launcher)).
+    pub fn kernel_mode(&self) -> KernelMode {
+        if self.launcher {
+            KernelMode::Launcher
+        } else {
+            KernelMode::Queued
+        }
+    }
+
     /// `devices` devices with random non-zero latencies (launch 20 µs–1 ms, kernels
     /// 20 µs–2 ms, copies 20 µs–1 ms) drawn from `seed`: what tests use so that events
     /// complete well after they are recorded, in an order that varies with the seed.
@@ -94,6 +114,7 @@ impl SimConfig {
             seed,
             faults: SimFaults::NONE,
             host_visible: true,
+            launcher: false,
         }
     }
 }

@@ -64,6 +64,8 @@ struct StreamState {
     cv: Condvar,
     latencies: (Latency, Latency, Latency),
     rng: Mutex<SplitMix>,
+    /// Queued (the default) or launcher ([`SimConfig::launcher`]).
+    mode: KernelMode,
     faults: Arc<faults::FaultState>,
     fault_rng: Mutex<SplitMix>,
 }
@@ -112,6 +114,7 @@ impl SimStream {
             cv: Condvar::new(),
             latencies: (cfg.launch_latency, cfg.kernel_latency, cfg.copy_latency),
             rng: Mutex::new(SplitMix(seed.next())),
+            mode: cfg.kernel_mode(),
             fault_rng: Mutex::new(faults.rng(n.wrapping_add(1))),
             faults,
         });
@@ -329,7 +332,7 @@ unsafe impl DeviceStream for SimStream {
         self.state.device
     }
     fn kernel_mode(&self) -> KernelMode {
-        KernelMode::Queued
+        self.state.mode
     }
     fn launch_host(&self, f: HostFn) -> Result<()> {
         let st = &self.state;

@@ -27,8 +27,9 @@
 //! * **host-to-device / device-to-host**: an event is recorded after each instruction's
 //!   work; the instruction is done when the event completes ([`Event::on_complete`] sets
 //!   it done and unparks the scheduler).
-//! * **critical section / lazy-job launcher**: run on a thread of their own; their status
-//!   handling is a stub (done at launch) until lazy jobs land.
+//! * **critical section / lazy-job launcher**: run on a thread of their own; a lazy job's
+//!   begins, launch and ends have deferred bodies, done when their completion handle fires
+//!   (the graph runtime's end records), on every device.
 //! * **collective**: a thread of its own; dispatched in build order
 //!   ([`StreamPolicy::dispatch_in_build_order`](crate::StreamPolicy::dispatch_in_build_order));
 //!   done at launch, with events on an asynchronous device (a device transport enqueues

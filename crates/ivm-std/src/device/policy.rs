@@ -180,8 +180,9 @@ impl StreamPolicy for CpuStreamPolicy {
 /// (see [`crate::device`]): compute streams are done at launch; host-to-device and
 /// device-to-host streams of an asynchronous device are done when an event recorded after
 /// each instruction completes; critical-section and lazy-job-launcher streams run on a
-/// thread of their own and (for now: a stub until lazy jobs land) are done at launch;
-/// barriers run on the scheduler.
+/// thread of their own, their instructions (a lazy job's begins, launch and ends) done
+/// when the completion handle of their deferred body fires, whatever the policy answers
+/// (`doors/lazy/`); barriers run on the scheduler.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceStreamPolicy {
     stream_type: StreamType,
@@ -197,7 +198,8 @@ impl DeviceStreamPolicy {
         let asynchronous = mode != KernelMode::Synchronous;
         let done_at_launch = match stream_type {
             StreamType::HostToDevice | StreamType::DeviceToHost => !asynchronous,
-            // Stubs until lazy jobs land: their status is handled at launch.
+            // A lazy job's instructions have deferred bodies, done when their completion
+            // handle fires (the graph runtime's end records), not by this answer.
             StreamType::CriticalSection | StreamType::LazyJobLauncher => true,
             StreamType::Compute | StreamType::Barrier | StreamType::Collective => true,
         };

@@ -4,8 +4,6 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use ivm_core::sync::Ordering;
-
 use crate::doors::custom::InstructionPolicy;
 use crate::model::instruction::{Callback, Deferred, Instruction, KernelCtx, Kind};
 use crate::model::instruction::{ReadFn, WriteFn};
@@ -131,10 +129,6 @@ impl<'vm> InstructionsBuilder<'vm> {
             }
             for t in outputs {
                 body.outputs.push(t.blob().clone());
-                // Relaxed: advisory bookkeeping (the last writer's stream).
-                t.inner
-                    .producer_stream
-                    .store(stream.index, Ordering::Relaxed);
             }
         }
         self.list.push(instr);

@@ -215,6 +215,10 @@ pub(crate) fn run(
         .as_ref()
         .map_or_else(String::new, |i| i.label())
         .into();
+    // On a launcher device the policy runs on the worker, ahead of the device: its
+    // `on_host` work is enqueued for this instruction, and a failure known here waits for
+    // the stream's earlier work before it poisons the outputs (`drain_before_failing`).
+    let instr = device_stream.and(completion.instr.clone());
     // Like a kernel: a poisoned operand fails it without launching it; the policy hears
     // of it (`InstructionPolicy::poisoned`) and drops unrun (to the drop sink, if any).
     if let Some(f) = first_poison(inputs.as_slice().iter().chain(outputs.as_slice())) {
@@ -224,6 +228,9 @@ pub(crate) fn run(
             let _ = catch(|| p.poisoned(&error));
         }
         drop(policy);
+        if let Some(i) = &instr {
+            crate::engine::device_launch::drain_before_failing(i);
+        }
         completion.complete(Err(f));
         return;
     }
@@ -246,6 +253,9 @@ pub(crate) fn run(
             inputs: ins,
             outputs: outs,
             stream: device_stream,
+            launcher: instr
+                .as_deref()
+                .map(|i| i as &dyn crate::model::kernel::HostEnqueue),
         };
         catch(|| policy.launch(&mut ctx, done))
     };
@@ -290,6 +300,9 @@ pub(crate) fn run(
     };
     drop(s);
     if let (Some(c), Some(r)) = (c, result) {
+        if let (Some(i), Err(_)) = (&instr, &r) {
+            crate::engine::device_launch::drain_before_failing(i);
+        }
         c.complete(r);
     }
 }

@@ -141,6 +141,7 @@ fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
             inputs,
             outputs,
             stream: Some(stream),
+            launcher: None,
         }),
         Kind::Copy {
             src_offset,

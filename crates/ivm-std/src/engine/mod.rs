@@ -11,7 +11,7 @@
 
 pub(crate) mod backpressure;
 pub(crate) mod core;
-mod device_launch;
+pub(crate) mod device_launch;
 pub(crate) mod drive;
 pub(crate) mod execute;
 pub(crate) mod gate;

@@ -400,24 +400,31 @@ impl<K: Kernels> Runner<K> {
                     &self.streams[usize::from(k.stream)],
                     &ins,
                     &outs,
+                    // On a launcher device the body enqueues the work (`on_host`); a
+                    // device that refuses it fails the kernel with its answer.
                     move |ctx| {
-                        k.delay.pause();
-                        let mut iv = [0u64; TENSORS];
-                        let mut ov = [0u64; TENSORS];
-                        let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
-                        for (x, v) in iv.iter_mut().enumerate().take(ni) {
-                            *v = ctx.input_u64(x)[0];
-                        }
-                        for (x, v) in ov.iter_mut().enumerate().take(no) {
-                            *v = ctx.output_u64(x)[0];
-                        }
-                        kernels.apply(k.id, &iv[..ni], &mut ov[..no]);
-                        if k.panic {
-                            panic!("{}", planned_panic_message(index));
-                        }
-                        for (x, v) in ov.iter().enumerate().take(no) {
-                            ctx.output_u64(x)[0] = *v;
-                        }
+                        ctx.on_host(move |ctx| {
+                            k.delay.pause();
+                            let mut iv = [0u64; TENSORS];
+                            let mut ov = [0u64; TENSORS];
+                            let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
+                            for (x, v) in iv.iter_mut().enumerate().take(ni) {
+                                *v = ctx.input_u64(x)[0];
+                            }
+                            for (x, v) in ov.iter_mut().enumerate().take(no) {
+                                *v = ctx.output_u64(x)[0];
+                            }
+                            kernels.apply(k.id, &iv[..ni], &mut ov[..no]);
+                            if k.panic {
+                                panic!("{}", planned_panic_message(index));
+                            }
+                            for (x, v) in ov.iter().enumerate().take(no) {
+                                ctx.output_u64(x)[0] = *v;
+                            }
+                        })
+                        // Unwinds without the panic hook: an expected failure under
+                        // injected faults, whose message the instruction's error carries.
+                        .unwrap_or_else(|e| std::panic::resume_unwind(Box::new(e.to_string())));
                     },
                 )
             }

@@ -16,10 +16,33 @@ use crate::util::hooks::{Captures, DropSink};
 
 /// What a kernel sees: its input and output tensors' bytes (host-accessible memory: the
 /// cpu, the sim), their device pointers, and the device stream it was launched on.
+///
+/// On a [`KernelMode::Launcher`](crate::KernelMode::Launcher) device (cuda, the sim with
+/// `launcher` set) the body runs on the VM's worker *ahead of* the device: work enqueued
+/// on the stream before it may still be running, so the body does not touch the operands'
+/// bytes ([`input`](Self::input) and [`output`](Self::output) panic there, failing the
+/// kernel); it enqueues device work on [`device_stream`](Self::device_stream), or host
+/// work over the bytes with [`on_host`](Self::on_host).
 pub struct KernelCtx<'a> {
     pub(crate) inputs: &'a [Arc<Blob>],
     pub(crate) outputs: &'a [Arc<Blob>],
     pub(crate) stream: Option<&'a dyn DeviceStream>,
+    /// The instruction whose body runs on a launcher device's worker (`None` elsewhere):
+    /// what [`on_host`](Self::on_host) enqueues host work for.
+    pub(crate) launcher: Option<&'a dyn HostEnqueue>,
+}
+
+/// Enqueues host kernels for an instruction running on a launcher device's worker, in its
+/// device stream's order (implemented by the engine, `engine/device_launch/`: the model
+/// does not reach up to it).
+pub(crate) trait HostEnqueue {
+    /// Enqueues `f` over `inputs` and `outputs`.
+    fn enqueue_host(
+        &self,
+        inputs: &[Arc<Blob>],
+        outputs: &[Arc<Blob>],
+        f: KernelFn,
+    ) -> crate::Result<()>;
 }
 
 impl<'a> KernelCtx<'a> {
@@ -33,15 +56,19 @@ impl<'a> KernelCtx<'a> {
         self.outputs.len()
     }
 
-    /// The bytes of input `i`. Panics (caught: the instruction fails) if out of range.
+    /// The bytes of input `i`. Panics (caught: the instruction fails) if out of range, and
+    /// on a launcher device's worker (see the type's docs).
     pub fn input(&self, i: usize) -> &'a [u8] {
+        self.check_host_bytes();
         // SAFETY: this body reads input `i` (engine-ordered invariant: no writer runs
         // concurrently); the builder rejects a blob that is both input and output.
         unsafe { self.inputs[i].bytes() }
     }
 
-    /// The bytes of output `i`. Panics (caught: the instruction fails) if out of range.
+    /// The bytes of output `i`. Panics (caught: the instruction fails) if out of range, and
+    /// on a launcher device's worker (see the type's docs).
     pub fn output(&mut self, i: usize) -> &mut [u8] {
+        self.check_host_bytes();
         // SAFETY: this body writes output `i` exclusively (engine-ordered invariant);
         // outputs are distinct blobs and `&mut self` allows one at a time.
         unsafe { self.outputs[i].bytes_mut() }
@@ -76,6 +103,59 @@ impl<'a> KernelCtx<'a> {
     /// [`KernelMode::Queued`]: crate::KernelMode::Queued
     pub fn device_stream(&self) -> Option<&'a dyn DeviceStream> {
         self.stream
+    }
+
+    /// Runs `f` over this kernel's operands where host code may touch their bytes: at once
+    /// where the body itself runs in the device's order (the cpu; a queued device such as
+    /// the sim, whose kernel bodies run in its queue), and on a launcher device (cuda) as a
+    /// host closure enqueued on [`device_stream`](Self::device_stream), which runs after
+    /// every work item enqueued on the stream before it. There, like a queued device's
+    /// kernel, the closure sees the stream's earlier failure or a poisoned operand and then
+    /// does not run (the outputs are poisoned), and a panic in it poisons the outputs and
+    /// fails the stream's next host-observed completion. (Device-only memory has no bytes
+    /// on the host: there, `f` fails when it asks for them.)
+    ///
+    /// # Errors
+    /// The device's refusal of the closure ([`DeviceStream::launch_host`]); `f` then never
+    /// runs, so a kernel fails itself with it (panics) unless it has another way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let vm = ivm_std::VirtualMachine::new(ivm_std::Config::default())?;
+    /// # let (s, x) = (vm.default_stream(), vm.new_tensor(8)?);
+    /// vm.run(|b| {
+    ///     b.call(&s, &[], &[&x], |k| {
+    ///         k.on_host(|k| k.output_u64(0)[0] = 7)
+    ///             .unwrap_or_else(|e| panic!("{e}"))
+    ///     })
+    /// })?;
+    /// # let mut out = [0u8; 8];
+    /// # vm.read_small(&x, 0, &mut out)?;
+    /// # assert_eq!(u64::from_ne_bytes(out), 7);
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    pub fn on_host<F>(&mut self, f: F) -> crate::Result<()>
+    where
+        F: FnOnce(&mut KernelCtx<'_>) + Send + 'static,
+    {
+        match self.launcher {
+            None => {
+                f(self);
+                Ok(())
+            }
+            Some(l) => l.enqueue_host(self.inputs, self.outputs, KernelFn::new(f)),
+        }
+    }
+
+    fn check_host_bytes(&self) {
+        if self.launcher.is_some() {
+            panic!(
+                "ivm: a kernel on a launcher device runs ahead of the device and must not \
+                 touch its operands' bytes; enqueue the work with KernelCtx::on_host or on \
+                 KernelCtx::device_stream"
+            );
+        }
     }
 
     /// Input `i` as `u64`s (tensor memory is 8-byte aligned; a trailing partial word is
@@ -269,6 +349,7 @@ mod tests {
             inputs: &[],
             outputs: &[],
             stream: None,
+            launcher: None,
         };
         f.call(&mut ctx);
     }

@@ -27,8 +27,6 @@ pub(crate) struct TensorInner {
     /// that stream's allocator); its release runs there, after a soft sync when it was
     /// last used elsewhere.
     pub(crate) home: Arc<StreamShared>,
-    /// Index of the stream that produced it (`NIL`: none yet).
-    pub(crate) producer_stream: AtomicU32,
     /// Index of the stream that used it last (`NIL`: none yet).
     pub(crate) last_used_stream: AtomicU32,
 }
@@ -39,7 +37,6 @@ impl TensorInner {
             blob,
             vm,
             home,
-            producer_stream: AtomicU32::new(NIL),
             last_used_stream: AtomicU32::new(NIL),
         }
     }

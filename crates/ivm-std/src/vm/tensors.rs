@@ -192,7 +192,6 @@ impl VirtualMachine {
         }
         // Relaxed: bookkeeping that follows the build order (as in `soft_sync.rs`).
         t.inner.last_used_stream.store(s.index, Ordering::Relaxed);
-        t.inner.producer_stream.store(s.index, Ordering::Relaxed);
         self.shared.core.receive_one(instr, false)?;
         Ok(t)
     }

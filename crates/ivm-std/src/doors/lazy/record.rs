@@ -4,13 +4,13 @@
 //! A record is created empty by a critical-section begin instruction, shared with the
 //! matching critical-section end instruction, and initialised exactly once by the graph
 //! runtime (the interface kernel after its copy, or `finish` for whatever is left). It is
-//! *done* once it is initialised and its event is done; the end instruction is done when
-//! its record is.
+//! *done* once it is initialised; the end instruction is done when its record is. (The
+//! graph runtime only ever sees host memory: a lazy launch stages device-only tensors
+//! through host ones, so its copies are synchronous.)
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use crate::device::Event;
 use crate::util::error::Error;
 use crate::util::lock;
 
@@ -23,9 +23,6 @@ pub enum EndEvent {
     /// The run failed for this interface: the end instruction fails with this error (an
     /// output end poisons its tensor with it).
     Failed(Error),
-    /// Done when this device event completes (an event recorded on the eager tensor's
-    /// device stream after an asynchronous copy).
-    Device(Arc<dyn Event>),
 }
 
 impl fmt::Debug for EndEvent {
@@ -33,7 +30,6 @@ impl fmt::Debug for EndEvent {
         match self {
             EndEvent::Done => f.write_str("Done"),
             EndEvent::Failed(e) => f.debug_tuple("Failed").field(e).finish(),
-            EndEvent::Device(e) => f.debug_struct("Device").field("done", &e.query()).finish(),
         }
     }
 }
@@ -99,7 +95,6 @@ fn when_done(event: &EndEvent, f: DoneFn) {
     match event {
         EndEvent::Done => f(Ok(())),
         EndEvent::Failed(e) => f(Err(e.clone())),
-        EndEvent::Device(d) => d.on_complete(Box::new(move || f(Ok(())))),
     }
 }
 
@@ -158,13 +153,9 @@ impl SharedEventRecord {
         lock(&self.state).event.is_some()
     }
 
-    /// Whether the record is done: initialised, and its event done.
+    /// Whether the record is done (initialised).
     pub fn is_done(&self) -> bool {
-        match &lock(&self.state).event {
-            None => false,
-            Some(EndEvent::Done | EndEvent::Failed(_)) => true,
-            Some(EndEvent::Device(d)) => d.query(),
-        }
+        lock(&self.state).event.is_some()
     }
 
     /// The record's result once it is done (`None` before).
@@ -173,12 +164,11 @@ impl SharedEventRecord {
             None => None,
             Some(EndEvent::Done) => Some(Ok(())),
             Some(EndEvent::Failed(e)) => Some(Err(e.clone())),
-            Some(EndEvent::Device(d)) => d.query().then_some(Ok(())),
         }
     }
 
     /// Calls `f` once, when the record is done (at once, on this thread, if it already
-    /// is; otherwise on the thread that initialises it or completes its event).
+    /// is; otherwise on the thread that initialises it).
     pub fn on_done(&self, f: impl FnOnce(RecordResult) + Send + 'static) {
         let mut g = lock(&self.state);
         match &g.event {
@@ -195,51 +185,8 @@ impl SharedEventRecord {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-    /// A device event completed by hand.
-    #[derive(Default)]
-    struct Manual {
-        done: AtomicBool,
-        #[allow(clippy::type_complexity)]
-        cbs: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
-    }
-    impl std::fmt::Debug for Manual {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("Manual")
-        }
-    }
-    impl Manual {
-        fn complete(&self) {
-            self.done.store(true, Ordering::Release);
-            for f in std::mem::take(&mut *self.cbs.lock().unwrap()) {
-                f();
-            }
-        }
-    }
-    impl Event for Manual {
-        fn device(&self) -> crate::Device {
-            crate::Device::CPU
-        }
-        fn synchronize(&self) -> crate::Result<()> {
-            Ok(())
-        }
-        fn as_any(&self) -> &dyn std::any::Any {
-            self
-        }
-        fn query(&self) -> bool {
-            self.done.load(Ordering::Acquire)
-        }
-        fn on_complete(&self, f: Box<dyn FnOnce() + Send>) {
-            let mut g = self.cbs.lock().unwrap();
-            if self.query() {
-                drop(g);
-                f();
-            } else {
-                g.push(f);
-            }
-        }
-    }
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn empty_record_is_not_done_until_init() {
@@ -257,21 +204,17 @@ mod tests {
     }
 
     #[test]
-    fn done_needs_init_and_event() {
+    fn init_runs_the_waiters_and_later_ones_at_once() {
         let r = SharedEventRecord::new();
-        let ev = Arc::new(Manual::default());
         let fired = Arc::new(AtomicUsize::new(0));
         let f2 = fired.clone();
         r.on_done(move |res| {
             assert!(res.is_ok());
             f2.fetch_add(1, Ordering::Relaxed);
         });
-        r.init(EndEvent::Device(ev.clone())).unwrap();
-        assert!(r.is_initialised());
-        assert!(!r.is_done(), "initialised, but its event is not done");
-        assert_eq!(fired.load(Ordering::Relaxed), 0);
-        ev.complete();
-        assert!(r.is_done());
+        assert_eq!(fired.load(Ordering::Relaxed), 0, "not initialised yet");
+        r.init(EndEvent::Done).unwrap();
+        assert!(r.is_initialised() && r.is_done());
         assert_eq!(fired.load(Ordering::Relaxed), 1);
         // A late waiter on a done record runs at once.
         let f3 = fired.clone();

@@ -94,25 +94,33 @@ pub(super) fn done_now(instr: &Instruction, failure: Option<Failure>, finish_wai
 
 /// Poisons the outputs of `instr`, whose launch on an asynchronous device failed.
 ///
-/// On a device whose kernels run in its queue (`KernelMode::Queued`, the sim), a body
-/// checks its operands for poison when the device reaches it. Work launched before this
-/// instruction may still be queued there — an earlier reader of these outputs, done at
-/// launch — and must not see a later instruction's failure: so the poison is queued on
-/// the stream, behind that work, as a kernel's own failure on the device would be. (Soft
-/// sync has put a device-side wait on this stream ahead of it for earlier work of other
-/// streams of the device.) Later work of this stream meets the poison in stream order.
-/// When the device refuses the poison too (and on streams done when their device work
-/// is), the worker drains the stream first ([`drain`]), then poisons, before the
-/// instruction is done and anything after it launches. On devices whose kernels check
-/// their operands at launch (`Launcher`: earlier readers checked theirs when they were
-/// launched), the outputs are poisoned now.
+/// Work launched before this instruction may still be queued on the device — an earlier
+/// reader of these outputs, done at launch — and must not see a later instruction's
+/// failure. Such work checks its operands for poison when the device reaches it: a
+/// queued device's kernel bodies (`KernelMode::Queued`, the sim), and on every
+/// asynchronous device the sync callbacks, copies' poison carriers and a launcher
+/// kernel's host work ([`KernelCtx::on_host`](crate::KernelCtx::on_host)).
+///
+/// On a queued device the poison is queued on the stream, behind that work, as a
+/// kernel's own failure on the device would be. (Soft sync has put a device-side wait on
+/// this stream ahead of it for earlier work of other streams of the device.) Later work
+/// of this stream meets the poison in stream order. When the device refuses the poison
+/// too (and on streams done when their device work is), the worker drains the stream
+/// first ([`drain`]), then poisons, before the instruction is done and anything after it
+/// launches.
+///
+/// On a launcher device the worker always drains first: there, later instructions check
+/// their operands when the worker launches them (a kernel's body, a custom instruction's
+/// policy, which must not enqueue device work over a failed producer's output), so the
+/// poison must be in place when this one is done, and not before the earlier work ran.
+/// A failed launch is rare; the drain is bounded by the timeout period.
 pub(super) fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>], f: &Failure) {
     let dev = &instr.stream.dev;
-    if dev.mode == KernelMode::Queued && !outputs.is_empty() {
-        // Only where done means launched (compute streams): a stream whose instructions
-        // are done when their device work is (copy streams) promises its readers that
-        // nothing of it is left on the device once it is done — no soft sync orders them
-        // after it — so its poison must be in place when it is done: drain first.
+    if !outputs.is_empty() {
+        if dev.mode == KernelMode::Launcher {
+            drain(dev);
+            return poison_all(outputs, f);
+        }
         if instr.stream.policy.done_at_launch() {
             let mut outs = Operands::default();
             for b in outputs {

@@ -171,6 +171,7 @@ fn launch_kind(
                 inputs: ins,
                 outputs: outs,
                 stream: Some(stream),
+                launcher: Some(&**instr),
             };
             if let Err(message) = catch(|| f.call(&mut ctx)) {
                 return Err(Failure {
@@ -298,6 +299,36 @@ fn launch_kind(
         Ok(Outcome::AtLaunch)
     } else {
         Ok(Outcome::OnEvent(stream.record_event().map_err(err)?))
+    }
+}
+
+/// Waits (bounded by the timeout period) until the work queued so far on the device
+/// stream of `instr`, a custom instruction whose policy runs on a launcher device's
+/// worker, has run, before its failure known on the worker poisons its outputs: earlier
+/// readers of them still queued there check for poison when the device reaches them
+/// (see `poison_in_stream_order`).
+pub(crate) fn drain_before_failing(instr: &Instruction) {
+    drain(&instr.stream.dev);
+}
+
+/// A kernel running on a launcher device's worker enqueues host work
+/// ([`KernelCtx::on_host`]) on its instruction's device stream: it runs in stream order
+/// with the checks and failure handling of a queued device's kernel body.
+impl crate::model::kernel::HostEnqueue for Instruction {
+    fn enqueue_host(
+        &self,
+        inputs: &[Arc<Blob>],
+        outputs: &[Arc<Blob>],
+        f: crate::model::kernel::KernelFn,
+    ) -> crate::Result<()> {
+        let (mut ins, mut outs) = (Operands::default(), Operands::default());
+        for b in inputs {
+            ins.push(b.clone());
+        }
+        for b in outputs {
+            outs.push(b.clone());
+        }
+        queue(self, &ins, &outs, Queued::Kernel(f))
     }
 }
 

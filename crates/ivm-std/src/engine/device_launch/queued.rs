@@ -116,6 +116,7 @@ pub(super) fn queue(
                 inputs: ins,
                 outputs: outs,
                 stream: None,
+                launcher: None,
             }),
             // SAFETY: stream order: the staging copy was filled by the copy enqueued before
             // this closure and is emptied (if at all) by one enqueued after it.
