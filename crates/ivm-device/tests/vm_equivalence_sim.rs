@@ -200,7 +200,7 @@ fn minimised_regressions() {
         ),
     ];
     let sim = sim(0x5eed_0003);
-    let runner = runner(Config::default(), &sim);
+    let runner = runner(ivm_std::fuzzing::fusion_lane(Config::default()), &sim);
     for (name, ops) in cases {
         let p = Program { ops };
         assert_eq!(runner.topology().fit(&p), p, "{name}: not a fitted program");

@@ -43,7 +43,7 @@ fn stuck_events() -> SimFaults {
 }
 
 fn vm(sim: &Arc<SimAdapter>) -> Arc<VirtualMachine> {
-    let config = Config::default().with_timeout_period(PERIOD);
+    let config = ivm_std::fuzzing::fusion_lane(Config::default()).with_timeout_period(PERIOD);
     Arc::new(VirtualMachine::with_adapters(config, vec![sim.clone()]).unwrap())
 }
 
@@ -418,7 +418,8 @@ fn vm_under_sim_faults_matches_the_model_proptest() {
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
     let runner = Runner::with_topology(
-        Config::default().with_timeout_period(Duration::from_millis(150)),
+        ivm_std::fuzzing::fusion_lane(Config::default())
+            .with_timeout_period(Duration::from_millis(150)),
         vec![a],
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,

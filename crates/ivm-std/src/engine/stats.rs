@@ -76,6 +76,10 @@ pub(crate) struct StatsCells {
     pub(crate) threads: Mutex<Vec<Arc<ThreadCounters>>>,
     /// Instructions queued to a sleeping worker that a waiting caller ran itself.
     pub(crate) caller_ran: AtomicUsize,
+    /// Fused runs (of two or more) handed over, their members, the longest.
+    pub(crate) fused_runs: AtomicUsize,
+    pub(crate) fused_instructions: AtomicUsize,
+    pub(crate) longest_fused_run: AtomicUsize,
 }
 
 impl Default for StatsCells {
@@ -103,7 +107,20 @@ impl StatsCells {
             running_other: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
             caller_ran: AtomicUsize::new(0),
+            fused_runs: AtomicUsize::new(0),
+            fused_instructions: AtomicUsize::new(0),
+            longest_fused_run: AtomicUsize::new(0),
         }
+    }
+
+    /// The engine's driver handed `f.runs` fused runs over since it last counted.
+    pub(crate) fn fused(&self, f: crate::engine::FusedCount) {
+        // Relaxed: statistics.
+        self.fused_runs.fetch_add(f.runs, Ordering::Relaxed);
+        self.fused_instructions
+            .fetch_add(f.instructions, Ordering::Relaxed);
+        self.longest_fused_run
+            .fetch_max(f.longest, Ordering::Relaxed);
     }
 
     /// A waiting caller ran `n` instructions queued to a sleeping worker.
@@ -177,6 +194,13 @@ pub struct VmStats {
     /// Instructions queued to a sleeping worker that a caller about to wait ran itself
     /// instead (ARCHITECTURE.md, "Who may drive the engine").
     pub caller_ran: usize,
+    /// Fused runs of two or more instructions handed to a worker as one
+    /// ([`Config::fusion`](crate::Config::fusion)).
+    pub fused_runs: usize,
+    /// Instructions in those runs (their mean length is this over `fused_runs`).
+    pub fused_instructions: usize,
+    /// The longest fused run.
+    pub longest_fused_run: usize,
 }
 
 /// Where the engine's owner leaves a DAG dump for the caller who asked for it.

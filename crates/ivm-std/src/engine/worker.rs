@@ -66,8 +66,17 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         // Some instructions are timed (at random: `kernel_clock.rs`): whether kernels run
         // long on average (`ThreadCtx::long_kernels`).
         let t0 = clock.borrow_mut().start();
-        crate::engine::execute::execute(&instr);
-        if let Some(t0) = t0 {
+        // A fused run's members run here back to back. One whose release something waits
+        // for (another stream's reader, a barrier) is released before the next runs, as
+        // it would be unfused: that wait is for its member, not for the whole run.
+        let ran = crate::engine::execute::execute_run(&instr, |awaited| {
+            if awaited {
+                shared.completed();
+            }
+        });
+        let fused = ran > 1;
+        // A run's length is not one kernel's: only single instructions are timed.
+        if let Some(t0) = t0.filter(|_| !fused) {
             let long = clock.borrow_mut().timed(t0);
             // Relaxed: hints.
             if ctx.long_kernels.load(Ordering::Relaxed) != long {
@@ -83,7 +92,12 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         // Our reference goes before any release (the engine recycles what only it holds),
         // except to the one rule that asks the instruction first (and then lets it go).
         // After DONE (Release inside `execute`): the engine must release it.
-        if sync_access {
+        if fused {
+            // A fused run: its members' releases in one step, here or by the holder.
+            drop(instr);
+            shared.completed();
+            owed.discharged();
+        } else if sync_access {
             // Its caller is about to come back and drive the engine anyway (usually
             // within a microsecond): leave the release to it, so the engine's data stays
             // in the caller's cache; settled below if nobody takes the engine soon.
@@ -283,9 +297,8 @@ pub(crate) fn caller_runs(
             let Some(instr) = consumer.try_pop().item() else {
                 break;
             };
-            crate::engine::execute::execute(&instr);
+            ran += crate::engine::execute::execute_run(&instr, |_| {});
             drop(instr);
-            ran += 1;
         }
     }
     ctx.let_go(consumer);

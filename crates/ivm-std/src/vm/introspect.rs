@@ -64,6 +64,9 @@ impl VirtualMachine {
             streams,
             running_other_streams: c.running_other.load(Ordering::Relaxed),
             caller_ran: c.caller_ran.load(Ordering::Relaxed),
+            fused_runs: c.fused_runs.load(Ordering::Relaxed),
+            fused_instructions: c.fused_instructions.load(Ordering::Relaxed),
+            longest_fused_run: c.longest_fused_run.load(Ordering::Relaxed),
             threads,
         })
     }
