@@ -4,7 +4,7 @@
 //! Prints a markdown table, then one line per figure: `RATIO <name> <value>` for ratios
 //! and `FIGURE <name> <value> <unit>` for the rest. Runs in under a minute:
 //! `cargo run --release --example perf_report` (`-- --quick` for a shorter smoke run;
-//! `-- warm cold inline throughput allocs cpu caller` to run only some sections).
+//! `-- warm cold inline throughput allocs cpu caller fused` to run only some sections).
 //! VM settings come from [`Config::from_env`] (`IVM_*`), with the overrides each scenario
 //! states.
 //!
@@ -23,6 +23,9 @@
 //! | `idle_cpu_pct` | CPU of the VM's threads (`/proc/self/task/*/schedstat`) over 5 s idle, % of one core |
 //! | `busy_kernel_cpu_pct` | the same plus the waiting caller, over a 5 s kernel that sleeps |
 //! | `caller_work_ratio` | the caller's compute rate while the VM streams instructions for it, over its rate with the VM idle |
+//! | `fused_k<k>_<ops>_{on,off}_per_s` | a `vm.run` of `k` (1, 4, 24, 100) independent or dependent ops on one stream, repeated until `sync()`, fusion on and off (`Config::fusion`), interleaved; the section's table adds spreads and the ratios to the channel bound |
+//! | `fused_k24_<ops>_on_vs_channel_bound` | runs of 24 with fusion on over the channel bound measured between them |
+//! | `fused_k1_<ops>_on_vs_off` | single-instruction runs, fusion on over off |
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -35,11 +38,13 @@ use ivm::ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
 
 #[path = "../common/mod.rs"]
 mod common;
+mod fused;
 mod reads;
 mod resources;
 mod throughput;
 
 use common::{FutexBaseline, cpu_between, my_tid, thread_cpu};
+use fused::fused_runs;
 use reads::{cold_reads, inline_reads, warm_reads};
 use resources::{allocations, cpu_use};
 use throughput::{caller_work, throughput};
@@ -202,7 +207,7 @@ fn main() {
         cfg.skip_blocking_threshold,
         if quick { " (quick)" } else { "" }
     );
-    // Sections named on the command line (`warm cold inline throughput allocs cpu caller`)
+    // Sections named on the command line (`warm cold inline throughput allocs cpu caller fused`)
     // run alone; none named: all.
     let only: Vec<String> = std::env::args()
         .skip(1)
@@ -231,6 +236,9 @@ fn main() {
     }
     if run("caller") {
         caller_work(&mut rep, quick);
+    }
+    if run("fused") {
+        fused_runs(&mut rep, quick);
     }
     println!("\n| figure | value | unit | target | met |\n|---|---|---|---|---|");
     for r in &rep.rows {
