@@ -43,30 +43,26 @@ pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
 }
 
 /// [`execute`] for what a worker's queue holds: `head` and the members of the fused run
-/// it heads (linked at dispatch through `Body::fused_next`), in order, back to back. Each
-/// member is run, traced, poisoned and marked done on its own, as if it had been queued
-/// alone; a member whose operand an earlier one poisoned fails by that poison, the others
-/// run. `between(awaited)` is called between members, after each but the last, with
-/// whether the one just done is awaited (the engine holds something back until its
-/// release). Returns how many instructions ran.
-pub(crate) fn execute_run(head: &Arc<Instruction>, mut between: impl FnMut(bool)) -> usize {
+/// it heads (linked at dispatch through `Body::fused_next`), in order, back to back (a
+/// waiting caller running a worker's queue; the worker runs members one by one, each
+/// with its own release decision). Each member is run, traced, poisoned and marked done
+/// on its own, as if it had been queued alone; a member whose operand an earlier one
+/// poisoned fails by that poison, the others run. Returns how many instructions ran.
+pub(crate) fn execute_run(head: &Arc<Instruction>) -> usize {
     let mut next = take_fused_next(head);
     execute(head);
     let mut ran = 1;
-    let mut awaited = next.is_some() && head.is_awaited();
     while let Some(m) = next {
-        between(awaited);
         next = take_fused_next(&m);
         execute(&m);
         ran += 1;
-        awaited = next.is_some() && m.is_awaited();
     }
     ran
 }
 
 /// The member queued behind `instr` in its fused run, taken before `instr` runs: once it
 /// is done the engine may release it and clear its body.
-fn take_fused_next(instr: &Instruction) -> Option<Arc<Instruction>> {
+pub(crate) fn take_fused_next(instr: &Instruction) -> Option<Arc<Instruction>> {
     // SAFETY: the executor owns the body until DONE (ownership step 3), which `execute`
     // sets after this borrow ends.
     unsafe { instr.body_mut() }.fused_next.take()
