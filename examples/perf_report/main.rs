@@ -4,7 +4,7 @@
 //! Prints a markdown table, then one line per figure: `RATIO <name> <value>` for ratios
 //! and `FIGURE <name> <value> <unit>` for the rest. Runs in under a minute:
 //! `cargo run --release --example perf_report` (`-- --quick` for a shorter smoke run;
-//! `-- warm cold inline throughput allocs cpu caller contended` to run only some sections;
+//! `-- warm cold inline throughput allocs cpu caller contended fused` to run only some sections;
 //! `-- --device sim|sim-launcher|cuda` adds the device section, `device.rs`, on that device;
 //! cuda needs `--features cuda`).
 //! VM settings come from [`Config::from_env`] (`IVM_*`), with the overrides each scenario
@@ -26,6 +26,9 @@
 //! | `busy_kernel_cpu_pct` | the same plus the waiting caller, over a 5 s kernel that sleeps |
 //! | `caller_work_ratio` | the caller's compute rate while the VM streams instructions for it, over its rate with the VM idle |
 //! | `*_hog1`, `*_hog2` | section `contended`: `warm_read_*`, `instr_per_s`, `instr_vs_channel_bound` and `caller_work_ratio` again (quick sizes), beside one and two busy threads of this process (`examples/common/hog.rs`); the baselines run beside the same threads |
+//! | `fused_k<k>_<ops>_{on,off}_per_s` | a `vm.run` of `k` (1, 4, 24, 100) independent or dependent ops on one stream, repeated until `sync()`, fusion on and off (`Config::fusion`), interleaved; the section's table adds spreads and the ratios to the channel bound |
+//! | `fused_k24_<ops>_on_vs_channel_bound` | runs of 24 with fusion on over the channel bound measured between them |
+//! | `fused_k1_<ops>_on_vs_off` | single-instruction runs, fusion on over off |
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
@@ -39,11 +42,13 @@ use ivm::ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
 #[path = "../common/mod.rs"]
 mod common;
 mod device;
+mod fused;
 mod reads;
 mod resources;
 mod throughput;
 
 use common::{FutexBaseline, cpu_between, my_tid, thread_cpu};
+use fused::fused_runs;
 use reads::{cold_reads, inline_reads, warm_reads};
 use resources::{allocations, cpu_use};
 use throughput::{caller_work, throughput};
@@ -206,7 +211,7 @@ fn main() {
         cfg.skip_blocking_threshold,
         if quick { " (quick)" } else { "" }
     );
-    // Sections named on the command line (`warm cold inline throughput allocs cpu caller`)
+    // Sections named on the command line (`warm cold inline throughput allocs cpu caller fused`)
     // run alone; none named: all.
     let args: Vec<String> = std::env::args().skip(1).collect();
     let device = args
@@ -245,6 +250,9 @@ fn main() {
     }
     if run("contended") {
         contended(&mut rep);
+    }
+    if run("fused") {
+        fused_runs(&mut rep, quick);
     }
     if let Some(name) = &device
         && run("device")

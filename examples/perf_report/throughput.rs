@@ -93,7 +93,7 @@ impl Drop for Chain {
 
 /// One worker running `n` boxed closures capturing 32 bytes, sent over an unbounded
 /// crossbeam channel, then one answering closure; closures/s.
-fn channel_bound(n: usize) -> f64 {
+pub(super) fn channel_bound(n: usize) -> f64 {
     type Job = Box<dyn FnOnce() + Send>;
     let (jobs, rx) = unbounded::<Job>();
     let (done_tx, done_rx) = bounded::<()>(1);

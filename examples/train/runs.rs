@@ -175,8 +175,12 @@ pub fn interleaved(
         }
     }
     let mut runs = Vec::with_capacity(lives.len());
-    for mut live in lives {
+    for (mut live, vm) in lives.into_iter().zip(&vms) {
         let weights = live.trainer.weights()?;
+        let fused = match vm {
+            Some((vm, _, _)) => Fused::of(&vm.stats()?),
+            None => Fused::default(),
+        };
         let accuracy = program::accuracy(&prog.layers, &weights, &setup.test.x, &setup.test.y);
         runs.push(Run {
             mode: live.mode,
@@ -187,12 +191,54 @@ pub fn interleaved(
             weights,
             accuracy,
             read_lat: live.trainer.read_latencies().to_vec(),
+            fused,
         });
     }
     for (vm, _, _) in vms.into_iter().flatten() {
         vm.shutdown()?;
     }
     Ok(runs)
+}
+
+/// How a VM's instructions were fused (`Config::fusion`), summed over runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fused {
+    runs: usize,
+    instructions: usize,
+    longest: usize,
+    received: usize,
+}
+
+impl Fused {
+    fn of(s: &ivm::ivm_std::VmStats) -> Self {
+        Self {
+            runs: s.fused_runs,
+            instructions: s.fused_instructions,
+            longest: s.longest_fused_run,
+            received: s.received,
+        }
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.runs += o.runs;
+        self.instructions += o.instructions;
+        self.longest = self.longest.max(o.longest);
+        self.received += o.received;
+    }
+}
+
+impl std::fmt::Display for Fused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} fused runs, mean length {:.1}, longest {}; {:.1} % of {} instructions fused",
+            self.runs,
+            self.instructions as f64 / self.runs.max(1) as f64,
+            self.longest,
+            100.0 * self.instructions as f64 / self.received.max(1) as f64,
+            self.received
+        )
+    }
 }
 
 /// Median and quartiles of a sample.

@@ -3,11 +3,13 @@
 //! "later" instruction completes, whether a waiting caller claims an instruction) come from
 //! the input too, and must leave every datum as the sequential interpreter does; barriers,
 //! release order, early releases, hangs and leaks are checked as well
-//! (`ivm_engine::check`).
+//! (`ivm_engine::check`). The seed's top byte also picks fused runs' bound: 1 (fusion
+//! off) for half the inputs, 2..=25 for the others (`check_fused`).
 //!
 //! The planted ordering bugs live in ivm-engine (feature `planted-bugs`): set
-//! `IVM_FUZZ_PLANT=drop-edge` (a dropped read→write edge) or `IVM_FUZZ_PLANT=out-of-order`
-//! (a release before the instruction finished) to run the same target on an engine with
+//! `IVM_FUZZ_PLANT=drop-edge` (a dropped read→write edge), `IVM_FUZZ_PLANT=out-of-order`
+//! (a release before the instruction finished) or `IVM_FUZZ_PLANT=fuse-waiting` (a fused
+//! run taking in an instruction that still waits) to run the same target on an engine with
 //! that bug planted; the fuzzer must then find a crashing input (within seconds). `cargo
 //! test -p ivm-engine --all-features` (`planted_bugs_are_caught`) shows the same in CI.
 //!
@@ -20,7 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Once, OnceLock};
 
 use ivm_engine::PlantedBug;
-use ivm_engine::check::{Program, check, check_planted};
+use ivm_engine::check::{Program, check, check_fused, check_planted};
 use libfuzzer_sys::fuzz_target;
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
@@ -38,7 +40,10 @@ fn planted() -> PlantedBug {
         Err(_) | Ok("" | "none") => PlantedBug::None,
         Ok("drop-edge") => PlantedBug::DropReadWriteEdge,
         Ok("out-of-order") => PlantedBug::OutOfOrderRelease,
-        Ok(other) => panic!("IVM_FUZZ_PLANT={other}: expected drop-edge or out-of-order"),
+        Ok("fuse-waiting") => PlantedBug::FuseWaiting,
+        Ok(other) => {
+            panic!("IVM_FUZZ_PLANT={other}: expected drop-edge, out-of-order or fuse-waiting")
+        }
     })
 }
 
@@ -71,9 +76,12 @@ fuzz_target!(|data: &[u8]| {
     s[..seed.len()].copy_from_slice(seed);
     let program = Program::from_bytes(rest);
     let seed = u64::from_le_bytes(s);
+    let top = (seed >> 56) as usize;
+    let max_run = if top % 2 == 0 { 1 } else { 2 + top / 2 % 24 };
     let result = match planted() {
-        PlantedBug::None => check(&program, seed),
-        bug => check_planted(&program, seed, bug),
+        PlantedBug::None if max_run == 1 => check(&program, seed),
+        PlantedBug::None => check_fused(&program, seed, max_run),
+        bug => check_planted(&program, seed, bug, max_run),
     };
     if let Err(m) = result {
         panic!("engine diverged from the sequential interpreter: {m:?}\n{program:?}");

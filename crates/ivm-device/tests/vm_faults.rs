@@ -66,7 +66,7 @@ fn stuck_events() -> SimFaults {
 }
 
 fn vm(sim: &Arc<SimAdapter>) -> Arc<VirtualMachine> {
-    let config = Config::default().with_timeout_period(PERIOD);
+    let config = ivm_std::fuzzing::fusion_lane(Config::default()).with_timeout_period(PERIOD);
     Arc::new(VirtualMachine::with_adapters(config, vec![sim.clone()]).unwrap())
 }
 
@@ -479,7 +479,7 @@ fn campaign(launcher: bool, mode: Mode, cases: u32) {
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
     let runner = Runner::with_topology(
-        Config::default()
+        ivm_std::fuzzing::fusion_lane(Config::default())
             .with_mode(mode)
             .with_timeout_period(Duration::from_millis(150)),
         vec![a],

@@ -17,6 +17,12 @@
 //! It also checks the engine's promises directly: a barrier runs only when everything
 //! before it was released; nothing is released before it is done; each stream releases
 //! in dispatch order; nothing is left in the pools at the end.
+//!
+//! With fusion on ([`check_fused`]: a bound on the run length above 1), the two in-order
+//! streams fuse; every fifth instruction opts out ([`Instruction::fusable`]). The executor
+//! queues a fused run as one entry and runs its members back to back, and checks that a
+//! run's members are on one fusing stream and consecutive in build order but for
+//! instructions already released.
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
@@ -167,6 +173,10 @@ pub enum Mismatch {
     Stalled,
     /// Objects left in the pools after the program finished.
     Leak,
+    /// Operation `0` was dispatched as a fused run's member that does not follow the
+    /// run's previous member (stream, fusability, build order: only released operations
+    /// may lie between them), or a run was left open.
+    BadRun(usize),
 }
 
 /// What one checked run did (for fuzzing statistics).
@@ -180,6 +190,10 @@ pub struct RunStats {
     pub full: usize,
     /// Most instructions in the engine at once.
     pub max_in_engine: usize,
+    /// Instructions dispatched as a fused run's second or later member.
+    pub fused: usize,
+    /// The longest fused run.
+    pub longest_run: usize,
 }
 
 /// A small xorshift generator (the executor's choices).
@@ -282,14 +296,22 @@ unsafe impl Instruction for Job<'_> {
     fn is_done(&self) -> bool {
         self.done.get()
     }
+    fn fusable(&self) -> bool {
+        self.id % 5 != 4
+    }
 }
 
 struct Exec<'a> {
     ops: &'a [Op],
     done: &'a [Cell<bool>],
     values: [u64; DATA],
-    /// Dispatched, not yet run, per stream.
-    queues: [VecDeque<usize>; STREAMS],
+    /// Dispatched, not yet run, per stream: fused runs (an unfused instruction is a run
+    /// of one).
+    queues: [VecDeque<Vec<usize>>; STREAMS],
+    /// The fused run being dispatched: its stream and members so far.
+    open_run: Option<(usize, Vec<usize>)>,
+    fused: usize,
+    longest_run: usize,
     /// Run on a "later" stream, done at a later tick.
     completing: Vec<usize>,
     /// Claimed by a "caller", not yet run.
@@ -350,8 +372,8 @@ impl Exec<'_> {
                     } else {
                         0
                     };
-                    let id = q.remove(k).expect("index in range");
-                    self.run_job(id);
+                    let run = q.remove(k).expect("index in range");
+                    self.run_run(run);
                     any = true;
                 }
             }
@@ -370,12 +392,32 @@ impl Exec<'_> {
             return true;
         }
         for s in 0..STREAMS {
-            if let Some(id) = self.queues[s].pop_front() {
-                self.run_job(id);
+            if let Some(run) = self.queues[s].pop_front() {
+                self.run_run(run);
                 return true;
             }
         }
         false
+    }
+
+    /// Runs a queued run's members back to back, in order.
+    fn run_run(&mut self, run: Vec<usize>) {
+        for id in run {
+            self.run_job(id);
+        }
+    }
+
+    /// Whether `id` may join the open run on stream `s`.
+    fn follows_run(&self, s: usize, job: &Job<'_>) -> bool {
+        let Some((rs, members)) = &self.open_run else {
+            return false;
+        };
+        let last = *members.last().expect("a run has a member");
+        *rs == s
+            && job.fusable()
+            && job.policy().may_fuse()
+            && last < job.id
+            && (last + 1..job.id).all(|k| self.released_ids[k])
     }
 }
 
@@ -383,12 +425,35 @@ impl<'a> Executor<Job<'a>> for Exec<'a> {
     fn dispatch(&mut self, job: &Job<'a>, ctx: &DispatchCtx<'_, Job<'a>>) -> Dispatched {
         let s = ctx.stream() as usize;
         self.dispatch_order[s].push_back(job.id);
-        if ctx.sole_access() && job.policy().may_run_on_caller() && self.rng.below(4) == 0 {
-            self.claims += 1;
-            self.claimed.push(job.id);
-            return Dispatched::Claimed;
+        if ctx.run_index() > 0 {
+            // The next member of the open run: the next operation, on the same stream.
+            if self.follows_run(s, job) {
+                if let Some((_, members)) = &mut self.open_run {
+                    members.push(job.id);
+                }
+                self.fused += 1;
+            } else {
+                self.error.get_or_insert(Mismatch::BadRun(job.id));
+            }
+        } else {
+            if self.open_run.is_some() {
+                // The previous run said it continued, and did not.
+                self.error.get_or_insert(Mismatch::BadRun(job.id));
+            }
+            if ctx.sole_access() && job.policy().may_run_on_caller() && self.rng.below(4) == 0 {
+                // Claiming ends a run the engine would have continued.
+                self.claims += 1;
+                self.claimed.push(job.id);
+                return Dispatched::Claimed;
+            }
+            self.open_run = Some((s, alloc::vec![job.id]));
         }
-        self.queues[s].push_back(job.id);
+        if !ctx.run_continues()
+            && let Some((rs, members)) = self.open_run.take()
+        {
+            self.longest_run = self.longest_run.max(members.len());
+            self.queues[rs].push_back(members);
+        }
         Dispatched::Handed
     }
 
@@ -435,8 +500,17 @@ pub fn check(program: &Program, seed: u64) -> Result<RunStats, Mismatch> {
     run(program, seed, |_engine| {})
 }
 
-/// [`check`] with `bug` planted in the engine (feature `planted-bugs`): the check must
-/// find it in some programs.
+/// [`check`] with fusion on: runs of at most `max_run` instructions
+/// ([`Engine::set_max_run`]; 1 is [`check`]).
+///
+/// # Errors
+/// The first [`Mismatch`] found.
+pub fn check_fused(program: &Program, seed: u64, max_run: usize) -> Result<RunStats, Mismatch> {
+    run(program, seed, |engine| engine.set_max_run(max_run))
+}
+
+/// [`check_fused`] with `bug` planted in the engine (feature `planted-bugs`): the check
+/// must find it in some programs.
 ///
 /// # Errors
 /// The first [`Mismatch`] found.
@@ -445,8 +519,12 @@ pub fn check_planted(
     program: &Program,
     seed: u64,
     bug: crate::PlantedBug,
+    max_run: usize,
 ) -> Result<RunStats, Mismatch> {
-    run(program, seed, |engine| engine.plant(bug))
+    run(program, seed, |engine| {
+        engine.plant(bug);
+        engine.set_max_run(max_run);
+    })
 }
 
 fn run(
@@ -461,6 +539,9 @@ fn run(
         done: &done,
         values: initial(),
         queues: Default::default(),
+        open_run: None,
+        fused: 0,
+        longest_run: 0,
         completing: Vec::new(),
         claimed: Vec::new(),
         dispatch_order: Default::default(),
@@ -521,7 +602,12 @@ fn run(
     if engine.accesses() != 0 || engine.edges() != 0 || engine.instructions() != 0 {
         return Err(Mismatch::Leak);
     }
+    if exec.open_run.is_some() {
+        return Err(Mismatch::BadRun(program.ops.len()));
+    }
     stats.claimed = exec.claims;
+    stats.fused = exec.fused;
+    stats.longest_run = exec.longest_run;
     let want = interpret(program);
     if exec.values != want {
         return Err(Mismatch::Values {

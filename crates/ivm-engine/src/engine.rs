@@ -77,6 +77,8 @@ pub struct Engine<I, S: Storage<I>> {
     ready: IndexList<Queue>,
     barriers: IndexList<Queue>,
     pending_window: usize,
+    /// The longest fused run (1: fusion off).
+    max_run: usize,
     /// Set while handling the data dependences of an instruction on a strict stream.
     strict: bool,
     /// Set when the oldest pending instruction did not fit the pools (it waits for
@@ -107,6 +109,7 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
             ready: IndexList::new(),
             barriers: IndexList::new(),
             pending_window: 256,
+            max_run: 1,
             strict: false,
             stalled: None,
             #[cfg(feature = "planted-bugs")]
@@ -127,6 +130,15 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
     /// a flood). At least 1.
     pub fn set_pending_window(&mut self, window: usize) {
         self.pending_window = window.max(1);
+    }
+
+    /// The longest fused run, in instructions: at most `max_run` consecutive ready
+    /// instructions of one stream are dispatched as one run ([`DispatchCtx::run_index`],
+    /// [`DispatchCtx::run_continues`]). 1 (the default) turns fusion off; 0 counts as 1.
+    /// A bound keeps one hand-over from holding a stream's worker, and the release of the
+    /// run's members, for more than a few instructions' time.
+    pub fn set_max_run(&mut self, max_run: usize) {
+        self.max_run = max_run.max(1);
     }
 
     /// Receives an instruction: it is handled by a later [`step`](Self::step), in
@@ -166,6 +178,7 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
         if !slot.known {
             slot.known = true;
             slot.strict = instr.policy().strict_same_stream_edges();
+            slot.fuse = instr.policy().may_fuse();
             slot.claimed = NIL;
         }
         true

@@ -150,6 +150,17 @@ pub trait StreamPolicy {
     fn may_run_on_caller(&self) -> bool {
         false
     }
+
+    /// Whether consecutive instructions of this stream may be dispatched as one fused run
+    /// ([`Engine::set_max_run`], [`DispatchCtx::run_continues`]): the executor then hands
+    /// the run over as one unit, run back to back in stream order. Default: only where an
+    /// instruction is done once it ran and same-stream edges are satisfied by dispatch
+    /// order — a stream whose instructions complete later, or act outside dispatch order,
+    /// has each one's completion to wait for, which a run would serialise behind its
+    /// first member.
+    fn may_fuse(&self) -> bool {
+        self.completion() == Completion::AtLaunch && !self.strict_same_stream_edges()
+    }
 }
 
 /// How an instruction completes (see [`StreamPolicy::completion`]).
@@ -230,6 +241,14 @@ pub unsafe trait Instruction {
     /// never told may still be awaited by work received later (whose receiver steps the
     /// engine). Default: nothing.
     fn awaited(&self) {}
+
+    /// Whether this instruction may be a member of a fused run (see
+    /// [`StreamPolicy::may_fuse`]); `false` keeps it a run of its own, and ends the run
+    /// before it. Default `true`: the stream's policy and the engine's run length
+    /// ([`Engine::set_max_run`], off by default) decide.
+    fn fusable(&self) -> bool {
+        true
+    }
 }
 
 /// What an [`Executor`] did with a dispatched instruction.
@@ -246,7 +265,9 @@ pub enum Dispatched {
 pub trait Executor<I> {
     /// `instr` was just dispatched: run it, or hand it to whoever runs its stream. `ctx`
     /// says what the engine knows about it (sources released, alone on its stream, the
-    /// other running instructions of its stream).
+    /// other running instructions of its stream, its place in a fused run: where
+    /// [`DispatchCtx::run_continues`], the next call dispatches the run's next member,
+    /// unless this one is claimed, which ends the run).
     fn dispatch(&mut self, instr: &I, ctx: &DispatchCtx<'_, I>) -> Dispatched;
 
     /// The barrier `instr` is the oldest lively instruction: run it now and return `true`

@@ -100,7 +100,7 @@ pub use model::thread_ctx::{
 };
 pub use model::trace;
 pub use runtime::tensor::Tensor;
-pub use util::config::{Config, MAX_POLL_WINDOW, Mode, SPIN_WINDOW_MIN_CORES};
+pub use util::config::{Config, MAX_FUSED_RUN, MAX_POLL_WINDOW, Mode, SPIN_WINDOW_MIN_CORES};
 pub use util::error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use util::futex;
 pub use util::hooks::{Captures, DropSink, ForeignHooks, WaitHook};

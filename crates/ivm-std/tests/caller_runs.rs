@@ -10,10 +10,19 @@ use std::time::Duration;
 
 use ivm_std::{Config, Device, StreamId, VirtualMachine};
 
+/// The default configuration with `IVM_FUSION` (`1` / `0`) applied, if set: CI's fusion
+/// lane runs these tests with the other fusion setting than the default.
+fn base() -> Config {
+    match std::env::var("IVM_FUSION").as_deref() {
+        Ok("1") => Config::default().with_fusion(true),
+        Ok("0") => Config::default().with_fusion(false),
+        _ => Config::default(),
+    }
+}
+
 /// A VM whose workers go to sleep almost at once when idle.
 fn vm() -> VirtualMachine {
-    VirtualMachine::new(Config::default().with_worker_poll_window(Duration::from_micros(1)))
-        .unwrap()
+    VirtualMachine::new(base().with_worker_poll_window(Duration::from_micros(1))).unwrap()
 }
 
 /// Checks, inside each kernel of one stream, that no other kernel of it runs at the same
@@ -221,7 +230,7 @@ fn completion_waits_run_queued_work() {
 #[test]
 fn a_read_that_finds_its_worker_asleep_wakes_nobody() {
     let vm = VirtualMachine::new(
-        Config::default()
+        base()
             .with_worker_poll_window(Duration::ZERO)
             .with_inline_sync_access(false),
     )

@@ -31,6 +31,16 @@ use ivm_std::{
     VirtualMachine,
 };
 
+/// The default configuration with `IVM_FUSION` (`1` / `0`) applied, if set: CI's fusion
+/// lane runs these tests with the other fusion setting than the default.
+fn base() -> Config {
+    match std::env::var("IVM_FUSION").as_deref() {
+        Ok("1") => Config::default().with_fusion(true),
+        Ok("0") => Config::default().with_fusion(false),
+        _ => Config::default(),
+    }
+}
+
 /// How long a blocked kernel waits before it gives up (and the test fails).
 const GIVE_UP: Duration = Duration::from_secs(5);
 
@@ -74,7 +84,7 @@ fn wait_for(flag: &AtomicBool) -> bool {
 
 #[test]
 fn a_kernel_waiting_for_another_streams_reader_of_its_predecessor_is_not_stranded() {
-    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let vm = VirtualMachine::new(base()).unwrap();
     let (a, b) = (compute(&vm, 1), compute(&vm, 2));
     let (x, y) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());
     warm_up(&vm, &a, &y);
@@ -110,7 +120,7 @@ fn a_kernel_waiting_for_another_streams_reader_of_its_predecessor_is_not_strande
 
 #[test]
 fn a_barrier_waiting_for_a_finished_kernel_is_not_stranded() {
-    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let vm = VirtualMachine::new(base()).unwrap();
     let a = compute(&vm, 1);
     let (x, y) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());
     warm_up(&vm, &a, &y);
@@ -166,7 +176,7 @@ fn a_barrier_waiting_for_a_finished_kernel_is_not_stranded() {
 
 #[test]
 fn a_kernel_completing_an_awaited_custom_instruction_has_it_released() {
-    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let vm = VirtualMachine::new(base()).unwrap();
     let (a, b, c) = (compute(&vm, 1), compute(&vm, 2), compute(&vm, 3));
     let (p, y) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());
     warm_up(&vm, &a, &y);
@@ -223,7 +233,7 @@ fn a_read_behind_a_queue_whose_releases_wait_sees_progress() {
     // A stall is `timeout_period` without progress; the queue below runs longer than that
     // with every release left for the read's own drive (same-stream successors await
     // nothing).
-    let config = Config::default().with_timeout_period(Duration::from_millis(100));
+    let config = base().with_timeout_period(Duration::from_millis(100));
     let vm = VirtualMachine::new(config).unwrap();
     let a = compute(&vm, 1);
     let t = vm.new_tensor(8).unwrap();
@@ -243,9 +253,7 @@ fn a_read_behind_a_queue_whose_releases_wait_sees_progress() {
 #[test]
 fn a_submitter_waiting_for_backpressure_is_not_stranded_by_a_deferred_release() {
     // More than two in flight blocks a submission until fewer than two are.
-    let config = Config::default()
-        .with_high_water_mark(2)
-        .with_low_water_mark(2);
+    let config = base().with_high_water_mark(2).with_low_water_mark(2);
     let vm = Arc::new(VirtualMachine::new(config).unwrap());
     let (a, b) = (compute(&vm, 1), compute(&vm, 2));
     let (x, y, z) = (

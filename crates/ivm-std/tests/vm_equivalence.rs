@@ -4,7 +4,8 @@
 //! workspace under `cargo test --workspace`; alone: `cargo test -p ivm-std --features
 //! fuzzing --test vm_equivalence`).
 //!
-//! `IVM_EQUIV_CASES` overrides the proptest case count (default 256).
+//! `IVM_EQUIV_CASES` overrides the proptest case count (default 256); `IVM_FUSION` (`1` /
+//! `0`) the fusion setting (`fuzzing::fusion_lane`), except in the tests that name it.
 
 use std::cell::Cell;
 use std::time::Instant;
@@ -31,7 +32,7 @@ fn vm_matches_interpreter_proptest_with_kernel_panics() {
     fuzzing::silence_planned_panics();
     // No launch graphs: ivm-std has no graph runtime, so the runner leaves launches out
     // (ivm-graph's `vm_equivalence_lazy` runs these programs with them).
-    let runner = Runner::new(Config::default()).unwrap();
+    let runner = Runner::new(fuzzing::fusion_lane(Config::default())).unwrap();
     assert_eq!(runner.vm().config().mode, Mode::MultiThread);
     let mut prop = TestRunner::new(PropConfig {
         cases: cases(),
@@ -115,7 +116,7 @@ fn poison_propagates_like_the_interpreter_says() {
     assert_eq!(expected.finals[0], poisoned);
     assert_eq!(expected.finals[1], expected.syncs[2].1);
     assert!(matches!(expected.finals[3], Observed::Value(v) if v != 0));
-    if let Err(m) = fuzzing::check(&p, Config::default()) {
+    if let Err(m) = fuzzing::check(&p, fuzzing::fusion_lane(Config::default())) {
         panic!("{m}");
     }
 }
@@ -125,16 +126,33 @@ fn seeded_programs_match_on_fresh_vms() {
     fuzzing::silence_planned_panics();
     for seed in 0..8 {
         let p = Program::from_seed(seed);
-        if let Err(m) = fuzzing::check(&p, Config::default()) {
+        if let Err(m) = fuzzing::check(&p, fuzzing::fusion_lane(Config::default())) {
             panic!("seed {seed}: {m}");
         }
+    }
+}
+
+/// Both fusion settings, whatever the lane's; with fusion on, runs do form.
+#[test]
+fn seeded_programs_match_with_fusion_on_and_off() {
+    fuzzing::silence_planned_panics();
+    for fusion in [true, false] {
+        let runner = Runner::new(Config::default().with_fusion(fusion)).unwrap();
+        for seed in 200..248 {
+            if let Err(m) = runner.run(&Program::from_seed(seed)) {
+                panic!("fusion {fusion}, seed {seed}: {m}");
+            }
+        }
+        let fused = runner.vm().stats().unwrap().fused_runs;
+        assert_eq!(fused > 0, fusion, "fusion {fusion}: {fused} fused runs");
+        assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
     }
 }
 
 #[test]
 fn single_thread_mode_matches_too() {
     fuzzing::silence_planned_panics();
-    let runner = Runner::new(Config::single_thread()).unwrap();
+    let runner = Runner::new(fuzzing::fusion_lane(Config::single_thread())).unwrap();
     for seed in 100..132 {
         if let Err(m) = runner.run(&Program::from_seed(seed)) {
             panic!("seed {seed}: {m}");
@@ -147,7 +165,7 @@ fn single_thread_mode_matches_too() {
 /// returns how many programs that took.
 fn cases_to_catch(bug: PlantedBug, first: u64, verbose: bool) -> u64 {
     fuzzing::silence_planned_panics();
-    let runner = Runner::with_planted_bug(Config::default(), bug).unwrap();
+    let runner = Runner::with_planted_bug(fuzzing::fusion_lane(Config::default()), bug).unwrap();
     let start = Instant::now();
     for case in 1..=PLANTED_BUDGET {
         let program = Program::from_seed(first + case).without_panics();

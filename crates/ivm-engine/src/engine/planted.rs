@@ -21,6 +21,9 @@ pub enum PlantedBug {
     /// Release takes the newest instruction of a stream without in-edges instead of the
     /// front, finished or not.
     OutOfOrderRelease,
+    /// A fused run takes in the next instruction of its stream while that one still waits
+    /// for a dependence from outside the run.
+    FuseWaiting,
 }
 
 impl<I: Instruction, S: Storage<I>> Engine<I, S> {
@@ -48,6 +51,15 @@ impl<I: Instruction, S: Storage<I>> Engine<I, S> {
     }
     #[cfg(not(feature = "planted-bugs"))]
     pub(super) fn planted_out_of_order_release(&self) -> bool {
+        false
+    }
+
+    #[cfg(feature = "planted-bugs")]
+    pub(super) fn planted_fuse_waiting(&self) -> bool {
+        self.planted == PlantedBug::FuseWaiting
+    }
+    #[cfg(not(feature = "planted-bugs"))]
+    pub(super) fn planted_fuse_waiting(&self) -> bool {
         false
     }
 

@@ -157,6 +157,10 @@ unsafe impl Send for AccessSlot {}
 pub struct StreamSlot {
     pub(super) known: bool,
     pub(super) strict: bool,
+    /// Its policy lets consecutive instructions fuse ([`StreamPolicy::may_fuse`]).
+    ///
+    /// [`StreamPolicy::may_fuse`]: crate::StreamPolicy::may_fuse
+    pub(super) fuse: bool,
     pub(super) running: IndexList<Queue>,
     /// A node handed to its waiting caller ([`Dispatched::Claimed`]) and not yet released:
     /// later nodes wait in `held`, in dispatch order, until its release.

@@ -2,14 +2,16 @@
 //! programs (sizes shrink under miri, paths do not).
 
 use core::cell::Cell;
+use std::vec;
 use std::vec::Vec;
 
 use super::*;
-use crate::check::{Program, check};
+use crate::check::{Program, check, check_fused};
 use crate::{AccessMode, Completion, Dependence, Dispatched, Fixed};
 
 struct Pol {
     strict: bool,
+    fuse: bool,
 }
 impl StreamPolicy for Pol {
     fn completion(&self) -> Completion {
@@ -18,9 +20,23 @@ impl StreamPolicy for Pol {
     fn strict_same_stream_edges(&self) -> bool {
         self.strict
     }
+    fn may_fuse(&self) -> bool {
+        self.fuse
+    }
 }
-static IN_ORDER: Pol = Pol { strict: false };
-static STRICT: Pol = Pol { strict: true };
+static IN_ORDER: Pol = Pol {
+    strict: false,
+    fuse: false,
+};
+static STRICT: Pol = Pol {
+    strict: true,
+    fuse: false,
+};
+/// Streams 4 and up: in-order, fusing.
+static FUSING: Pol = Pol {
+    strict: false,
+    fuse: true,
+};
 
 struct T<'a> {
     name: &'static str,
@@ -32,6 +48,8 @@ struct T<'a> {
     barrier: bool,
     sequential: bool,
     strict_edges: bool,
+    /// Opts out of fused runs ([`Instruction::fusable`]).
+    unfusable: bool,
     done: &'a Cell<bool>,
 }
 
@@ -42,7 +60,16 @@ unsafe impl Instruction for T<'_> {
         self.stream
     }
     fn policy(&self) -> &Pol {
-        if self.strict { &STRICT } else { &IN_ORDER }
+        if self.strict {
+            &STRICT
+        } else if self.stream >= 4 {
+            &FUSING
+        } else {
+            &IN_ORDER
+        }
+    }
+    fn fusable(&self) -> bool {
+        !self.unfusable
     }
     fn is_barrier(&self) -> bool {
         self.barrier
@@ -98,6 +125,7 @@ fn t<'a>(
         barrier: false,
         sequential: false,
         strict_edges: false,
+        unfusable: false,
         done,
     }
 }
@@ -106,6 +134,10 @@ fn t<'a>(
 #[derive(Default)]
 struct Rec {
     dispatched: Vec<&'static str>,
+    /// Dispatches grouped by fused run (an unfused instruction is a run of one).
+    runs: Vec<Vec<&'static str>>,
+    /// The last dispatch said the run continues.
+    open: bool,
     released: Vec<&'static str>,
     barriers: Vec<&'static str>,
     claim: Option<&'static str>,
@@ -115,7 +147,20 @@ struct Rec {
 impl<'a> Executor<T<'a>> for Rec {
     fn dispatch(&mut self, i: &T<'a>, ctx: &DispatchCtx<'_, T<'a>>) -> Dispatched {
         self.dispatched.push(i.name);
-        if self.claim == Some(i.name) && ctx.sole_access() {
+        assert_eq!(
+            ctx.run_index() > 0,
+            self.open,
+            "{}: a member follows exactly a dispatch that said the run continues",
+            i.name
+        );
+        if ctx.run_index() == 0 {
+            self.runs.push(Vec::new());
+        }
+        self.runs.last_mut().unwrap().push(i.name);
+        let claim = self.claim == Some(i.name) && ctx.sole_access();
+        // Claiming ends the run.
+        self.open = ctx.run_continues() && !claim;
+        if claim {
             Dispatched::Claimed
         } else {
             Dispatched::Handed
@@ -134,7 +179,7 @@ impl<'a> Executor<T<'a>> for Rec {
     }
 }
 
-type Small<'a> = Engine<T<'a>, Fixed<16, 32, 32, 4>>;
+type Small<'a> = Engine<T<'a>, Fixed<16, 32, 32, 8>>;
 
 #[test]
 fn write_waits_for_every_read_since_the_last_write() {
@@ -425,6 +470,165 @@ fn diagnostics_see_lively_instructions_and_edges() {
     assert_eq!(w.out_edges().map(|o| o.to.name).collect::<Vec<_>>(), ["r"]);
 }
 
+// ---- fused runs --------------------------------------------------------------------
+
+/// Stream 4 and 5 fuse (`FUSING`); a fused engine with runs of at most `max_run`.
+fn fused<'a>(max_run: usize) -> Small<'a> {
+    let mut e: Small<'a> = Engine::new();
+    e.set_max_run(max_run);
+    e
+}
+
+#[test]
+fn independent_and_dependent_instructions_of_one_stream_fuse() {
+    let d: [Dependence; 3] = Default::default();
+    let done: [Cell<bool>; 4] = Default::default();
+    let mut e = fused(8);
+    let mut x = Rec::default();
+    // a, b independent; c reads a (prescheduled by a's dispatch); d0 writes what c reads.
+    e.submit(t("a", 4, &d, &[], &[0], &done[0])).unwrap();
+    e.submit(t("b", 4, &d, &[], &[1], &done[1])).unwrap();
+    e.submit(t("c", 4, &d, &[0], &[2], &done[2])).unwrap();
+    e.submit(t("d0", 4, &d, &[], &[0], &done[3])).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.runs, [["a", "b", "c", "d0"]], "one run, in build order");
+    // Each member is still released on its own, in order, once done.
+    done[1].set(true);
+    e.step(&mut x).unwrap();
+    assert!(x.released.is_empty(), "b is done before a: release waits");
+    done[0].set(true);
+    e.step(&mut x).unwrap();
+    assert_eq!(
+        x.released,
+        ["a", "b"],
+        "done members leave before the run ends"
+    );
+    done[2].set(true);
+    done[3].set(true);
+    e.step(&mut x).unwrap();
+    assert_eq!(x.released, ["a", "b", "c", "d0"]);
+    assert!(e.is_idle());
+    // The same program without fusion: the same dispatch order, runs of one.
+    let done: [Cell<bool>; 2] = Default::default();
+    let mut e = fused(1);
+    let mut x = Rec::default();
+    e.submit(t("a", 4, &d, &[], &[0], &done[0])).unwrap();
+    e.submit(t("b", 4, &d, &[0], &[1], &done[1])).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.runs, [["a"], ["b"]], "max_run 1: fusion off");
+}
+
+#[test]
+fn another_stream_a_barrier_or_an_opt_out_ends_a_run() {
+    let d: [Dependence; 8] = Default::default();
+    let done: [Cell<bool>; 8] = Default::default();
+    let mut e = fused(8);
+    let mut x = Rec::default();
+    // All independent: ready together, dispatched in build order.
+    e.submit(t("a", 4, &d, &[], &[0], &done[0])).unwrap();
+    e.submit(t("b", 4, &d, &[], &[1], &done[1])).unwrap();
+    // Another stream's instruction between them in build order.
+    e.submit(t("o", 5, &d, &[], &[2], &done[2])).unwrap();
+    e.submit(t("c", 4, &d, &[], &[3], &done[3])).unwrap();
+    let mut opt_out = t("u", 4, &d, &[], &[4], &done[4]);
+    opt_out.unfusable = true;
+    e.submit(opt_out).unwrap();
+    e.submit(t("f", 4, &d, &[], &[5], &done[5])).unwrap();
+    e.submit(T {
+        barrier: true,
+        ..t("bar", 4, &d, &[], &[], &done[6])
+    })
+    .unwrap();
+    e.submit(t("g", 4, &d, &[], &[6], &done[7])).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(
+        x.runs,
+        [
+            vec!["a", "b"],
+            vec!["o"],
+            vec!["c"],
+            vec!["u"],
+            vec!["f"],
+            vec!["g"]
+        ],
+        "o (stream 5), the opt-out u and the barrier end runs (a barrier orders nothing \
+         after it: g is ready)"
+    );
+}
+
+#[test]
+fn a_member_waiting_outside_the_run_ends_it_and_the_bound_holds() {
+    let d: [Dependence; 4] = Default::default();
+    let done: [Cell<bool>; 7] = Default::default();
+    let mut e = fused(2);
+    let mut x = Rec::default();
+    // w runs on stream 0; r (stream 4) reads what w writes: r waits for w's release.
+    e.submit(t("w", 0, &d, &[], &[0], &done[0])).unwrap();
+    e.step(&mut x).unwrap();
+    e.submit(t("a", 4, &d, &[], &[1], &done[1])).unwrap();
+    e.submit(t("r", 4, &d, &[0], &[2], &done[2])).unwrap();
+    e.submit(t("b", 4, &d, &[], &[3], &done[3])).unwrap();
+    e.submit(t("c", 4, &d, &[], &[1], &done[4])).unwrap();
+    e.submit(t("e", 4, &d, &[], &[3], &done[5])).unwrap();
+    e.step(&mut x).unwrap();
+    // r waits for w: the run of a ends before it; b starts one of its own, bounded to 2.
+    assert_eq!(
+        x.runs,
+        [vec!["w"], vec!["a"], vec!["b", "c"], vec!["e"]],
+        "r waits outside the run; runs are at most 2 long"
+    );
+    done[0].set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.runs.last().unwrap(), &["r"], "r runs once w is released");
+}
+
+#[test]
+fn a_reader_on_another_stream_waits_for_its_member_not_the_run() {
+    let d: [Dependence; 3] = Default::default();
+    let done: [Cell<bool>; 4] = Default::default();
+    let mut e = fused(8);
+    let mut x = Rec::default();
+    e.submit(t("a", 4, &d, &[], &[0], &done[0])).unwrap();
+    e.submit(t("b", 4, &d, &[], &[1], &done[1])).unwrap();
+    e.submit(t("c", 4, &d, &[], &[2], &done[2])).unwrap();
+    e.submit(t("ra", 0, &d, &[0], &[], &done[3])).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.runs, [["a", "b", "c"]]);
+    assert_eq!(awaited_log(), ["a"], "only the member ra reads is awaited");
+    done[0].set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.released, ["a"]);
+    assert_eq!(
+        x.dispatched.last(),
+        Some(&"ra"),
+        "ra runs while b and c are not done"
+    );
+}
+
+#[test]
+fn a_claimed_head_ends_its_run() {
+    let d: [Dependence; 2] = Default::default();
+    let (d1, d2) = (Cell::new(false), Cell::new(false));
+    let mut e = fused(8);
+    let mut x = Rec {
+        claim: Some("cb"),
+        ..Rec::default()
+    };
+    e.submit(t("cb", 4, &d, &[0], &[], &d1)).unwrap();
+    e.submit(t("next", 4, &d, &[], &[1], &d2)).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.runs, [["cb"]], "next is held while cb runs on its caller");
+    d1.set(true);
+    e.step(&mut x).unwrap();
+    e.step(&mut x).unwrap();
+    assert_eq!(x.runs, [["cb"], ["next"]]);
+    d2.set(true);
+    e.step(&mut x).unwrap();
+    assert!(e.is_idle());
+}
+
 fn seeded_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
     (0..len)
@@ -453,15 +657,43 @@ fn random_programs_match_the_sequential_interpreter() {
     assert!(full > 0, "the check exercised full pools");
 }
 
+#[test]
+fn random_programs_match_the_sequential_interpreter_with_fusion() {
+    let (mut fused, mut longest) = (0, 0);
+    for seed in 0..PROGRAMS {
+        let p = Program::from_bytes(&seeded_bytes(seed, 16 + (seed as usize * 97) % 400));
+        let max_run = 2 + seed as usize % 24;
+        let stats = check_fused(&p, seed, max_run)
+            .unwrap_or_else(|m| panic!("seed {seed}, max_run {max_run}: {m:?}\n{p:?}"));
+        fused += stats.fused;
+        longest = longest.max(stats.longest_run);
+    }
+    assert!(fused > 0, "the check exercised fused runs");
+    assert!(
+        longest >= 3,
+        "the check exercised runs longer than two ({longest})"
+    );
+}
+
 #[cfg(feature = "planted-bugs")]
 #[test]
 fn planted_bugs_are_caught() {
     use crate::PlantedBug;
-    for bug in [PlantedBug::DropReadWriteEdge, PlantedBug::OutOfOrderRelease] {
-        let caught = (0..PROGRAMS.max(200)).find(|&seed| {
-            let p = Program::from_bytes(&seeded_bytes(seed, 64));
-            crate::check::check_planted(&p, seed, bug).is_err()
-        });
-        assert!(caught.is_some(), "{bug:?} not caught");
+    for bug in [
+        PlantedBug::DropReadWriteEdge,
+        PlantedBug::OutOfOrderRelease,
+        PlantedBug::FuseWaiting,
+    ] {
+        // Fusion on and off, except for the bug that only a fused run can show.
+        for max_run in [1, 8] {
+            if bug == PlantedBug::FuseWaiting && max_run == 1 {
+                continue;
+            }
+            let caught = (0..PROGRAMS.max(200)).find(|&seed| {
+                let p = Program::from_bytes(&seeded_bytes(seed, 64));
+                crate::check::check_planted(&p, seed, bug, max_run).is_err()
+            });
+            assert!(caught.is_some(), "{bug:?} not caught (max_run {max_run})");
+        }
     }
 }

@@ -27,6 +27,8 @@ pub struct InstructionsBuilder<'vm> {
     /// Handles given up with [`release_tensor`](Self::release_tensor), dropped once `list`
     /// was received (their releases must follow this builder's instructions).
     released: Vec<Tensor>,
+    /// Instructions built from now on may join a fused run ([`Self::set_fusable`]).
+    fusable: bool,
 }
 
 impl std::fmt::Debug for InstructionsBuilder<'_> {
@@ -49,7 +51,21 @@ impl<'vm> InstructionsBuilder<'vm> {
                 .map(|mut s| std::mem::take(&mut *s))
                 .unwrap_or_default()
         });
-        Self { vm, list, released }
+        Self {
+            vm,
+            list,
+            released,
+            fusable: true,
+        }
+    }
+
+    /// Whether the instructions this builder builds from now on may join a fused run
+    /// ([`Config::fusion`](crate::Config::fusion)); `true` at the start of each
+    /// [`run`](crate::VirtualMachine::run). An instruction kept out runs as a hand-over of
+    /// its own, and ends the run before it — for a kernel that must start as early as it
+    /// can, or one timed alone.
+    pub fn set_fusable(&mut self, fusable: bool) {
+        self.fusable = fusable;
     }
 
     /// Hands the collected instructions to the VM, then drops the handles given up with
@@ -124,6 +140,7 @@ impl<'vm> InstructionsBuilder<'vm> {
         {
             // SAFETY: not shared yet; the builder owns the body (ownership step 1).
             let body = unsafe { instr.body_mut() };
+            body.fusable = self.fusable;
             for t in inputs {
                 body.inputs.push(t.blob().clone());
             }

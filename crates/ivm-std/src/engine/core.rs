@@ -209,9 +209,9 @@ impl VmCore {
             id,
             #[cfg(feature = "fuzzing")]
             planted,
-            engine: single.then(|| Mutex::new(Engine::new(config.pending_window))),
+            engine: single.then(|| Mutex::new(Engine::for_config(&config))),
             cell: crate::engine::drive::EngineCell::new(
-                (!single).then(|| Engine::new(config.pending_window)),
+                (!single).then(|| Engine::for_config(&config)),
             ),
             pending: MpscQueue::new(),
             parking,

@@ -42,6 +42,32 @@ pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
     execute_inner(instr, may_block, true);
 }
 
+/// [`execute`] for what a worker's queue holds: `head` and the members of the fused run
+/// it heads (linked at dispatch through `Body::fused_next`), in order, back to back (a
+/// waiting caller running a worker's queue; the worker runs members one by one, each
+/// with its own release decision). Each member is run, traced, poisoned and marked done
+/// on its own, as if it had been queued alone; a member whose operand an earlier one
+/// poisoned fails by that poison, the others run. Returns how many instructions ran.
+pub(crate) fn execute_run(head: &Arc<Instruction>) -> usize {
+    let mut next = take_fused_next(head);
+    execute(head);
+    let mut ran = 1;
+    while let Some(m) = next {
+        next = take_fused_next(&m);
+        execute(&m);
+        ran += 1;
+    }
+    ran
+}
+
+/// The member queued behind `instr` in its fused run, taken before `instr` runs: once it
+/// is done the engine may release it and clear its body.
+pub(crate) fn take_fused_next(instr: &Instruction) -> Option<Arc<Instruction>> {
+    // SAFETY: the executor owns the body until DONE (ownership step 3), which `execute`
+    // sets after this borrow ends.
+    unsafe { instr.body_mut() }.fused_next.take()
+}
+
 /// [`execute`] by the caller waiting for `instr`, which the engine handed to it
 /// (`status::CLAIMED`): no "started" notification (the waiter is the executor).
 pub(crate) fn execute_claimed(instr: &Arc<Instruction>) {

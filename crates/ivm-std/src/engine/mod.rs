@@ -92,6 +92,21 @@ unsafe impl ivm_engine::Instruction for Job {
         // worker's mark (Acquire); see `Instruction::is_awaited`.
         self.0.status.fetch_or(status::AWAITED, Ordering::Relaxed);
     }
+
+    /// Never fused: a sync access (its waiter, and the engine's rules for running it on a
+    /// caller, want it alone), a barrier, a custom instruction or lazy-job step (a
+    /// deferred body completes later, often strict: a run would serialise its completion
+    /// behind the run), and what the builder opted out (`set_fusable`).
+    fn fusable(&self) -> bool {
+        let i = &self.0;
+        if i.waiter.is_some() || i.barrier || i.strict_edges {
+            return false;
+        }
+        // SAFETY: the engine asks before it hands the instruction to an executor, when it
+        // owns the body (ownership step 2).
+        let body = unsafe { i.body() };
+        body.fusable && body.deferred.is_none()
+    }
 }
 
 /// What the dependency engine asks of a VM stream: the stream's policy decides.
@@ -110,6 +125,16 @@ impl ivm_engine::StreamPolicy for StreamShared {
 
     fn may_run_on_caller(&self) -> bool {
         !self.dev.is_async()
+    }
+
+    /// Done at launch and in dispatch order (the engine's default), and not a stream that
+    /// dispatches in build order: that is the collective stream, where each instruction
+    /// meets every rank, and a run would hold its earlier members' releases behind a
+    /// rendezvous.
+    fn may_fuse(&self) -> bool {
+        self.policy.done_at_launch()
+            && !self.policy.strict_same_stream_edges()
+            && !self.policy.dispatch_in_build_order()
     }
 }
 
@@ -144,6 +169,8 @@ pub(crate) struct Engine {
     inline_runs: usize,
     /// Instructions released by this step, handed to the VM's pool at its end.
     recycled: Vec<Arc<Instruction>>,
+    /// Fused runs handed over since the last step's end (published by `step`).
+    fused: FusedCount,
 }
 
 impl Engine {
@@ -159,7 +186,20 @@ impl Engine {
             inline_small: false,
             inline_runs: 0,
             recycled: Vec::with_capacity(PRESIZE as usize),
+            fused: FusedCount::default(),
         }
+    }
+
+    /// The engine `config` asks for: its pending window, and fused runs of at most
+    /// `max_fused_run` instructions when `fusion` is on.
+    pub(crate) fn for_config(config: &crate::Config) -> Self {
+        let mut e = Self::new(config.pending_window);
+        e.core.set_max_run(if config.fusion {
+            config.max_fused_run
+        } else {
+            1
+        });
+        e
     }
 
     /// Takes a received instruction (drained from the VM's pending queue).
@@ -227,11 +267,16 @@ impl Engine {
             recycled: &mut self.recycled,
             needs_scheduler: &mut self.needs_scheduler,
             released: 0,
+            run: None,
+            fused: &mut self.fused,
         };
         let p = match self.core.step(&mut exec) {
             Ok(p) => p,
             Err(stalled) => unreachable!("ivm: the growable engine stalled: {stalled}"),
         };
+        // The engine ends every run within one dispatch; nothing is left collected.
+        debug_assert!(exec.run.is_none(), "ivm: a fused run left open");
+        exec.hand_over_run();
         let released = exec.released;
         let mut progress = p.any();
         progress |= self.run_probes();
@@ -242,6 +287,9 @@ impl Engine {
             shared
                 .cell
                 .count_inline(std::mem::take(&mut self.inline_runs));
+        }
+        if self.fused.runs > 0 {
+            shared.stats.fused(std::mem::take(&mut self.fused));
         }
         if !self.recycled.is_empty() {
             shared.cell.pool.give_back(&mut self.recycled);
@@ -320,6 +368,27 @@ struct Exec<'a> {
     recycled: &'a mut Vec<Arc<Instruction>>,
     needs_scheduler: &'a mut bool,
     released: usize,
+    /// The fused run being collected for its stream's worker.
+    run: Option<OpenRun>,
+    fused: &'a mut FusedCount,
+}
+
+/// A fused run collected at dispatch: its members are linked through `Body::fused_next`,
+/// and the first is queued to the stream's worker at the last member's dispatch.
+struct OpenRun {
+    head: Arc<Instruction>,
+    tail: Arc<Instruction>,
+    /// Every member's wake may be left to its waiting caller (`DEFER_WAKE`).
+    defer: bool,
+    len: usize,
+}
+
+/// Fused runs of two or more instructions handed over as one (`VmStats`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FusedCount {
+    pub(crate) runs: usize,
+    pub(crate) instructions: usize,
+    pub(crate) longest: usize,
 }
 
 impl Executor<Job> for Exec<'_> {
@@ -330,6 +399,10 @@ impl Executor<Job> for Exec<'_> {
         // (Release/Acquire): `DEFER_WAKE` below.
         let bits = instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
         crate::model::trace::record(instr, crate::model::trace::Phase::Dispatch);
+        if ctx.run_index() == 0 {
+            // A new run (or none): whatever was collected is complete.
+            self.hand_over_run();
+        }
         if self.inline_small && can_run_inline(ctx, instr) {
             // The driver runs it now (see `can_run_inline`): no hand-over, no wake.
             crate::engine::execute::execute(instr);
@@ -374,7 +447,11 @@ impl Executor<Job> for Exec<'_> {
                     // SAFETY: the engine owns the body until it hands the instruction to
                     // an executor (ownership step 2); this is that hand-over, not yet done.
                     && crate::engine::worker::caller_may_run(instr, unsafe { instr.body() });
-                thread.submit(instr, defer);
+                if ctx.run_index() > 0 || ctx.run_continues() {
+                    self.collect_run(instr, defer, ctx.run_continues());
+                } else {
+                    thread.submit(instr, defer);
+                }
             }
             // Single-thread mode, or a stream that lives on the scheduler.
             _ => crate::engine::execute::execute(instr),
@@ -428,6 +505,50 @@ impl Executor<Job> for Exec<'_> {
 }
 
 impl Exec<'_> {
+    /// Adds `instr`, a fused run's member bound for its stream's worker, to the run being
+    /// collected; at its last member (`!continues`), queues the run to the worker as one
+    /// item: one push, at most one wake, and the worker runs the members back to back.
+    fn collect_run(&mut self, instr: &Arc<Instruction>, defer: bool, continues: bool) {
+        match &mut self.run {
+            None => {
+                self.run = Some(OpenRun {
+                    head: instr.clone(),
+                    tail: instr.clone(),
+                    defer,
+                    len: 1,
+                });
+            }
+            Some(run) => {
+                // SAFETY: the tail was dispatched but not handed to an executor yet (only
+                // the head is queued, at the run's end), so the engine still owns its body
+                // (ownership step 2).
+                unsafe { run.tail.body_mut() }.fused_next = Some(instr.clone());
+                run.tail = instr.clone();
+                run.defer &= defer;
+                run.len += 1;
+            }
+        }
+        if !continues {
+            self.hand_over_run();
+        }
+    }
+
+    /// Queues the collected run, if any, to its stream's worker.
+    fn hand_over_run(&mut self) {
+        let Some(run) = self.run.take() else { return };
+        if run.len > 1 {
+            self.fused.runs += 1;
+            self.fused.instructions += run.len;
+            self.fused.longest = self.fused.longest.max(run.len);
+        }
+        drop(run.tail);
+        match &run.head.stream.thread {
+            Some(thread) => thread.submit(&run.head, run.defer),
+            // Only members bound for a worker are collected.
+            None => unreachable!("ivm: a fused run without a worker"),
+        }
+    }
+
     /// Whether `instr` (just dispatched) is a sync callback
     /// (`access[_mut]`) that its waiting caller may run itself: that
     /// caller is the thread driving the engine now, inside the submission of this very

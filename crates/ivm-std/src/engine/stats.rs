@@ -84,6 +84,10 @@ pub(crate) struct StatsCells {
     pub(crate) worker_stalled: AtomicUsize,
     /// Kernels a driving caller ran itself because their worker was contended.
     pub(crate) contended_inline: AtomicUsize,
+    /// Fused runs (of two or more) handed over, their members, the longest.
+    pub(crate) fused_runs: AtomicUsize,
+    pub(crate) fused_instructions: AtomicUsize,
+    pub(crate) longest_fused_run: AtomicUsize,
 }
 
 impl Default for StatsCells {
@@ -114,7 +118,20 @@ impl StatsCells {
             caller_preempted: AtomicUsize::new(0),
             worker_stalled: AtomicUsize::new(0),
             contended_inline: AtomicUsize::new(0),
+            fused_runs: AtomicUsize::new(0),
+            fused_instructions: AtomicUsize::new(0),
+            longest_fused_run: AtomicUsize::new(0),
         }
+    }
+
+    /// The engine's driver handed `f.runs` fused runs over since it last counted.
+    pub(crate) fn fused(&self, f: crate::engine::FusedCount) {
+        // Relaxed: statistics.
+        self.fused_runs.fetch_add(f.runs, Ordering::Relaxed);
+        self.fused_instructions
+            .fetch_add(f.instructions, Ordering::Relaxed);
+        self.longest_fused_run
+            .fetch_max(f.longest, Ordering::Relaxed);
     }
 
     /// A waiting caller ran `n` instructions queued to a sleeping worker.
@@ -201,6 +218,13 @@ pub struct VmStats {
     /// Kernels that a caller driving the engine ran itself because their stream's worker
     /// was marked contended.
     pub contended_inline: usize,
+    /// Fused runs of two or more instructions handed to a worker as one
+    /// ([`Config::fusion`](crate::Config::fusion)).
+    pub fused_runs: usize,
+    /// Instructions in those runs (their mean length is this over `fused_runs`).
+    pub fused_instructions: usize,
+    /// The longest fused run.
+    pub longest_fused_run: usize,
 }
 
 /// Where the engine's owner leaves a DAG dump for the caller who asked for it.

@@ -46,7 +46,8 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let owed = crate::engine::helping::Owed::default();
     // Whether our instructions run long (`kernel_clock.rs`).
     let clock = std::cell::RefCell::new(crate::engine::kernel_clock::KernelClock::default());
-    let run = |instr: Arc<Instruction>| {
+    // One instruction; `fused_more`: the next member of its fused run comes right after it.
+    let run_one = |instr: Arc<Instruction>, fused_more: bool| {
         // Before running anything (it may take long), settle what we owe, unless nothing
         // waits for it (an unawaited debt: whoever drives next pays it); or a helper
         // spins: it takes care of it (`helping::Helping`); or a caller is still
@@ -80,7 +81,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
                 }
             }
         }
-        let more = !ctx.queue.is_empty();
+        let more = fused_more || !ctx.queue.is_empty();
         // Our reference goes before any release (the engine recycles what only it holds),
         // except to the one rule that asks the instruction first (and then lets it go).
         // After DONE (Release inside `execute`): the engine must release it.
@@ -95,9 +96,10 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // the next (checked again after the mark, before the next instruction).
             drop(instr);
             owed.mark(&shared, false, false);
-        } else if more
-            // Relaxed: a hint.
-            && ctx.long_kernels.load(Ordering::Relaxed)
+        } else if fused_more
+            || more
+                // Relaxed: a hint.
+                && ctx.long_kernels.load(Ordering::Relaxed)
         {
             // More to run, behind long kernels. If nothing waits for this release, it
             // waits for whoever drives next (usually the caller submitting its next
@@ -108,7 +110,10 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // run dry first, after polling for `RELEASE_DEFER` (a patient debt). Only
             // behind long kernels: with short ones the engine's work is the bottleneck,
             // and the submitting caller would do all of it (`perf_report`'s
-            // `instr_per_s` fell 1-16 % when every worker deferred).
+            // `instr_per_s` fell 1-16 % when every worker deferred). A fused run's member
+            // but the last is left the same way whatever its kernels' length: the run's
+            // last member releases them all in one step, unless one is awaited (a reader
+            // on another stream, a barrier, a backpressured submitter).
             // A body that completed another instruction here (a custom instruction's
             // `Done`, a lazy record) only marked the engine for it: that release may be
             // awaited although ours is not. (Taken here only: a flag left by an earlier
@@ -123,6 +128,16 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // holds the engine, else marks it for the holder (`drive/token.rs`).
             shared.completed();
             owed.discharged();
+        }
+    };
+    // A queued item: an instruction, or the first member of a fused run, whose members
+    // run here back to back, each as if it had been queued alone (taking its successor's
+    // link before it runs: once done, the engine may release it and clear its body).
+    let run = |instr: Arc<Instruction>| {
+        let mut next = Some(instr);
+        while let Some(instr) = next.take() {
+            next = crate::engine::execute::take_fused_next(&instr);
+            run_one(instr, next.is_some());
         }
     };
     let mut idle_since: Option<Instant> = None;
@@ -316,9 +331,8 @@ pub(crate) fn caller_runs(
             let Some(instr) = consumer.try_pop().item() else {
                 break;
             };
-            crate::engine::execute::execute(&instr);
+            ran += crate::engine::execute::execute_run(&instr);
             drop(instr);
-            ran += 1;
         }
     }
     ctx.let_go(consumer);

@@ -121,6 +121,21 @@ pub const PANIC_MARKER: &str = "ivm-fuzz: planned panic";
 
 const ALL_TENSORS: u8 = (1 << TENSORS) - 1;
 
+/// `config` with the fusion setting of this test lane: `IVM_FUSION` (`1` / `0`) when set,
+/// else `config`'s own. CI runs the equivalence tests once with the default and once with
+/// the other setting, so both paths stay checked against the interpreter.
+///
+/// # Panics
+/// When `IVM_FUSION` is set to anything but `0` or `1`.
+pub fn fusion_lane(config: crate::Config) -> crate::Config {
+    match std::env::var("IVM_FUSION").as_deref() {
+        Err(_) => config,
+        Ok("1") => config.with_fusion(true),
+        Ok("0") => config.with_fusion(false),
+        Ok(other) => panic!("IVM_FUSION={other:?}: expected 0 or 1"),
+    }
+}
+
 /// A bug planted in the engine (ivm-engine's feature `planted-bugs`) to show that the
 /// equivalence check catches it (tests of this module only; see
 /// [`Runner::with_planted_bug`]). Never set outside those tests.

@@ -213,6 +213,14 @@ pub(crate) struct Body {
     /// completion here. Dropped unrun with an instruction that never ran. The VM's own
     /// code, never a user's.
     pub(crate) landed: Option<Landed>,
+    /// The builder let it join a fused run (`InstructionsBuilder::set_fusable`); whether
+    /// it does is the engine's (`ivm_engine::Instruction::fusable`).
+    pub(crate) fusable: bool,
+    /// The next member of the fused run this instruction belongs to: linked by the engine
+    /// at dispatch, before the run's first member is handed over (ownership step 2), and
+    /// taken by the executor before it runs this one (step 3), so a released instruction
+    /// holds none.
+    pub(crate) fused_next: Option<Arc<Instruction>>,
 }
 
 /// See [`Body::landed`]: `None` when the writes landed, else why they did not.
@@ -305,6 +313,8 @@ impl Instruction {
                 outputs: Operands::default(),
                 deferred: None,
                 landed: None,
+                fusable: true,
+                fused_next: None,
             }),
             small: UnsafeCell::new([0; 16]),
             failure: UnsafeCell::new(None),

@@ -34,6 +34,8 @@ pub enum Mode {
 /// | `IVM_INLINE_SYNC` (`1` / `0`) | [`inline_sync_access`](Self::inline_sync_access) | `1` |
 /// | `IVM_TRACE` (`1` / `0`) | [`trace`](Self::trace) | `0` |
 /// | `IVM_CACHING_ALLOC` (`1` / `0`) | [`caching_allocator`](Self::caching_allocator) | `1` |
+/// | `IVM_FUSION` (`1` / `0`) | [`fusion`](Self::fusion) | `0` |
+/// | `IVM_MAX_FUSED_RUN` | [`max_fused_run`](Self::max_fused_run) | 32 |
 ///
 /// `Config` is `#[non_exhaustive]`: start from [`Config::default`] (or
 /// [`Config::single_thread`], [`Config::from_env`]) and change what you need with the
@@ -102,7 +104,20 @@ pub struct Config {
     /// that stream without going back to the device allocator. `false`: tensors are
     /// allocated and freed by the device allocator directly.
     pub caching_allocator: bool,
+    /// Instruction fusion (ARCHITECTURE.md, "Fused runs"): consecutive ready instructions
+    /// of one worker stream are dispatched as one run, queued to the worker as one item and
+    /// run back to back, each still done, poisoned, traced and released on its own.
+    /// Nothing observable changes but the cost per instruction. An instruction opts out
+    /// with [`InstructionsBuilder::set_fusable`](crate::InstructionsBuilder::set_fusable).
+    pub fusion: bool,
+    /// The longest fused run, in instructions (1..=[`MAX_FUSED_RUN`]): bounds how long one
+    /// hand-over holds a worker and how long a run's first member may wait for its
+    /// release.
+    pub max_fused_run: usize,
 }
+
+/// The largest [`Config::max_fused_run`].
+pub const MAX_FUSED_RUN: usize = 1024;
 
 /// Setters: each returns the configuration with one field changed.
 impl Config {
@@ -196,6 +211,20 @@ impl Config {
         self.caching_allocator = caching_allocator;
         self
     }
+
+    /// This configuration with [`fusion`](Self::fusion) set to `fusion`.
+    #[must_use]
+    pub fn with_fusion(mut self, fusion: bool) -> Self {
+        self.fusion = fusion;
+        self
+    }
+
+    /// This configuration with [`max_fused_run`](Self::max_fused_run) set to `max_fused_run`.
+    #[must_use]
+    pub fn with_max_fused_run(mut self, max_fused_run: usize) -> Self {
+        self.max_fused_run = max_fused_run;
+        self
+    }
 }
 
 /// The longest [`Config::worker_poll_window`] and [`Config::scheduler_work_window`]: a
@@ -239,6 +268,8 @@ impl Default for Config {
             inline_sync_access: true,
             trace: false,
             caching_allocator: true,
+            fusion: false,
+            max_fused_run: 32,
         }
     }
 }
@@ -332,6 +363,12 @@ impl Config {
         if let Some(v) = num("IVM_CACHING_ALLOC")? {
             c.caching_allocator = flag("IVM_CACHING_ALLOC", v)?;
         }
+        if let Some(v) = num("IVM_FUSION")? {
+            c.fusion = flag("IVM_FUSION", v)?;
+        }
+        if let Some(v) = num("IVM_MAX_FUSED_RUN")? {
+            c.max_fused_run = usize::try_from(v).unwrap_or(usize::MAX);
+        }
         c.validate()?;
         Ok(c)
     }
@@ -364,6 +401,11 @@ impl Config {
             return Err(Error::Config(format!(
                 "sync_ring_capacity must be in 1..={}",
                 crate::util::tuning::RING_MAX
+            )));
+        }
+        if self.max_fused_run == 0 || self.max_fused_run > MAX_FUSED_RUN {
+            return Err(Error::Config(format!(
+                "max_fused_run must be in 1..={MAX_FUSED_RUN}"
             )));
         }
         Ok(())
@@ -403,5 +445,20 @@ mod tests {
             Config::from_lookup(|k| (k == "IVM_LOW_WATER").then(|| "0".into())),
             Err(Error::Config(_))
         ));
+        assert!(matches!(
+            Config::from_lookup(|k| (k == "IVM_FUSION").then(|| "2".into())),
+            Err(Error::Config(_))
+        ));
+        assert!(matches!(
+            Config::from_lookup(|k| (k == "IVM_MAX_FUSED_RUN").then(|| "0".into())),
+            Err(Error::Config(_))
+        ));
+        let c = Config::from_lookup(|k| match k {
+            "IVM_FUSION" => Some("1".into()),
+            "IVM_MAX_FUSED_RUN" => Some("7".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(c.fusion && c.max_fused_run == 7);
     }
 }
