@@ -170,7 +170,7 @@ pub(crate) struct Engine {
     /// Instructions released by this step, handed to the VM's pool at its end.
     recycled: Vec<Arc<Instruction>>,
     /// Fused runs handed over since the last step's end (published by `step`).
-    fused: FusedCount,
+    fused: stats::FusedCount,
 }
 
 impl Engine {
@@ -186,7 +186,7 @@ impl Engine {
             inline_small: false,
             inline_runs: 0,
             recycled: Vec::with_capacity(PRESIZE as usize),
-            fused: FusedCount::default(),
+            fused: stats::FusedCount::default(),
         }
     }
 
@@ -370,7 +370,7 @@ struct Exec<'a> {
     released: usize,
     /// The fused run being collected for its stream's worker.
     run: Option<OpenRun>,
-    fused: &'a mut FusedCount,
+    fused: &'a mut stats::FusedCount,
 }
 
 /// A fused run collected at dispatch: its members are linked through `Body::fused_next`,
@@ -381,14 +381,6 @@ struct OpenRun {
     /// Every member's wake may be left to its waiting caller (`DEFER_WAKE`).
     defer: bool,
     len: usize,
-}
-
-/// Fused runs of two or more instructions handed over as one (`VmStats`).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FusedCount {
-    pub(crate) runs: usize,
-    pub(crate) instructions: usize,
-    pub(crate) longest: usize,
 }
 
 impl Executor<Job> for Exec<'_> {

@@ -125,7 +125,7 @@ impl StatsCells {
     }
 
     /// The engine's driver handed `f.runs` fused runs over since it last counted.
-    pub(crate) fn fused(&self, f: crate::engine::FusedCount) {
+    pub(crate) fn fused(&self, f: FusedCount) {
         // Relaxed: statistics.
         self.fused_runs.fetch_add(f.runs, Ordering::Relaxed);
         self.fused_instructions
@@ -178,6 +178,15 @@ pub struct ThreadStats {
     /// Times it saw itself descheduled while it polled for work (another thread took its
     /// CPU); it then polls no more for a while and parks at once when idle.
     pub preempted: usize,
+}
+
+/// Fused runs of two or more instructions handed over as one, counted by the engine's
+/// owner during a step (`VmStats`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FusedCount {
+    pub(crate) runs: usize,
+    pub(crate) instructions: usize,
+    pub(crate) longest: usize,
 }
 
 /// A snapshot of a VM's counters (see the [module docs](crate::engine::stats)).
