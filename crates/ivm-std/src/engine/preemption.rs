@@ -48,9 +48,10 @@ pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
     until != 0 && now_us() < until
 }
 
-/// The calling thread (a worker, as it starts) makes its CPU-time clock known (Linux).
+/// The calling thread (a worker, as it starts) makes its CPU-time clock known (Linux;
+/// not under Miri, which has no thread CPU clocks: the watch then marks nobody).
 pub(crate) fn register_cpu_clock(ctx: &ThreadCtx) {
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(miri)))]
     {
         let mut id: libc::clockid_t = 0;
         // SAFETY: `pthread_self` is the calling thread, alive; `id` is a valid out-pointer.
@@ -62,13 +63,13 @@ pub(crate) fn register_cpu_clock(ctx: &ThreadCtx) {
             ctx.cpu_clock.store(bits + 1, Ordering::Relaxed);
         }
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(all(target_os = "linux", not(miri))))]
     let _ = ctx;
 }
 
 /// The CPU time the worker of `ctx` has used, if its clock is known.
 fn cpu_time(ctx: &ThreadCtx) -> Option<Duration> {
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(miri)))]
     {
         // Relaxed: a hint (see `register_cpu_clock`).
         let v = ctx.cpu_clock.load(Ordering::Relaxed);
@@ -88,7 +89,7 @@ fn cpu_time(ctx: &ThreadCtx) -> Option<Duration> {
             u32::try_from(ts.tv_nsec).ok()?,
         ))
     }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(not(all(target_os = "linux", not(miri))))]
     {
         let _ = ctx;
         None
@@ -202,7 +203,7 @@ mod tests {
 
     /// A worker's CPU clock is readable from another thread and advances while it
     /// computes (Linux; the id is negative, which a plain conversion to `usize` lost).
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", not(miri)))]
     #[test]
     fn a_workers_cpu_clock_is_read_from_another_thread() {
         let ctx = std::sync::Arc::new(ThreadCtx::new("t".into()));

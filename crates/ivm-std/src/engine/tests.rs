@@ -346,6 +346,9 @@ fn progress_elsewhere_keeps_the_caller_spinning() {
 /// stream's kernels run by the caller that drives the engine, in stream order, with the
 /// same results; with a wait hook installed they go to the worker as before.
 #[test]
+// Two hundred kernels through a VM with a 30 ms kernel in front: minutes under Miri, whose
+// lanes cover the VM's unsafe code elsewhere (`tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
 fn a_contended_workers_kernels_run_on_the_driving_caller() {
     use std::sync::atomic::Ordering as O;
     for hooked in [false, true] {
