@@ -30,6 +30,8 @@ struct Table {
     next_id: u64,
     /// The stream of the next operation without inputs (round robin).
     next_stream: usize,
+    /// Operations submitted per stream.
+    ops: Vec<u64>,
 }
 
 struct Shared {
@@ -71,7 +73,8 @@ impl<M: VmMode> IvmClient<M> {
         let config = Config::default().with_mode(M::MODE);
         let vm = VirtualMachine::new(config)
             .unwrap_or_else(|e| panic!("ivm-burn: cannot start the VM: {e}"));
-        let streams = (0..stream_count())
+        let n = stream_count();
+        let streams = (0..n)
             .map(|i| {
                 vm.stream(StreamId::compute(Device::CPU, i as u32))
                     .unwrap_or_else(|e| panic!("ivm-burn: cannot create stream {i}: {e}"))
@@ -85,6 +88,7 @@ impl<M: VmMode> IvmClient<M> {
                     tensors: HashMap::new(),
                     next_id: 0,
                     next_stream: 0,
+                    ops: vec![0; n],
                 }),
             }),
             mode: PhantomData,
@@ -94,6 +98,11 @@ impl<M: VmMode> IvmClient<M> {
     /// The VM this client submits to.
     pub fn vm(&self) -> &VirtualMachine {
         &self.shared.vm
+    }
+
+    /// How many operations went to each of the client's compute streams so far.
+    pub fn ops_per_stream(&self) -> Vec<u64> {
+        self.table().ops.clone()
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -210,6 +219,7 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
         } else {
             round_robin(&mut t, self.shared.streams.len())
         };
+        t.ops[stream] += 1;
         for w in writes.iter().filter(|w| w.status == TensorStatus::NotInit) {
             let e = self.new_entry(stream);
             t.tensors.insert(w.id, e);
