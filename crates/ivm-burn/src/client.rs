@@ -1,6 +1,7 @@
 //! The runner client: every [`OperationIr`] burn's router sends becomes one ivm instruction.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -25,8 +26,29 @@ struct Entry {
     stream: usize,
 }
 
+/// burn's tensor ids are a counter: one multiplication spreads them over the hash's bits
+/// (the table reads its top bits), far cheaper than SipHash for the client's hot path.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 struct Table {
-    tensors: HashMap<TensorId, Entry>,
+    tensors: HashMap<TensorId, Entry, BuildHasherDefault<IdHasher>>,
     next_id: u64,
     /// The stream of the next operation without inputs (round robin).
     next_stream: usize,
@@ -85,7 +107,7 @@ impl<M: VmMode> IvmClient<M> {
                 vm,
                 streams,
                 table: Mutex::new(Table {
-                    tensors: HashMap::new(),
+                    tensors: HashMap::default(),
                     next_id: 0,
                     next_stream: 0,
                     ops: vec![0; n],
@@ -220,8 +242,26 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
             round_robin(&mut t, self.shared.streams.len())
         };
         t.ops[stream] += 1;
+        // The first output takes over the first consumed input's ivm tensor and slot: the
+        // op writes that tensor anyway, and a chain of ops that each consume their input
+        // then allocates no ivm tensor and submits no release per op.
+        let mut donor = writes
+            .iter()
+            .find(|w| w.status == TensorStatus::ReadWrite)
+            .map(|w| w.id);
+        let mut inherited: Vec<TensorId> = Vec::new();
         for w in writes.iter().filter(|w| w.status == TensorStatus::NotInit) {
-            let e = self.new_entry(stream);
+            let e = match donor.take().and_then(|d| t.tensors.get(&d)) {
+                Some(d) => {
+                    inherited.push(w.id);
+                    Entry {
+                        ivm: d.ivm.clone(),
+                        slot: d.slot.clone(),
+                        stream,
+                    }
+                }
+                None => self.new_entry(stream),
+            };
             t.tensors.insert(w.id, e);
         }
         let entry = |id: TensorId| {
@@ -230,7 +270,11 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
                 .unwrap_or_else(|| panic!("ivm-burn: op on unknown tensor {id:?}"))
         };
         let ins: Vec<&Tensor> = reads.iter().map(|r| &entry(r.id).ivm).collect();
-        let outs: Vec<&Tensor> = writes.iter().map(|w| &entry(w.id).ivm).collect();
+        let outs: Vec<&Tensor> = writes
+            .iter()
+            .filter(|w| !inherited.contains(&w.id))
+            .map(|w| &entry(w.id).ivm)
+            .collect();
         let slots = reads
             .iter()
             .chain(writes.iter())
