@@ -1,6 +1,6 @@
 //! burn's tensor backend routed through ivm.
 //!
-//! [`Ivm`] is burn's [`BackendRouter`] over [`IvmChannel`]: burn does the shape inference
+//! [`Ivm`] is burn's [`BackendRouter`](burn_router::BackendRouter) over [`IvmChannel`]: burn does the shape inference
 //! and sends every operation as one [`burn_ir::OperationIr`]; the channel's client
 //! ([`IvmClient`]) turns each into one ivm instruction (its reads are the op's input
 //! tensors, its writes the outputs and every consuming last use) and returns before the
@@ -17,6 +17,8 @@
 //! let b = (a.clone() * 2.0 + a).sum();
 //! assert_eq!(b.into_scalar(), 18.0);
 //! ```
+
+#![warn(missing_docs)]
 
 mod client;
 mod device;
