@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The layer check (ARCHITECTURE.md, "Layers"). Fails when
 #   1. a crate depends on a crate above it (ivm-core < ivm-engine < ivm-std < ivm-graph
-#      < ivm-device < ivm-ccl);
+#      < ivm-device < ivm-ccl), or ivm-burn (top level) names an ivm crate but ivm-std;
 #   2. ivm-core or ivm-engine uses `std` outside cfg(test|loom): they must build for a
 #      target that has no `std`, and `extern crate std` may appear only under such a cfg;
 #   3. a crate other than ivm-core keeps a list implementation of its own (a type with both
@@ -21,11 +21,21 @@ order = ["ivm-core", "ivm-engine", "ivm-std", "ivm-graph", "ivm-device", "ivm-cc
 bad = []
 for i, crate in enumerate(order):
     text = open(f"crates/{crate}/Cargo.toml").read()
-    # Only [dependencies] / [target.*.dependencies] / [features] may name a sibling; a
-    # dev-dependency on a higher crate would still be a cycle for tests, so check all.
+    # `name = ...` and `name.workspace = true` both name a sibling. Only [dependencies] /
+    # [target.*.dependencies] / [features] may name one; a dev-dependency on a higher
+    # crate would still be a cycle for tests, so check all.
     for other in order[i + 1:]:
-        if re.search(rf'^\s*{re.escape(other)}\s*=', text, re.M) or f'"{other}/' in text:
+        if re.search(rf'^\s*{re.escape(other)}\s*[.=]', text, re.M) or f'"{other}/' in text:
             bad.append(f"{crate} depends on {other}, a crate above it")
+# ivm-burn is a top-level crate over ivm-std's public API: it names no other ivm crate,
+# and no ivm crate names it.
+burn = open("crates/ivm-burn/Cargo.toml").read()
+for other in order + ["ivm"]:
+    if other != "ivm-std" and re.search(rf'^\s*{re.escape(other)}\s*[.=]', burn, re.M):
+        bad.append(f"ivm-burn depends on {other} (only ivm-std's public API)")
+for crate in order:
+    if re.search(r'^\s*ivm-burn\s*[.=]', open(f"crates/{crate}/Cargo.toml").read(), re.M):
+        bad.append(f"{crate} depends on ivm-burn, a top-level crate")
 for b in bad:
     print("layers:", b, file=sys.stderr)
 sys.exit(1 if bad else 0)

@@ -1,0 +1,369 @@
+//! The runner client: every [`OperationIr`] burn's router sends becomes one ivm instruction.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burn_common::future::DynFut;
+use burn_ir::{OperationIr, TensorId, TensorIr, TensorStatus};
+use burn_ndarray::NdArrayTensor;
+use burn_router::{RouterTensor, RunnerClient};
+use burn_tensor::backend::Backend;
+use burn_tensor::{DType, FloatDType, Shape, TensorData};
+use ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
+
+use crate::device::{IvmDevice, VmMode};
+use crate::dispatch::{self, Inner, Operands, Slot};
+
+/// One burn tensor as the client knows it: the ivm tensor that carries its dependences
+/// and the slot that holds its value.
+struct Entry {
+    /// Zero bytes: the engine orders the instructions that use it, the value is in `slot`.
+    ivm: Tensor,
+    slot: Arc<Slot>,
+    /// The stream of the instruction that wrote it (where its readers go by default).
+    stream: usize,
+}
+
+/// burn's tensor ids are a counter: one multiplication spreads them over the hash's bits
+/// (the table reads its top bits), far cheaper than SipHash for the client's hot path.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+struct Table {
+    tensors: HashMap<TensorId, Entry, BuildHasherDefault<IdHasher>>,
+    next_id: u64,
+    /// The stream of the next operation without inputs (round robin).
+    next_stream: usize,
+    /// Operations submitted per stream.
+    ops: Vec<u64>,
+}
+
+struct Shared {
+    vm: VirtualMachine,
+    streams: Vec<Stream>,
+    /// Held while an operation is turned into an instruction and submitted, so the VM
+    /// receives the operations in the order their tensors were created in the table: an op
+    /// another thread registers on a tensor this thread just made is submitted after it.
+    table: Mutex<Table>,
+}
+
+/// The [`RunnerClient`] of [`IvmChannel`](crate::IvmChannel): one VM per (mode, process).
+pub struct IvmClient<M: VmMode> {
+    shared: Arc<Shared>,
+    mode: PhantomData<M>,
+}
+
+impl<M: VmMode> Clone for IvmClient<M> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            mode: PhantomData,
+        }
+    }
+}
+
+/// How many compute streams the client spreads operations over: `IVM_BURN_STREAMS`, 2 by
+/// default.
+fn stream_count() -> usize {
+    std::env::var("IVM_BURN_STREAMS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=64).contains(n))
+        .unwrap_or(2)
+}
+
+impl<M: VmMode> IvmClient<M> {
+    pub(crate) fn new() -> Self {
+        let config = Config::default().with_mode(M::MODE);
+        let vm = VirtualMachine::new(config)
+            .unwrap_or_else(|e| panic!("ivm-burn: cannot start the VM: {e}"));
+        let n = stream_count();
+        let streams = (0..n)
+            .map(|i| {
+                vm.stream(StreamId::compute(Device::CPU, i as u32))
+                    .unwrap_or_else(|e| panic!("ivm-burn: cannot create stream {i}: {e}"))
+            })
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                vm,
+                streams,
+                table: Mutex::new(Table {
+                    tensors: HashMap::default(),
+                    next_id: 0,
+                    next_stream: 0,
+                    ops: vec![0; n],
+                }),
+            }),
+            mode: PhantomData,
+        }
+    }
+
+    /// The VM this client submits to.
+    pub fn vm(&self) -> &VirtualMachine {
+        &self.shared.vm
+    }
+
+    /// How many operations went to each of the client's compute streams so far.
+    pub fn ops_per_stream(&self) -> Vec<u64> {
+        self.table().ops.clone()
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // Nothing panics while the table is held except a failed submission, which panics
+        // after it left the table consistent.
+        self.shared.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn new_entry(&self, stream: usize) -> Entry {
+        Entry {
+            ivm: self
+                .shared
+                .vm
+                .new_tensor(0)
+                .unwrap_or_else(|e| panic!("ivm-burn: {e}")),
+            slot: Arc::new(Slot::default()),
+            stream,
+        }
+    }
+
+    /// Registers `value` (made by the caller) as a new tensor.
+    fn register_value(
+        &self,
+        value: NdArrayTensor,
+        shape: Shape,
+        dtype: DType,
+    ) -> RouterTensor<Self> {
+        let mut t = self.table();
+        let id = next_id(&mut t);
+        let stream = round_robin(&mut t, self.shared.streams.len());
+        let mut e = self.new_entry(stream);
+        e.slot = Arc::new(Slot::with(value));
+        t.tensors.insert(id, e);
+        RouterTensor::new(id, shape, dtype, self.clone())
+    }
+
+    /// The value of `ir` once every earlier writer ran, through the VM's sync door.
+    fn value(&self, ir: &TensorIr) -> NdArrayTensor {
+        let (ivm, slot) = {
+            let mut t = self.table();
+            let e = match ir.status {
+                TensorStatus::ReadWrite => t.tensors.remove(&ir.id).map(|e| (e.ivm, e.slot)),
+                _ => t
+                    .tensors
+                    .get(&ir.id)
+                    .map(|e| (e.ivm.clone(), e.slot.clone())),
+            };
+            e.unwrap_or_else(|| panic!("ivm-burn: read of unknown tensor {:?}", ir.id))
+        };
+        // `ivm` lives until the access returned: a consumed tensor's release follows it.
+        let v = self
+            .shared
+            .vm
+            .access(&ivm, move |_| slot.cloned())
+            .unwrap_or_else(|e| panic!("{e}"));
+        v.unwrap_or_else(|| panic!("ivm-burn: tensor {:?} was never written", ir.id))
+    }
+}
+
+fn next_id(t: &mut Table) -> TensorId {
+    t.next_id += 1;
+    TensorId::new(t.next_id)
+}
+
+fn round_robin(t: &mut Table, n: usize) -> usize {
+    let s = t.next_stream;
+    t.next_stream = (s + 1) % n;
+    s
+}
+
+impl<M: VmMode> RunnerClient for IvmClient<M> {
+    type Device = IvmDevice<M>;
+
+    fn register(&self, op: OperationIr) {
+        match &op {
+            // The tensor's last handle: its ivm tensor's release follows every instruction
+            // that uses it, and the value goes with the last kernel's slot handle.
+            OperationIr::Drop(ir) => {
+                let gone = self.table().tensors.remove(&ir.id);
+                drop(gone);
+                return;
+            }
+            // `from_data`'s tensor is registered already, with its value.
+            OperationIr::Init(_) => return,
+            _ => {}
+        }
+        let mut t = self.table();
+        let mut reads: Vec<&TensorIr> = Vec::new();
+        let mut writes: Vec<&TensorIr> = Vec::new();
+        for n in dispatch::operands(&op) {
+            let list = match n.status {
+                TensorStatus::ReadOnly => &mut reads,
+                TensorStatus::ReadWrite | TensorStatus::NotInit => &mut writes,
+            };
+            if !list.iter().any(|x| x.id == n.id) {
+                list.push(n);
+            }
+        }
+        // A tensor used twice, once as its last use, is written: listing it also as a read
+        // would alias.
+        reads.retain(|r| !writes.iter().any(|w| w.id == r.id));
+        let stream = if dispatch::draws_random(&op) {
+            0
+        } else if let Some(e) = reads
+            .iter()
+            .chain(
+                writes
+                    .iter()
+                    .filter(|w| w.status == TensorStatus::ReadWrite),
+            )
+            .find_map(|r| t.tensors.get(&r.id))
+        {
+            e.stream
+        } else {
+            round_robin(&mut t, self.shared.streams.len())
+        };
+        t.ops[stream] += 1;
+        // The first output takes over the first consumed input's ivm tensor and slot: the
+        // op writes that tensor anyway, and a chain of ops that each consume their input
+        // then allocates no ivm tensor and submits no release per op.
+        let mut donor = writes
+            .iter()
+            .find(|w| w.status == TensorStatus::ReadWrite)
+            .map(|w| w.id);
+        let mut inherited: Vec<TensorId> = Vec::new();
+        for w in writes.iter().filter(|w| w.status == TensorStatus::NotInit) {
+            let e = match donor.take().and_then(|d| t.tensors.get(&d)) {
+                Some(d) => {
+                    inherited.push(w.id);
+                    Entry {
+                        ivm: d.ivm.clone(),
+                        slot: d.slot.clone(),
+                        stream,
+                    }
+                }
+                None => self.new_entry(stream),
+            };
+            t.tensors.insert(w.id, e);
+        }
+        let entry = |id: TensorId| {
+            t.tensors
+                .get(&id)
+                .unwrap_or_else(|| panic!("ivm-burn: op on unknown tensor {id:?}"))
+        };
+        let ins: Vec<&Tensor> = reads.iter().map(|r| &entry(r.id).ivm).collect();
+        let outs: Vec<&Tensor> = writes
+            .iter()
+            .filter(|w| !inherited.contains(&w.id))
+            .map(|w| &entry(w.id).ivm)
+            .collect();
+        let slots = reads
+            .iter()
+            .chain(writes.iter())
+            .map(|n| (n.id, entry(n.id).slot.clone()))
+            .collect();
+        let consumed: Vec<TensorId> = writes
+            .iter()
+            .filter(|w| w.status == TensorStatus::ReadWrite)
+            .map(|w| w.id)
+            .collect();
+        let operands = Operands { slots };
+        let s = &self.shared.streams[stream];
+        let r = self.shared.vm.run(|b| {
+            b.call_named("burn", s, &ins, &outs, move |_| {
+                dispatch::run(&op, &operands)
+            })
+        });
+        drop((ins, outs));
+        // A consumed input is gone once its last use was submitted.
+        for id in consumed {
+            t.tensors.remove(&id);
+        }
+        drop(t);
+        if let Err(e) = r {
+            panic!("ivm-burn: cannot submit an operation: {e}");
+        }
+    }
+
+    fn read_tensor(&self, tensor: TensorIr) -> DynFut<TensorData> {
+        let dtype = tensor.dtype;
+        let v = self.value(&tensor);
+        let data = dispatch::into_data(v, dtype);
+        Box::pin(async move { data })
+    }
+
+    fn sync(&self) {
+        if let Err(e) = self.shared.vm.sync() {
+            panic!("{e}");
+        }
+    }
+
+    fn register_tensor_data(&self, data: TensorData) -> RouterTensor<Self> {
+        let shape = Shape::from(data.shape.clone());
+        let dtype = data.dtype;
+        self.register_value(dispatch::from_data(data), shape, dtype)
+    }
+
+    fn register_empty_tensor(&self, shape: Shape, dtype: DType) -> RouterTensor<Self> {
+        let id = next_id(&mut self.table());
+        RouterTensor::new(id, shape, dtype, self.clone())
+    }
+
+    fn register_float_tensor(&self, shape: Shape, dtype: FloatDType) -> RouterTensor<Self> {
+        self.register_empty_tensor(shape, dtype.into())
+    }
+
+    fn device(&self) -> Self::Device {
+        IvmDevice::default()
+    }
+
+    fn seed(&self, seed: u64) {
+        // In stream order with the ops that draw random numbers (all on stream 0).
+        let s = &self.shared.streams[0];
+        let t = self.table();
+        let r = self.shared.vm.run(|b| {
+            b.call_named("burn seed", s, &[], &[], move |_| {
+                Inner::seed(&burn_ndarray::NdArrayDevice::Cpu, seed)
+            })
+        });
+        drop(t);
+        if let Err(e) = r {
+            panic!("ivm-burn: cannot submit the seed: {e}");
+        }
+    }
+}
+
+impl<M: VmMode> IvmClient<M> {
+    /// burn's handle for `ir` (the bridge's view of a tensor).
+    pub(crate) fn handle(&self, ir: &TensorIr) -> NdArrayTensor {
+        self.value(ir)
+    }
+
+    /// A new tensor holding `handle`.
+    pub(crate) fn adopt(
+        &self,
+        handle: NdArrayTensor,
+        shape: Shape,
+        dtype: DType,
+    ) -> RouterTensor<Self> {
+        self.register_value(handle, shape, dtype)
+    }
+}
