@@ -411,12 +411,6 @@ impl VmCore {
         }
     }
 
-    /// Whether the embedder installed a [`WaitHook`]: its lock may be held by a caller
-    /// outside the VM's waits.
-    pub(crate) fn has_wait_hook(&self) -> bool {
-        self.foreign.get().is_some_and(|h| h.wait.is_some())
-    }
-
     /// Where unrun closures' captures go instead of being dropped on a VM thread, if the
     /// embedder installed a [`DropSink`](crate::DropSink).
     pub(crate) fn drop_sink(&self) -> Option<&Arc<dyn crate::DropSink>> {

@@ -409,22 +409,6 @@ impl Executor<Job> for Exec<'_> {
             instr.status.fetch_or(status::CLAIMED, Ordering::Relaxed);
             return Dispatched::Claimed;
         }
-        if matches!(self.driver, Driver::Caller(_))
-            && !self.shared.has_wait_hook()
-            && can_run_contended(ctx, instr)
-        {
-            // Its worker waits for a CPU: the caller, which has one, runs it now instead
-            // of queueing it to a thread that is not running (`preemption.rs`). Not with
-            // a wait hook: the caller may hold the embedder's lock outside waits, and a
-            // kernel that needs it would deadlock on it.
-            crate::engine::execute::execute(instr);
-            // Relaxed: a statistic.
-            self.shared
-                .stats
-                .contended_inline
-                .fetch_add(1, Ordering::Relaxed);
-            return Dispatched::Handed;
-        }
         if can_run_protocol_inline(ctx, instr) {
             // A lazy-job protocol step the driver does now, without blocking (see
             // `can_run_protocol_inline`): no hand-over to the stream's thread, no wake.
@@ -595,32 +579,6 @@ fn sole_host_access(ctx: &DispatchCtx<'_, Job>, instr: &Instruction, callback: b
         _ => return false,
     };
     body.deferred.is_none() && operand.is_some_and(|b| b.mem.host_ptr().is_some())
-}
-
-/// Whether `instr` (just dispatched), a kernel or callback queued for a worker that a
-/// waiting caller found off its CPU (`preemption::is_contended`), may run on the driving
-/// caller instead: its stream lets a caller run its work (`StreamPolicy::caller_may_run`,
-/// not deferred, no waiter: sync accesses have paths of their own), and every other
-/// instruction of its stream that is dispatched and unreleased is done (read with Acquire:
-/// the worker runs nothing of the stream now and nothing is queued there, so stream order
-/// holds, as in [`can_run_protocol_inline`]).
-fn can_run_contended(ctx: &DispatchCtx<'_, Job>, instr: &Instruction) -> bool {
-    let Some(worker) = &instr.stream.thread else {
-        return false;
-    };
-    if instr.waiter.is_some() || !crate::engine::preemption::is_contended(worker) {
-        return false;
-    }
-    // SAFETY: the engine owns the body until it hands the instruction to an executor
-    // (ownership step 2); this is that hand-over, not yet done.
-    if !crate::engine::worker::caller_may_run(instr, unsafe { instr.body() }) {
-        return false;
-    }
-    ctx.others_on_stream().all(|j| {
-        // Acquire: pairs with the executor's Release of DONE: what those instructions
-        // wrote is visible to this one.
-        j.0.status.load(Ordering::Acquire) & status::DONE != 0
-    })
 }
 
 /// Whether `instr` (just dispatched) is a lazy-job protocol step — a critical-section begin

@@ -9,15 +9,17 @@
 //! worker that sees itself preempted parks at once when idle, for a while
 //! ([`CONTENDED_HOLD`]), and a spinning caller stops spinning and sleeps; a caller whose
 //! worker sleeps runs the worker's queue itself (`worker::caller_runs`): under
-//! contention the VM degrades to the caller doing the work.
-
+//! contention the VM degrades to the caller doing the work. Kernels are never moved to
+//! the submitting caller at dispatch: `run` returns before its kernels run, and a kernel
+//! may wait for what its caller does next
+//! (`engine::tests::a_contended_worker_still_runs_kernels_after_run_returns`).
 //!
 //! A waiting caller also watches the workers it waits for: when no instruction was
 //! released for a while ([`CALLER_STALL`](crate::util::tuning::CALLER_STALL)), a worker
 //! that is not parked and got less than half of that time on a CPU (its thread's CPU
 //! clock, read from the caller) is waiting for a CPU, not computing: it is marked
-//! contended ([`WorkerWatch`]), and while it is, callers that drive the engine run its
-//! stream's kernels themselves instead of queueing them to it (`Exec::dispatch`).
+//! contended ([`WorkerWatch`]): it then parks as soon as it is idle, so that callers
+//! waiting for its queue run it themselves.
 
 use std::time::{Duration, Instant};
 

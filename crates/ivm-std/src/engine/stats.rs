@@ -82,8 +82,6 @@ pub(crate) struct StatsCells {
     pub(crate) caller_preempted: AtomicUsize,
     /// Stalls in which a waiting caller found a worker awake but off its CPU.
     pub(crate) worker_stalled: AtomicUsize,
-    /// Kernels a driving caller ran itself because their worker was contended.
-    pub(crate) contended_inline: AtomicUsize,
     /// Fused runs (of two or more) handed over, their members, the longest.
     pub(crate) fused_runs: AtomicUsize,
     pub(crate) fused_instructions: AtomicUsize,
@@ -117,7 +115,6 @@ impl StatsCells {
             caller_ran: AtomicUsize::new(0),
             caller_preempted: AtomicUsize::new(0),
             worker_stalled: AtomicUsize::new(0),
-            contended_inline: AtomicUsize::new(0),
             fused_runs: AtomicUsize::new(0),
             fused_instructions: AtomicUsize::new(0),
             longest_fused_run: AtomicUsize::new(0),
@@ -224,9 +221,6 @@ pub struct VmStats {
     /// Stalls in which a waiting caller found a worker awake but off its CPU (waiting for
     /// one): that worker was then marked contended (`engine/preemption.rs`).
     pub worker_stalled: usize,
-    /// Kernels that a caller driving the engine ran itself because their stream's worker
-    /// was marked contended.
-    pub contended_inline: usize,
     /// Fused runs of two or more instructions handed to a worker as one
     /// ([`Config::fusion`](crate::Config::fusion)).
     pub fused_runs: usize,

@@ -67,7 +67,6 @@ impl VirtualMachine {
             caller_ran: c.caller_ran.load(Ordering::Relaxed),
             caller_preempted: c.caller_preempted.load(Ordering::Relaxed),
             worker_stalled: c.worker_stalled.load(Ordering::Relaxed),
-            contended_inline: c.contended_inline.load(Ordering::Relaxed),
             fused_runs: c.fused_runs.load(Ordering::Relaxed),
             fused_instructions: c.fused_instructions.load(Ordering::Relaxed),
             longest_fused_run: c.longest_fused_run.load(Ordering::Relaxed),
