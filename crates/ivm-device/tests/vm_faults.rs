@@ -478,10 +478,16 @@ fn campaign(launcher: bool, mode: Mode, cases: u32) {
         ..SimConfig::default()
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
+    // The model expects a timeout to name the stuck device work, so the period must
+    // outlast the dispatch of what is not stuck, on a loaded machine too: on launcher
+    // streams, where kernel bodies and their host work both pass the worker, 150 ms is
+    // too short beside the other tests of `cargo test --workspace` on two cores (the
+    // diagnostic then shows an undispatched stream wait instead of the stuck event).
+    let period = Duration::from_millis(if launcher { 400 } else { 150 });
     let runner = Runner::with_topology(
         ivm_std::fuzzing::fusion_lane(Config::default())
             .with_mode(mode)
-            .with_timeout_period(Duration::from_millis(150)),
+            .with_timeout_period(period),
         vec![a],
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,
