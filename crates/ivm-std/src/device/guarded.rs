@@ -30,14 +30,10 @@ fn guard<R>(device: Device, call: &str, f: impl FnOnce() -> Result<R>) -> Result
     catch(f).unwrap_or_else(|message| Err(panicked(device, call, &message)))
 }
 
-/// Hands `f` to the adapter through `call` so that, if `call` panics, `f` never runs
-/// (the module docs).
-fn hand_over(
-    device: Device,
-    what: &str,
-    f: HostFn,
-    call: impl FnOnce(HostFn) -> Result<()>,
-) -> Result<()> {
+/// `f` in a shared slot, and the closure to hand the adapter instead: it runs `f` if the
+/// slot still holds it. Whoever empties the slot first (that closure, or the failure path
+/// of a call that panicked) owns `f` (the module docs).
+fn slotted(f: HostFn) -> (Arc<Mutex<Option<HostFn>>>, HostFn) {
     let slot = Arc::new(Mutex::new(Some(f)));
     let queued = slot.clone();
     let via: HostFn = Box::new(move || {
@@ -46,6 +42,18 @@ fn hand_over(
             f();
         }
     });
+    (slot, via)
+}
+
+/// Hands `f` to the adapter through `call` so that, if `call` panics, `f` never runs
+/// (the module docs).
+fn hand_over(
+    device: Device,
+    what: &str,
+    f: HostFn,
+    call: impl FnOnce(HostFn) -> Result<()>,
+) -> Result<()> {
+    let (slot, via) = slotted(f);
     match catch(move || call(via)) {
         Ok(r) => r,
         Err(message) => {
@@ -204,14 +212,7 @@ impl Event for GuardedEvent {
     /// this thread. The VM's callbacks observe that error (the instruction fails, its
     /// outputs poisoned) instead of waiting for a call that never comes.
     fn on_complete(&self, f: HostFn) {
-        let slot = Arc::new(Mutex::new(Some(f)));
-        let queued = slot.clone();
-        let via: HostFn = Box::new(move || {
-            let f = lock(&queued).take();
-            if let Some(f) = f {
-                f();
-            }
-        });
+        let (slot, via) = slotted(f);
         if let Err(m) = catch(move || self.inner.on_complete(via)) {
             let e = panicked(self.device, "Event::on_complete", &m).to_string();
             lock(&self.errors).get_or_insert(e);
