@@ -90,8 +90,8 @@ struct Run {
     weights: Weights,
     accuracy: f64,
     read_lat: Vec<Duration>,
-    /// Its VM's fused runs (`VmStats`); zero for plain mode and with fusion off.
-    fused: runs::Fused,
+    /// Its VM's counters (`VmStats`): fusion and contention; zero for plain mode.
+    counters: runs::Counters,
 }
 
 struct Setup<'a> {
@@ -165,7 +165,7 @@ fn train(
     let weights = trainer.weights()?;
     let accuracy = program::accuracy(&prog.layers, &weights, &setup.test.x, &setup.test.y);
     Ok(Run {
-        fused: runs::Fused::default(),
+        counters: runs::Counters::default(),
         mode,
         losses,
         elapsed,
@@ -396,18 +396,18 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
             weights: r.weights.clone(),
             accuracy: r.accuracy,
             read_lat: Vec::new(),
-            fused: runs::Fused::default(),
+            counters: runs::Counters::default(),
         })
         .collect();
     for run in &all {
         for (agg, r) in runs.iter_mut().zip(run) {
             agg.epochs.extend_from_slice(&r.epochs);
             agg.read_lat.extend_from_slice(&r.read_lat);
-            agg.fused.add(&r.fused);
+            agg.counters.add(&r.counters);
         }
     }
     for r in runs.iter().filter(|r| r.mode != Mode::Plain) {
-        println!("{}: {}", r.mode.name(), r.fused);
+        println!("{}: {}", r.mode.name(), r.counters);
     }
     let mut lr_plain = Plain::new(logreg.clone(), setup.rows.clone());
     let baseline = train(

@@ -177,9 +177,9 @@ pub fn interleaved(
     let mut runs = Vec::with_capacity(lives.len());
     for (mut live, vm) in lives.into_iter().zip(&vms) {
         let weights = live.trainer.weights()?;
-        let fused = match vm {
-            Some((vm, _, _)) => Fused::of(&vm.stats()?),
-            None => Fused::default(),
+        let counters = match vm {
+            Some((vm, _, _)) => Counters::of(&vm.stats()?),
+            None => Counters::default(),
         };
         let accuracy = program::accuracy(&prog.layers, &weights, &setup.test.x, &setup.test.y);
         runs.push(Run {
@@ -191,7 +191,7 @@ pub fn interleaved(
             weights,
             accuracy,
             read_lat: live.trainer.read_latencies().to_vec(),
-            fused,
+            counters,
         });
     }
     for (vm, _, _) in vms.into_iter().flatten() {
@@ -200,22 +200,35 @@ pub fn interleaved(
     Ok(runs)
 }
 
-/// How a VM's instructions were fused (`Config::fusion`), summed over runs.
+/// A VM's counters, summed over runs: fusion (`Config::fusion`) and contention.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Fused {
+pub struct Counters {
     runs: usize,
     instructions: usize,
     longest: usize,
     received: usize,
+    caller_ran: usize,
+    handed_over: usize,
+    cpu_shared: usize,
+    preempted: usize,
+    worker_stalled: usize,
+    caller_preempted: usize,
 }
 
-impl Fused {
+impl Counters {
     fn of(s: &ivm::ivm_std::VmStats) -> Self {
+        let sum = |f: fn(&ivm::ivm_std::ThreadStats) -> usize| s.threads.iter().map(f).sum();
         Self {
             runs: s.fused_runs,
             instructions: s.fused_instructions,
             longest: s.longest_fused_run,
             received: s.received,
+            caller_ran: s.caller_ran,
+            handed_over: sum(|t| t.handed_over),
+            cpu_shared: sum(|t| t.cpu_shared),
+            preempted: sum(|t| t.preempted),
+            worker_stalled: s.worker_stalled,
+            caller_preempted: s.caller_preempted,
         }
     }
 
@@ -224,19 +237,35 @@ impl Fused {
         self.instructions += o.instructions;
         self.longest = self.longest.max(o.longest);
         self.received += o.received;
+        self.caller_ran += o.caller_ran;
+        self.handed_over += o.handed_over;
+        self.cpu_shared += o.cpu_shared;
+        self.preempted += o.preempted;
+        self.worker_stalled += o.worker_stalled;
+        self.caller_preempted += o.caller_preempted;
     }
 }
 
-impl std::fmt::Display for Fused {
+/// Fusion, then where the VM's threads met contention (`VmStats`, `ThreadStats`).
+impl std::fmt::Display for Counters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} fused runs, mean length {:.1}, longest {}; {:.1} % of {} instructions fused",
+            "{} fused runs, mean length {:.1}, longest {}; {:.1} % of {} instructions fused; \
+             callers ran {} instructions; workers: {} hand-overs to a waiting caller, {} \
+             stretches on a shared CPU, {} preemptions seen while polling; callers: {} \
+             stalled workers seen, {} preemptions seen",
             self.runs,
             self.instructions as f64 / self.runs.max(1) as f64,
             self.longest,
             100.0 * self.instructions as f64 / self.received.max(1) as f64,
-            self.received
+            self.received,
+            self.caller_ran,
+            self.handed_over,
+            self.cpu_shared,
+            self.preempted,
+            self.worker_stalled,
+            self.caller_preempted,
         )
     }
 }

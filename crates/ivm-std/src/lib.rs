@@ -87,6 +87,11 @@ pub use engine::stats::{Dag, DagEdge, DagNode, NodeState, StreamStats, ThreadSta
 #[cfg(loom)]
 #[doc(hidden)]
 pub use model::express::{EXPRESS_MAX, Express, ExpressLane, Planted};
+/// Loom models only: a worker's hand-over of its queue to waiting callers
+/// (`model/hand_over.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use model::hand_over::HandOver;
 pub use model::kernel::KernelCtx;
 pub use model::stream::Stream;
 /// Loom models only: the consumer-role hand-over between a worker and a caller that runs

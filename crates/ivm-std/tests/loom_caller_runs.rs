@@ -418,3 +418,149 @@ fn planted_block_without_withdrawing() {
 fn planted_skip_by_load() {
     deferred_model(Deferred::PlantedSkipByLoad);
 }
+
+// ---- a worker that hands its queue to the waiting caller ----------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Handed {
+    Sound,
+    /// Planted: the worker reads the count with a plain load.
+    PlantedCountByLoad,
+    /// Planted: the worker sleeps after its offer without reading the count.
+    PlantedHandOverBlindly,
+    /// Planted: the caller blocks without counting itself out.
+    PlantedNoLeave,
+}
+
+/// The third model (`model/hand_over.rs`): both jobs are queued; the worker runs the
+/// first, and, with a caller counted as waiting and the second still queued, hands its
+/// queue over (`HandOver::hand_over`) and sleeps unless nobody waits any more. The caller
+/// (`sync_access::wait_small`) counts itself in, looks once —
+/// taking the role if it can (`HandOver::taken`), running the queue up to the second
+/// job, letting go (`let_go`) — then counts itself out (`HandOver::leave`) and blocks
+/// until the second job ran. Both jobs must run once, in order, with no lost wake; each
+/// planted bug must be caught as a deadlock.
+fn hand_over_model(variant: Handed) {
+    // Three preemptions, whatever `LOOM_MAX_PREEMPTIONS` says: the lost wakes need a
+    // worker preempted between its run and its offer and a caller preempted between its
+    // look and its count-out; the model is small enough to explore them all in seconds.
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(move || {
+        let vm = Vm::leaked();
+        let hand: &'static ivm_std::HandOver = Box::leak(Box::new(ivm_std::HandOver::new()));
+        vm.push(0);
+        vm.push(1);
+        let worker = loom::thread::spawn(move || {
+            let mut handed = false;
+            loop {
+                let Some(mut consumer) = ivm_std::take_role(&vm.queue) else {
+                    match vm.notifier.wait_and_clear() {
+                        Ok(()) => continue,
+                        Err(_closed) => break,
+                    }
+                };
+                let mut hand_now = false;
+                loop {
+                    match consumer.try_pop() {
+                        Pop::Item(j) => {
+                            vm.run(j);
+                            if !handed && hand.has_waiters() && !vm.queue.is_empty() {
+                                hand_now = true;
+                                break;
+                            }
+                        }
+                        Pop::Empty => break,
+                        Pop::Inconsistent => loom::thread::yield_now(),
+                    }
+                }
+                if hand_now {
+                    handed = true;
+                    vm.notifier.clear();
+                    let back = match variant {
+                        Handed::PlantedHandOverBlindly => hand.planted_hand_over_blindly(consumer),
+                        Handed::PlantedCountByLoad => hand.planted_hand_over_by_load(consumer),
+                        _ => hand.hand_over(consumer),
+                    };
+                    if back {
+                        continue;
+                    }
+                } else {
+                    drop(consumer);
+                }
+                if vm.notifier.wait_and_clear().is_err() {
+                    break;
+                }
+            }
+            let mut consumer = loop {
+                if let Some(c) = ivm_std::take_role(&vm.queue) {
+                    break c;
+                }
+                loom::thread::yield_now();
+            };
+            consumer.drain_until_empty(|j| vm.run(j));
+        });
+
+        let second_ran = || vm.ran.load(Ordering::Acquire) >= JOBS;
+        hand.enter();
+        // One look: a caller that gives up while the worker still runs is the case the
+        // count-out is for, and it stays within the CI's preemption bound.
+        for _ in 0..1 {
+            if second_ran() {
+                break;
+            }
+            if let Some(mut consumer) = vm.queue.try_consume() {
+                hand.taken();
+                while !second_ran() {
+                    match consumer.try_pop() {
+                        Pop::Item(j) => vm.run(j),
+                        _ => break,
+                    }
+                }
+                ivm_std::let_go(consumer, &vm.notifier);
+            }
+            loom::thread::yield_now();
+        }
+        if variant != Handed::PlantedNoLeave {
+            hand.leave(&vm.notifier);
+        }
+        vm.wait_ran(JOBS);
+        assert_eq!(
+            vm.log(),
+            (0..JOBS).collect::<Vec<_>>(),
+            "each job once, in order"
+        );
+        vm.notifier.close();
+        worker.join().unwrap();
+    });
+}
+
+#[test]
+fn a_handed_over_queue_is_run_by_the_caller_or_the_woken_worker() {
+    hand_over_model(Handed::Sound);
+}
+
+/// A worker that reads the count with a plain load: it may read a count the last caller
+/// already left, while that caller's swap came before the offer. Loom must find the
+/// deadlock.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_count_read_by_a_load() {
+    hand_over_model(Handed::PlantedCountByLoad);
+}
+
+/// A worker that sleeps after its offer without reading the count: the caller may have
+/// counted itself out before the offer. Loom must find the deadlock.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_hand_over_blindly() {
+    hand_over_model(Handed::PlantedHandOverBlindly);
+}
+
+/// A caller that blocks without counting itself out: the worker that handed its queue
+/// over sleeps with the second job queued. Loom must find the deadlock.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_caller_blocks_without_leaving() {
+    hand_over_model(Handed::PlantedNoLeave);
+}

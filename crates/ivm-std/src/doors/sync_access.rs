@@ -21,7 +21,7 @@ use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
 use crate::doors::small_ring::{SmallKind, abandon, take_small};
-use crate::engine::worker::{caller_runs, caller_runs_any};
+use crate::engine::worker::WaitingCaller;
 use crate::model::instruction::{Instruction, Kind, ReadFn, Waiter, WriteFn, status};
 use crate::model::stream::StreamShared;
 use crate::runtime::shared::VmShared;
@@ -303,23 +303,18 @@ fn wait_small(
         return Ok(());
     }
     let _hook = shared.core.wait_scope();
-    // Instructions queued to a sleeping worker, the one waited for among them, are run
-    // here rather than waited for (`worker::caller_runs`); a running one is waited for.
-    // On a stream without a worker (`sync`'s barrier) any worker's queue may hold what
-    // it waits for: those are looked at now and then only (each look takes a lock).
-    let mut looks = 0u32;
+    // Instructions queued to a sleeping worker, the one waited for and those it waits
+    // for among them, are run here rather than waited for (`worker::caller_runs`): its
+    // own stream's worker first, then the others (what it waits for may be queued on
+    // another stream). A running worker is waited for, unless it shares its CPU: then it
+    // hands its queue to us (`model/hand_over.rs`).
+    let waiting = WaitingCaller::enter(&shared.core);
     let mut done = || {
         let finished = || waiter.btb.is_done();
         if finished() {
             return true;
         }
-        let ran = match instr.stream.thread.as_deref() {
-            Some(w) => caller_runs(&shared.core, w, finished),
-            None => {
-                looks = looks.wrapping_add(1);
-                looks % 16 == 1 && caller_runs_any(&shared.core, finished)
-            }
-        };
+        let ran = waiting.run(&shared.core, instr.stream.thread.as_deref(), finished);
         // Lazy graphs that run on their caller (`LazyGraph::set_caller_helper`) do their
         // ready work here rather than on their own thread.
         (ran | help_graphs(shared)) && finished()
@@ -348,6 +343,9 @@ fn wait_small(
     }) {
         return Ok(());
     }
+    // We stop running the workers' queues ourselves: a worker that handed its queue to
+    // us is woken.
+    drop(waiting);
     if let Some(w) = instr.stream.thread.as_deref()
         && crate::model::thread_ctx::withdraw_defer(&instr.status)
     {

@@ -69,6 +69,80 @@ pub(crate) fn register_cpu_clock(ctx: &ThreadCtx) {
     let _ = ctx;
 }
 
+/// The CPU time the calling thread has used (Linux, not under Miri).
+fn own_cpu_time() -> Option<Duration> {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid out-pointer; the calling thread's CPU clock exists.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+            return None;
+        }
+        Some(Duration::new(
+            u64::try_from(ts.tv_sec).ok()?,
+            u32::try_from(ts.tv_nsec).ok()?,
+        ))
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    None
+}
+
+/// How much of the wall time a worker running instructions had a CPU for: measured over
+/// windows of at least [`SHARE_WINDOW`] while it runs (restarted when it sleeps), so a
+/// worker that shares its CPU with a busy neighbour finds out while it is busy, not only
+/// when it polls. The progress of the thread a caller waits for is what decides whether
+/// waiting for it can be faster than doing its work.
+#[derive(Debug, Default)]
+pub(crate) struct CpuShare {
+    /// When the window began: wall clock and this thread's CPU time.
+    start: Option<(Instant, Duration)>,
+    steps: u32,
+}
+
+/// The shortest window [`CpuShare`] judges: long enough to span a scheduler slice of a
+/// busy neighbour (a few milliseconds), short enough to notice one soon.
+const SHARE_WINDOW: Duration = Duration::from_millis(2);
+
+impl CpuShare {
+    /// The worker slept: the next window starts with its next instruction.
+    pub(crate) fn restart(&mut self) {
+        self.start = None;
+        self.steps = 0;
+    }
+
+    /// After an instruction: every 32nd looks at the clock; a window that got less than
+    /// three quarters of its wall time on a CPU marks the worker of `ctx` contended (for
+    /// [`CONTENDED_HOLD`]). Whether it did.
+    pub(crate) fn ran(&mut self, ctx: &ThreadCtx) -> bool {
+        self.steps = self.steps.wrapping_add(1);
+        if !self.steps.is_multiple_of(32) && self.start.is_some() {
+            return false;
+        }
+        let now = Instant::now();
+        let Some((since, cpu0)) = self.start else {
+            self.start = own_cpu_time().map(|c| (now, c));
+            return false;
+        };
+        let wall = now.duration_since(since);
+        if wall < SHARE_WINDOW {
+            return false;
+        }
+        let Some(cpu) = own_cpu_time() else {
+            self.start = None;
+            return false;
+        };
+        self.start = Some((now, cpu));
+        let shared_cpu = cpu.saturating_sub(cpu0) < wall * 3 / 4;
+        if shared_cpu {
+            mark_contended(ctx, CONTENDED_HOLD);
+        }
+        shared_cpu
+    }
+}
+
 /// The CPU time the worker of `ctx` has used, if its clock is known.
 fn cpu_time(ctx: &ThreadCtx) -> Option<Duration> {
     #[cfg(all(target_os = "linux", not(miri)))]

@@ -49,6 +49,11 @@ pub(crate) struct ThreadCounters {
     pub(crate) wakes: AtomicUsize,
     /// Times it saw itself descheduled while it polled (`engine/preemption.rs`).
     pub(crate) preempted: AtomicUsize,
+    /// Windows of running instructions with less than three quarters of a CPU
+    /// (`preemption::CpuShare`).
+    pub(crate) cpu_shared: AtomicUsize,
+    /// Times it handed its queue to waiting callers (`model/hand_over.rs`).
+    pub(crate) handed_over: AtomicUsize,
 }
 
 impl ThreadCounters {
@@ -148,6 +153,8 @@ impl StatsCells {
             parks: AtomicUsize::new(0),
             wakes: AtomicUsize::new(0),
             preempted: AtomicUsize::new(0),
+            cpu_shared: AtomicUsize::new(0),
+            handed_over: AtomicUsize::new(0),
         });
         lock(&self.threads).push(c.clone());
         c
@@ -175,6 +182,12 @@ pub struct ThreadStats {
     /// Times it saw itself descheduled while it polled for work (another thread took its
     /// CPU); it then polls no more for a while and parks at once when idle.
     pub preempted: usize,
+    /// Times a stretch of its running instructions had less than three quarters of a CPU
+    /// (a busy neighbour shares it): it then counts as contended for a while.
+    pub cpu_shared: usize,
+    /// Times a contended worker handed its queued instructions to the callers waiting for
+    /// them and went to sleep: they ran the instructions themselves.
+    pub handed_over: usize,
 }
 
 /// Fused runs of two or more instructions handed over as one, counted by the engine's

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use ivm_core::mpsc::{DrainEnd, Pop};
 use ivm_core::sync::Ordering;
 
 use crate::engine::core::{ReentryGuard, VmCore};
@@ -145,6 +146,8 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     // more, so that the caller runs its work instead of waiting for it to be scheduled.
     let mut preemption = crate::engine::preemption::PreemptionSense::default();
     let mut poll_now = poll;
+    // How much of a CPU this worker gets while it runs instructions (`preemption.rs`).
+    let mut share = crate::engine::preemption::CpuShare::default();
     let (mut idle_steps, mut idle_for) = (0u32, std::time::Duration::ZERO);
     // Polling backs off to `yield_now` (few cores: do not starve the caller).
     let backoff = ivm_core::sync::Backoff::new();
@@ -172,12 +175,30 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
         // Polling from now on: the engine's holder may hand us small accesses directly
         // (`model/express.rs`); closed again before we sleep.
         ctx.express.open();
-        loop {
+        let hand_over = loop {
             let mut ran = false;
-            let end = consumer.drain(|i| {
-                ran = true;
-                run(i);
-            });
+            let mut hand = false;
+            let end = loop {
+                match consumer.try_pop() {
+                    Pop::Item(i) => {
+                        ran = true;
+                        run(i);
+                        if share.ran(&ctx) {
+                            // Relaxed: a statistic.
+                            counters.cpu_shared.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if hand_to_callers(&ctx) {
+                            hand = true;
+                            break DrainEnd::Empty;
+                        }
+                    }
+                    Pop::Empty => break DrainEnd::Empty,
+                    Pop::Inconsistent => break DrainEnd::Inconsistent,
+                }
+            };
+            if hand {
+                break true;
+            }
             // A small access posted to our lane counts as work run.
             if ctx.express.serve() {
                 served(1);
@@ -198,7 +219,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             }
             owed.settle(&shared, false);
             if just_woken && !owed.is_owed() {
-                break;
+                break false;
             }
             // Poll: spin-loop hints first (the next instruction of a busy caller comes
             // within microseconds), then back off to `yield_now` (few cores: do not
@@ -236,15 +257,30 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
                 owed.settle(&shared, true);
                 continue;
             }
-            break;
-        }
+            break false;
+        };
         // Let go of the role before sleeping, so that a waiting caller may run what the
-        // engine queues meanwhile (`caller_runs`). No re-check is needed: the last drain
-        // found the queue empty while we held the role, so the next push finds it empty
-        // and notifies. The express lane closes first (doing what is posted to it): a
-        // sleeping worker serves nobody.
+        // engine queues meanwhile (`caller_runs`). The express lane closes first (doing
+        // what is posted to it): a sleeping worker serves nobody.
         served(ctx.express.close());
-        drop(consumer);
+        share.restart();
+        if hand_over {
+            // Instructions are queued, a caller waits for them, and this worker shares its
+            // CPU: the callers run them (`model/hand_over.rs`), who wake us when they stop
+            // waiting. A wake pending from an earlier push is for what they now run.
+            owed.settle(&shared, true);
+            ctx.notifier.clear();
+            // Relaxed: a statistic.
+            counters.handed_over.fetch_add(1, Ordering::Relaxed);
+            if ctx.hand.hand_over(consumer) {
+                // Nobody waits any more: run on.
+                continue;
+            }
+        } else {
+            // No re-check is needed: the last drain found the queue empty while we held
+            // the role, so the next push finds it empty and notifies.
+            drop(consumer);
+        }
         match park() {
             Ok(()) => {
                 just_woken = true;
@@ -278,6 +314,13 @@ fn poll_window(ctx: &ThreadCtx, window: std::time::Duration) -> std::time::Durat
     } else {
         window
     }
+}
+
+/// Whether the worker of `ctx`, between two instructions, hands its queue to the callers
+/// waiting for it (`model/hand_over.rs`): instructions are queued, a caller waits, and
+/// the worker counts as sharing its CPU (`preemption.rs`).
+fn hand_to_callers(ctx: &ThreadCtx) -> bool {
+    ctx.hand.has_waiters() && !ctx.queue.is_empty() && crate::engine::preemption::is_contended(ctx)
 }
 
 /// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]), whose
@@ -320,6 +363,8 @@ pub(crate) fn caller_runs(
     let Some(mut consumer) = ctx.queue.try_consume() else {
         return false;
     };
+    // Our `let_go` looks after the queue now, should the worker have handed it over.
+    ctx.hand.taken();
     let mut ran = 0usize;
     {
         // User code runs here as on a worker: a call into this VM from it is refused.
@@ -357,4 +402,58 @@ pub(crate) fn caller_runs_any(shared: &VmCore, mut enough: impl FnMut() -> bool)
         k += 1;
     }
     ran
+}
+
+/// The workers of a VM, as a caller waiting for one of its instructions sees them: it is
+/// counted among the callers waiting for each of their queues (`model/hand_over.rs`) and
+/// runs what a sleeping one has queued ([`caller_runs`]), whichever stream its own
+/// instruction is on: what that instruction waits for may be queued on another stream's
+/// worker. Counted out (waking a worker that handed its queue over) when dropped.
+pub(crate) struct WaitingCaller {
+    workers: [Option<Arc<ThreadCtx>>; WAITED_WORKERS],
+}
+
+/// The workers a waiting caller looks after (the first ones of its VM).
+const WAITED_WORKERS: usize = 8;
+
+impl WaitingCaller {
+    /// The caller starts waiting (looks the VM's workers up once: a lock).
+    pub(crate) fn enter(shared: &VmCore) -> Self {
+        let mut workers: [Option<Arc<ThreadCtx>>; WAITED_WORKERS] = Default::default();
+        for (k, w) in workers.iter_mut().enumerate() {
+            let Some(ctx) = shared.worker(k) else { break };
+            ctx.hand.enter();
+            *w = Some(ctx);
+        }
+        Self { workers }
+    }
+
+    /// [`caller_runs`] on `first` (the worker of the instruction waited for, if any), then
+    /// on every other worker, until `enough()`; whether it ran anything.
+    pub(crate) fn run(
+        &self,
+        shared: &VmCore,
+        first: Option<&ThreadCtx>,
+        mut enough: impl FnMut() -> bool,
+    ) -> bool {
+        let mut ran = first.is_some_and(|w| caller_runs(shared, w, &mut enough));
+        for w in self.workers.iter().flatten() {
+            if enough() {
+                break;
+            }
+            if first.is_some_and(|f| std::ptr::eq(f, &**w)) {
+                continue;
+            }
+            ran |= caller_runs(shared, w, &mut enough);
+        }
+        ran
+    }
+}
+
+impl Drop for WaitingCaller {
+    fn drop(&mut self) {
+        for w in self.workers.iter().flatten() {
+            w.hand.leave(&w.notifier);
+        }
+    }
 }

@@ -6,6 +6,7 @@
 pub(crate) mod blob;
 pub(crate) mod dependence;
 pub(crate) mod express;
+pub(crate) mod hand_over;
 pub(crate) mod instruction;
 pub(crate) mod kernel;
 pub(crate) mod pool;

@@ -39,6 +39,7 @@ use ivm_core::sync::{AtomicBool, AtomicU32, AtomicUsize, Ordering, fence};
 use ivm_core::wait::Wait;
 
 use crate::model::express::ExpressLane;
+use crate::model::hand_over::HandOver;
 use crate::model::instruction::{Instruction, WorkerTag, status};
 use crate::util::futex::FutexWait;
 
@@ -66,6 +67,9 @@ pub(crate) struct ThreadCtx {
     /// A hint: until when (`engine/preemption.rs`'s clock, in microseconds) the worker
     /// counts as sharing its CPU; callers then run its stream's kernels themselves.
     pub(crate) contended_until: AtomicUsize,
+    /// The callers waiting for this queue, and whether the worker handed it to them
+    /// (`hand_over.rs`).
+    pub(crate) hand: HandOver,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -88,6 +92,7 @@ impl ThreadCtx {
             express_served: AtomicUsize::new(0),
             cpu_clock: AtomicUsize::new(0),
             contended_until: AtomicUsize::new(0),
+            hand: HandOver::new(),
         }
     }
 

@@ -52,6 +52,8 @@ impl VirtualMachine {
                 parks: t.parks.load(Ordering::Relaxed),
                 wakes: t.wakes.load(Ordering::Relaxed),
                 preempted: t.preempted.load(Ordering::Relaxed),
+                cpu_shared: t.cpu_shared.load(Ordering::Relaxed),
+                handed_over: t.handed_over.load(Ordering::Relaxed),
             })
             .collect();
         Ok(VmStats {
