@@ -9,10 +9,8 @@
 # target in the list goes to the second lane), so that the half of them that fuzz on one
 # thread (the engine, the list, most of the queue's ops) do not leave a core idle. Each
 # target still fuzzes for FUZZ_SECONDS; the second lane's output is printed when it ends,
-# and a crash in either lane fails the script (.ci/lanes.sh). Measured on 2026-12-04: 133 s in all, build
-# included (260 s one target after another in CI's run of 5052dbb). The price: a VM target
-# beside another runs fewer inputs (vm_program 3 349 in its lane against 5 781 alone, the
-# next minute; vm_faults 110 against 108).
+# and a crash in either lane fails the script (.ci/lanes.sh). The price: a VM target
+# beside another runs fewer inputs than alone (docs/perf-2026-12-05.md has the figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .ci/lanes.sh

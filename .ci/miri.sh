@@ -10,14 +10,11 @@
 # runtime's actors and register slots, both modes). Strict provenance everywhere: nothing
 # in the VM or its dependencies casts an integer to a pointer.
 #
-# Miri interprets on one thread, so the five invocations run in two lanes, one per core
-# (their times in sequence before: core 39 s, engine 47 s, ivm-std's lib 51 s in the first
-# lane, about 2.3 minutes; the two reduced VM runs 64 s and about 60 s in the second,
-# about 2.1 minutes). The second lane has a target directory of
-# its own, so that the lanes never wait for each other's build lock; its output is printed
-# when it ends, and either lane failing fails the script (.ci/lanes.sh). Measured on 2026-12-04, built,
-# alternately: 153 s one after another, 93 s in two lanes (111 s with the second lane's
-# first build).
+# Miri interprets on one thread, so the five invocations run in two lanes, one per core,
+# balanced by their times (the unit tests in the first, the two reduced VM runs in the
+# second). The second lane has a target directory of its own, so that the lanes never wait
+# for each other's build lock; its output is printed when it ends, and either lane failing
+# fails the script (.ci/lanes.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .ci/lanes.sh

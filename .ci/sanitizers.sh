@@ -6,7 +6,7 @@
 # from ASan). Prints each step's wall time; fails on any report.
 #
 # ThreadSanitizer does not model standalone fences (`fence(SeqCst)` in `engine/helping.rs`'s
-# `Helpers`, `engine/shared.rs`'s backpressure; the Acquire fence in ivm-graph's `runtime/mod.rs`),
+# `Helpers`, `engine/backpressure.rs`; the Acquire fence in ivm-graph's `runtime/mod.rs`),
 # nor the futex as synchronisation. None of the covered tests reports a race there: those
 # fences order liveness (who sees whose mark), while data is published through
 # Release/Acquire atomics, which TSan sees. A report that does come from a fence-based

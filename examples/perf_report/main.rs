@@ -1,4 +1,4 @@
-//! Every performance figure of issue 6, measured once, each against its baseline in the
+//! Every performance figure the README holds to a target, measured once, each against its baseline in the
 //! same run (absolute numbers drift with the machine and its load; ratios much less).
 //!
 //! Prints a markdown table, then one line per figure: `RATIO <name> <value>` for ratios

@@ -93,7 +93,8 @@ pub(super) fn warm_reads(rep: &mut Report, quick: bool) {
 }
 
 /// `n` request/response round trips over two crossbeam channels with a worker that polls
-/// (`try_recv` + spin-loop hint), answering 8 bytes (issue 3's baseline).
+/// (`try_recv` + spin-loop hint), answering 8 bytes: the baseline of
+/// `warm_read_vs_channel_polling`.
 fn channel_pingpong(n: usize) -> Vec<Duration> {
     let (req_tx, req_rx) = bounded::<usize>(1);
     let (resp_tx, resp_rx) = bounded::<u64>(1);

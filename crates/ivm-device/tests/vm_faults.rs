@@ -110,8 +110,8 @@ fn vm_with_device_work(sim: &Arc<SimAdapter>) -> (Arc<VirtualMachine>, StreamId)
     (vm, id)
 }
 
-// Finding 1: `sync`, `sync_timeout`, `shutdown` and dropping the VM waited on a device
-// `synchronize()` for as long as an event took: forever.
+// `sync`, `sync_timeout`, `shutdown` and dropping the VM wait on a device with a
+// deadline: an event that never completes must not make them wait forever.
 
 fn sync_waits_for_stuck_device_work_at_most_one_period(launcher: bool) {
     let sim = sim(stuck_events(), launcher);
@@ -188,8 +188,9 @@ fn shutdown_with_an_instruction_whose_event_never_completes_is_bounded(launcher:
     assert_eq!((st.live_allocations, st.double_frees), (0, 0), "{st:?}");
 }
 
-// Finding 2: a sync read behind a device-side wait on an event that never completes is
-// done at launch (the engine released it), so its timeout diagnostic named nothing.
+// A sync read behind a device-side wait on an event that never completes is done at
+// launch (the engine may have released it), so its timeout diagnostic must name the
+// device work it waits behind.
 
 fn a_read_stuck_behind_a_device_side_wait_names_the_device_work(launcher: bool) {
     let sim = sim(stuck_events(), launcher);
@@ -221,8 +222,8 @@ fn a_read_stuck_behind_a_device_side_wait_names_the_device_work(launcher: bool) 
     vm.shutdown().unwrap();
 }
 
-// Finding 3: a sync write whose completion (the finisher queued after it on the device)
-// picked up a device error returned the error but left the tensor unpoisoned.
+// A sync write whose completion (the finisher queued after it on the device) picks up a
+// device error must poison the tensor as well as return the error.
 
 fn a_sync_write_that_observes_a_device_error_poisons_its_tensor(launcher: bool) {
     let sim = sim(
@@ -315,11 +316,11 @@ fn a_failed_copy_poisons_its_destination(launcher: bool) {
     vm.shutdown().unwrap();
 }
 
-// Finding 4: a launch that failed poisoned its outputs on the host at once, while an
-// earlier reader of them, done at launch, was still queued on the device: when the device
-// reached the reader, it found the poison and failed with the later instruction's error.
-// The poison now reaches the outputs in stream order (here through the fallback: the
-// device refuses the poison's own launch too, so the worker drains the stream first).
+// A launch that fails must not poison its outputs ahead of an earlier reader of them that
+// is done at launch but still queued on the device: that reader would fail with the later
+// instruction's error. The poison reaches the outputs in stream order (here through the
+// fallback: the device refuses the poison's own launch too, so the worker drains the
+// stream first).
 
 fn a_failed_launch_does_not_poison_an_earlier_reader_still_queued(launcher: bool) {
     let sim = sim(

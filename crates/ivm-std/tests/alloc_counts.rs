@@ -1,5 +1,5 @@
-//! Allocation counts in steady state, asserted (issue 6: `allocs_per_read` = 0,
-//! `allocs_per_instr` = 0), by a process-wide counting global allocator:
+//! Allocation counts in steady state, asserted (the targets `allocs_per_read` = 0 and
+//! `allocs_per_instr` = 0 of `perf_report`), by a process-wide counting global allocator:
 //!
 //! * sync small reads and writes — multi-thread mode with the worker path
 //!   (`inline_sync_access` off), with inline accesses (the default), and single-thread

@@ -13,7 +13,7 @@
 //! The final value of `t` equals the number of kernels. The second test runs the same
 //! with `inline_sync_access` off, where an access that finds nothing in flight is handed to
 //! the polling worker through its express lane instead (`model/express.rs`). In the first,
-//! accesses took both inline paths: done directly by the caller with the engine idle (`VmShared::try_direct`), and
+//! accesses took both inline paths: done directly by the caller with the engine idle (`VmCore::try_direct`), and
 //! run as a ready instruction by the thread driving the engine
 //! (`Engine::can_run_inline`); the arguments for why they are correct are there.
 
@@ -145,7 +145,7 @@ fn inline_accesses_stay_ordered_against_concurrent_writes() {
 
 /// With `inline_sync_access` off, an access that finds the engine at rest and the stream's
 /// worker polling is handed to that worker through its express lane (`model/express.rs`,
-/// `VmShared::try_direct`): it must stay ordered against the same concurrent writes.
+/// `VmCore::try_direct`): it must stay ordered against the same concurrent writes.
 #[test]
 fn express_accesses_stay_ordered_against_concurrent_writes() {
     // Whether an access finds the engine at rest is up to the timing: once readers fall

@@ -70,7 +70,7 @@ pub(crate) fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> 
 }
 
 /// A small access done by the caller itself, with the engine held and at rest (nothing
-/// lively, nothing received: see `VmShared::try_direct`): what the instruction would do,
+/// lively, nothing received: see `VmCore::try_direct`): what the instruction would do,
 /// without one. A poisoned tensor fails as the instruction would.
 fn direct_access(
     t: &Tensor,
@@ -275,7 +275,7 @@ pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> R
 ///
 /// Multi-thread mode: returns at once when the instruction already ran (inline, or a fast
 /// worker). With the skip it spins — yielding its CPU, so that a worker sharing the core
-/// runs — for up to `drive::CALLER_YIELD_SPIN` (long enough for a worker that was just
+/// runs — for up to `tuning::CALLER_YIELD_SPIN` (long enough for a worker that was just
 /// woken to run: its completion then needs no second wake). Without it, it spins the same
 /// way only while the VM keeps releasing instructions (`helping::spin_while_progress`: the
 /// queue in front drains fast, a sleep would cost a wake per access). Then it falls back

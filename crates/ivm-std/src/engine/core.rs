@@ -354,7 +354,7 @@ impl VmCore {
         // scheduler's look at the pending queue after it (`scheduler_loop`'s exit check)
         // finds those pushes, and it never exits with one undrained. No loom model runs
         // shutdown against the scheduler: weakened to Relaxed, this survives the ordering
-        // mutants (ARCHITECTURE.md, "Testing and CI").
+        // mutants (`docs/checking.md`, "Loom").
         self.stop.load(Ordering::Acquire)
     }
 

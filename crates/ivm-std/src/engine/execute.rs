@@ -7,7 +7,7 @@
 //! * **deferred** (critical sections, lazy-job launches): the body gets a [`Completion`]
 //!   and returns; whoever holds the completion finishes the instruction later, and a
 //!   completion dropped unfired fails it;
-//! * **launched on an asynchronous device stream** (sim, cuda): `device_launch.rs`.
+//! * **launched on an asynchronous device stream** (sim, cuda): `device_launch/`.
 
 use std::sync::Arc;
 

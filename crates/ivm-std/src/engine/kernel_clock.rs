@@ -7,14 +7,11 @@
 //! a xorshift draw per instruction), never by a fixed period: a front end's instructions
 //! often repeat with a period of their own, and a fixed sampling period that divides it
 //! times the same few instructions over and over. The training demo's step is 24
-//! instructions; timed every 8th, a worker timed the same three of them for as long as it
-//! ran, and in three of the eight possible phases those three average under
-//! [`LONG_KERNEL_NS`] while the whole step's average about 1.5 µs (the test below runs
-//! the demo's durations). Such a worker counted its kernels short and drove the engine
-//! itself between them about 2.5 times a step (0.7 µs each: its caller's submissions
-//! received and dispatched on the kernels' thread) instead of leaving those releases to
-//! the submitting caller; measured with the worker's paths timed by the cycle counter in a
-//! scratch build, eager mode only, three runs: 21 454 such drives in 8 550 steps.
+//! instructions; timed every 8th, a worker would time the same three of them for as long
+//! as it ran, and in some phases those three average under [`LONG_KERNEL_NS`] while the
+//! whole step's kernels do not (the test below runs the demo's durations). Such a worker
+//! counts its kernels short and drives the engine itself between them, instead of
+//! leaving those releases to the submitting caller.
 //!
 //! The average is exponential with weight 1/16 per sample: a single short instruction
 //! among long ones (the demo's optimizer steps take 0.1 µs beside 5 µs matrix products)

@@ -13,7 +13,8 @@ use crate::util::error::Result;
 impl VirtualMachine {
     /// Reads `out.len()` (1, 2, 4, 8 or 16) bytes of `t` at `offset`, after every
     /// instruction received before that writes `t`, and blocks until they are in `out`:
-    /// the lowest-latency way to look at a tensor (see the README's latency figures).
+    /// the lowest-latency way to look at a tensor (`perf_report`'s `inline` and `warm` sections
+    /// time it).
     ///
     /// # Errors
     /// [`Error::UnsupportedSize`] for a length other than 1, 2, 4, 8 or 16;

@@ -13,7 +13,7 @@
 //!
 //! * a **caller** that submits instructions (`run`, sync accesses, `sync`) takes the
 //!   engine if it is free, handles what it submitted, dispatches it (a ready small access
-//!   may even run inline, see `engine.rs`) and releases what is done;
+//!   may even run inline, see `engine/mod.rs`) and releases what is done;
 //! * a **worker** that finished an instruction takes the engine if it is free and releases
 //!   it at once, readying and dispatching its successors (also on other streams: no
 //!   scheduler round trip on a cross-stream edge);

@@ -25,13 +25,11 @@
 //!   allocation back (no live allocation, no double free, no use after free:
 //!   [`FaultControl::check_memory`]).
 //!
-//! Lazy-graph launches are part of the programs. Two findings of this harness were fixed
-//! on the way: a graph run did not propagate poison from its operands to its outputs (a
-//! poisoned parameter now fails the run's iteration, `JobInstance::param_poison`); and a
-//! launch that failed on a queued device poisoned its outputs ahead of an earlier reader
-//! still queued there, which then failed with the later op's error (the poison now
-//! reaches them in stream order, `engine/device_launch.rs`). The model accepts nothing else for
-//! either.
+//! Lazy-graph launches are part of the programs. The model holds two rules that the VM
+//! keeps: a graph run whose parameter is poisoned fails its iteration
+//! (`JobInstance::param_poison`), so its outputs carry the error; and a launch that fails
+//! on a queued device poisons its outputs in stream order, after any earlier reader still
+//! queued there (`engine/device_launch/completion.rs`, `poison_in_stream_order`).
 //!
 //! Allocations that fail are retried a few times; a program whose first tensors still
 //! cannot be allocated is not run ([`FaultOutcome::aborted`]), one whose recreate cannot
