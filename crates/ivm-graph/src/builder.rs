@@ -209,7 +209,8 @@ impl GraphBuilder {
     /// iteration and never on two threads at once (each graph thread's actors are behind
     /// one lock, held for a scan). Kernels run on the caller's thread then, inside its VM
     /// call: a kernel that calls into the VM gets [`Error::Reentrant`]. In single-thread
-    /// mode the caller drives the VM's engine instead and leaves the graph to its threads.
+    /// mode the caller runs them whenever the VM's engine has nothing left to do, before
+    /// it sleeps.
     pub fn run_on_caller(&mut self, on: bool) -> &mut Self {
         self.on_caller = on;
         self

@@ -420,9 +420,9 @@ fn io_refuses_the_parameter_it_lends_mutably() {
 }
 
 /// `run_on_caller`: a caller waiting for a run does the graph's ready work itself. Results
-/// are the sequential ones in both modes, and in multi-thread mode kernels run on the
-/// caller's thread (seen within the first few runs: the caller looks before the graph's
-/// sleeping thread has woken).
+/// are the sequential ones in both modes, and kernels run on the caller's thread (seen
+/// within the first few runs: the caller looks before the graph's sleeping thread has
+/// woken; in single-thread mode, before it sleeps on the VM).
 #[test]
 fn a_waiting_caller_runs_an_on_caller_graph() {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -449,9 +449,7 @@ fn a_waiting_caller_runs_an_on_caller_graph() {
         // refused.
         assert!(!graph.lazy().set_caller_helper(|| false));
         assert!(!graph.lazy().set_progress_probe(|| 0));
-        // Single-thread mode: the caller drives the engine and leaves the graph to its
-        // thread (values only).
-        let multi = config.mode == ivm_std::Mode::MultiThread;
+        let mode = config.mode;
         let vm = VirtualMachine::new(config).unwrap();
         let (xt, wt, yt) = (
             tensor(&vm, &[0; 8]),
@@ -459,7 +457,7 @@ fn a_waiting_caller_runs_an_on_caller_graph() {
             tensor(&vm, &[0; 8]),
         );
         let mut runs = 0u64;
-        while runs < 20 || (multi && on_caller.load(Relaxed) == 0 && runs < 2000) {
+        while runs < 20 || (on_caller.load(Relaxed) == 0 && runs < 2000) {
             vm.write_small(&xt, 0, &runs.to_ne_bytes()).unwrap();
             launch(&vm, &graph, &[&xt], &[&yt], &[&wt]);
             // w was `runs` before this run (one increment per run, from 0).
@@ -467,8 +465,8 @@ fn a_waiting_caller_runs_an_on_caller_graph() {
             runs += 1;
         }
         assert!(
-            !multi || on_caller.load(Relaxed) > 0,
-            "no kernel ran on the waiting caller in {runs} runs"
+            on_caller.load(Relaxed) > 0,
+            "{mode:?}: no kernel ran on the waiting caller in {runs} runs"
         );
         drop((xt, wt, yt));
         assert_drained(vm);

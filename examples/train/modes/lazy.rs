@@ -24,7 +24,7 @@ enum Slot {
 /// Builds the compiled graph of one training step: the batch (`x`, `y`) are its inputs,
 /// the loss its output, the state buffers its parameters; every op is a kernel (a
 /// parameter kernel when it touches state, so parameter updates keep program order).
-pub fn compile(prog: &Program) -> Result<Graph> {
+pub fn compile(prog: &Program, single_thread: bool) -> Result<Graph> {
     let mut g = GraphBuilder::new("train_step");
     // One thread: a training step is a chain of short kernels, and every hand-over
     // between graph threads would cost more than most of them take.
@@ -32,11 +32,16 @@ pub fn compile(prog: &Program) -> Result<Graph> {
     // One register slot per blob: with one thread nothing runs ahead, and a second copy of
     // every activation would only double the working set (out of the L2 cache).
     g.pipeline_depth(1);
-    // `IVM_GRAPH_ON_CALLER=1`: the caller waiting for the loss runs the graph's ready work
-    // itself (`GraphBuilder::run_on_caller`) instead of waiting for the graph's thread.
-    if std::env::var_os("IVM_GRAPH_ON_CALLER").is_some_and(|v| v == "1") {
-        g.run_on_caller(true);
-    }
+    // The caller waiting for the loss runs the graph's ready work itself
+    // (`GraphBuilder::run_on_caller`) instead of waiting for the graph's thread: always in
+    // single-thread mode, where the caller has nothing else to do (a graph thread that
+    // shares its CPU would keep it waiting); with `IVM_GRAPH_ON_CALLER=1` (or `0`) as asked.
+    let on_caller = match std::env::var("IVM_GRAPH_ON_CALLER").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => single_thread,
+    };
+    g.run_on_caller(on_caller);
     g.trace(trace::graph_event);
     let slots: Vec<Slot> = prog
         .bufs
@@ -126,7 +131,8 @@ impl<'vm> Lazy<'vm> {
         prog: Arc<Program>,
         rows: &TrainRows,
     ) -> Result<Self> {
-        let graph = compile(&prog)?;
+        let single = vm.config().mode == ivm::ivm_std::Mode::SingleThread;
+        let graph = compile(&prog, single)?;
         let params = prog.state();
         Ok(Self {
             dev: Device::new(vm, stream, prog, rows, None)?,

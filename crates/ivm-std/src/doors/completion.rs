@@ -318,7 +318,14 @@ impl<T> Completion<T> {
         if self.vm.core.single_thread() {
             // `wait_timeout`: a hard deadline; `wait`: the VM-wide progress period.
             let deadline = (!progress).then(|| FutexWait::now().saturating_add(period));
-            self.vm.core.drive_until(|_| slot.is_done(), deadline)?;
+            // `wait` (not `wait_timeout`, whose deadline a graph kernel could outlast) runs
+            // lazy graphs' ready actors while it waits, as a worker would.
+            let vm = &self.vm;
+            self.vm.core.drive_until_helping(
+                |_| slot.is_done(),
+                deadline,
+                || progress && crate::doors::sync_access::graph_help(vm),
+            )?;
             return self.take();
         }
         let _hook = (!slot.is_done()).then(|| self.vm.core.wait_scope());

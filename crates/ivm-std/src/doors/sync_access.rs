@@ -295,7 +295,7 @@ fn wait_small(
         // the caller waits for completes (its completion unparks us).
         return shared
             .core
-            .drive_until(|_| waiter.btb.is_done(), None)
+            .drive_until_helping(|_| waiter.btb.is_done(), None, || graph_help(shared))
             .map_err(|e| name_device_work(e, instr));
     }
     if waiter.btb.is_done() {
@@ -375,14 +375,9 @@ fn wait_small(
 /// worker (a call into this VM from them is refused), and has the engine take what they
 /// completed (driving here when nobody holds it). Whether they ran anything.
 fn help_graphs(shared: &VmShared) -> bool {
-    // Called on every look of a waiting caller: nothing but a load when no graph offered
-    // a helper.
-    let Some(lazy) = shared.lazy_if_used().filter(|l| l.has_helpers()) else {
-        return false;
-    };
     let ran = {
         let _reentry = crate::engine::core::ReentryGuard::enter(shared.id);
-        lazy.help()
+        graph_help(shared)
     };
     if ran {
         shared
@@ -390,6 +385,17 @@ fn help_graphs(shared: &VmShared) -> bool {
             .after_push(true, crate::engine::drive::Claim::NONE, false);
     }
     ran
+}
+
+/// The caller helpers of the lazy graphs this VM launched (`LazyGraph::set_caller_helper`),
+/// run on a caller that already refuses calls into this VM (a worker's guard, or
+/// single-thread mode's drive); whether they ran anything. Called on every look of a
+/// waiting caller: nothing but a load when no graph offered a helper.
+pub(crate) fn graph_help(shared: &VmShared) -> bool {
+    shared
+        .lazy_if_used()
+        .filter(|l| l.has_helpers())
+        .is_some_and(|l| l.help())
 }
 
 /// A wait for `instr` that timed out: if it was launched on an asynchronous device, the

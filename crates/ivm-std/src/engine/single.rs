@@ -99,8 +99,22 @@ impl VmCore {
     /// [`SingleWaits`]: crate::engine::drive::SingleWaits
     pub(crate) fn drive_until(
         &self,
+        done: impl FnMut(Option<bool>) -> bool,
+        deadline: Option<ivm_core::wait::Instant>,
+    ) -> Result<()> {
+        self.drive_until_helping(done, deadline, || false)
+    }
+
+    /// [`drive_until`](Self::drive_until), and before each sleep `help()`: work that runs
+    /// on the waiting caller rather than on a thread of its own (a lazy graph's ready
+    /// actors, `LazyGraph::set_caller_helper`). When it ran something the caller drives
+    /// again instead of sleeping: waiting for a thread that may not have a CPU is never
+    /// faster than doing its work.
+    pub(crate) fn drive_until_helping(
+        &self,
         mut done: impl FnMut(Option<bool>) -> bool,
         deadline: Option<ivm_core::wait::Instant>,
+        mut help: impl FnMut() -> bool,
     ) -> Result<()> {
         if self.engine.is_none() {
             return Ok(());
@@ -170,6 +184,9 @@ impl VmCore {
                 return Ok(());
             } else if expired(&mut last, &mut period_end) {
                 return Err(Error::Timeout(self.diagnostic()));
+            }
+            if help() {
+                continue;
             }
             waits.wait(seen, deadline.map_or(period_end, |d| d.min(period_end)));
         }
