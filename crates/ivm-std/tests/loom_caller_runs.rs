@@ -41,6 +41,10 @@
 //! caller withdraws between the load and the skip, sees no skip, and nobody wakes the
 //! worker).
 //!
+//! The third model is a contended worker that hands its queue to the waiting caller
+//! (`model/hand_over.rs`), the fourth a worker that dozes and a push that leaves its wake
+//! to the doze's deadline (`model/thread_ctx.rs`); each says what it checks and plants.
+//!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_caller_runs`.
 #![cfg(loom)]
@@ -563,4 +567,75 @@ fn planted_hand_over_blindly() {
 #[should_panic(expected = "deadlock")]
 fn planted_caller_blocks_without_leaving() {
     hand_over_model(Handed::PlantedNoLeave);
+}
+
+// ---- a worker that wakes itself ------------------------------------------------------
+
+/// The fourth model (`model/thread_ctx.rs`, "A worker that wakes itself"): an idle worker
+/// that shares its CPU dozes — offers its deadline (`doze`), sleeps with one (under loom a
+/// timed wait ends at once), ends the doze (`wake_from_doze`), takes the role, drains — and
+/// then, no longer contended, lets go and sleeps without a deadline. The engine pushes one
+/// job and, on the empty edge, leaves the wake to the deadline when
+/// `leave_wake_to_deadline` says the worker dozes, else notifies. The job must run; a
+/// pusher that decides on a plain load must be caught as a deadlock.
+fn doze_model(planted_load: bool) {
+    loom::model(move || {
+        let vm = Vm::leaked();
+        let dozing: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+        let worker = loom::thread::spawn(move || {
+            let mut doze = true;
+            loop {
+                if doze {
+                    ivm_std::doze(dozing);
+                    let deadline = <LoomWait as ivm_core::wait::Wait>::now();
+                    let r = vm.notifier.timed_wait_and_clear(deadline);
+                    ivm_std::wake_from_doze(dozing);
+                    if r.is_err() {
+                        break;
+                    }
+                    doze = false;
+                }
+                if let Some(mut consumer) = ivm_std::take_role(&vm.queue) {
+                    consumer.drain_until_empty(|j| vm.run(j));
+                }
+                if vm.notifier.wait_and_clear().is_err() {
+                    break;
+                }
+            }
+            let mut consumer = loop {
+                if let Some(c) = ivm_std::take_role(&vm.queue) {
+                    break c;
+                }
+                loom::thread::yield_now();
+            };
+            consumer.drain_until_empty(|j| vm.run(j));
+        });
+        if vm.push(0) {
+            let skip = if planted_load {
+                ivm_std::planted_leave_wake_by_load(dozing)
+            } else {
+                ivm_std::leave_wake_to_deadline(dozing)
+            };
+            if !skip {
+                let _ = vm.notifier.notify();
+            }
+        }
+        vm.wait_ran(1);
+        vm.notifier.close();
+        worker.join().unwrap();
+    });
+}
+
+#[test]
+fn a_wake_left_to_a_dozing_workers_deadline_is_never_lost() {
+    doze_model(false);
+}
+
+/// A pusher that decides on a plain load of the doze flag: it may read a doze that already
+/// ended, whose drain missed the push; the worker then sleeps without a deadline and
+/// nobody wakes it. Loom must find the deadlock.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_leave_wake_by_load() {
+    doze_model(true);
 }

@@ -380,6 +380,8 @@ struct OpenRun {
     tail: Arc<Instruction>,
     /// Every member's wake may be left to its waiting caller (`DEFER_WAKE`).
     defer: bool,
+    /// A waiting caller may run every member (`worker::caller_may_run`).
+    caller_runs: bool,
     len: usize,
 }
 
@@ -419,14 +421,15 @@ impl Executor<Job> for Exec<'_> {
             (Some(thread), Placement::SharedWorker | Placement::OwnWorker) => {
                 // A wake its waiting caller may owe (`thread_ctx.rs`): only where that
                 // caller may run it.
-                let defer = bits & status::DEFER_WAKE != 0
-                    // SAFETY: the engine owns the body until it hands the instruction to
-                    // an executor (ownership step 2); this is that hand-over, not yet done.
-                    && crate::engine::worker::caller_may_run(instr, unsafe { instr.body() });
+                // SAFETY: the engine owns the body until it hands the instruction to an
+                // executor (ownership step 2); this is that hand-over, not yet done.
+                let caller_runs =
+                    crate::engine::worker::caller_may_run(instr, unsafe { instr.body() });
+                let defer = bits & status::DEFER_WAKE != 0 && caller_runs;
                 if ctx.run_index() > 0 || ctx.run_continues() {
-                    self.collect_run(instr, defer, ctx.run_continues());
+                    self.collect_run(instr, defer, caller_runs, ctx.run_continues());
                 } else {
-                    thread.submit(instr, defer);
+                    thread.submit(instr, defer, caller_runs);
                 }
             }
             // Single-thread mode, or a stream that lives on the scheduler.
@@ -484,13 +487,20 @@ impl Exec<'_> {
     /// Adds `instr`, a fused run's member bound for its stream's worker, to the run being
     /// collected; at its last member (`!continues`), queues the run to the worker as one
     /// item: one push, at most one wake, and the worker runs the members back to back.
-    fn collect_run(&mut self, instr: &Arc<Instruction>, defer: bool, continues: bool) {
+    fn collect_run(
+        &mut self,
+        instr: &Arc<Instruction>,
+        defer: bool,
+        caller_runs: bool,
+        continues: bool,
+    ) {
         match &mut self.run {
             None => {
                 self.run = Some(OpenRun {
                     head: instr.clone(),
                     tail: instr.clone(),
                     defer,
+                    caller_runs,
                     len: 1,
                 });
             }
@@ -501,6 +511,7 @@ impl Exec<'_> {
                 unsafe { run.tail.body_mut() }.fused_next = Some(instr.clone());
                 run.tail = instr.clone();
                 run.defer &= defer;
+                run.caller_runs &= caller_runs;
                 run.len += 1;
             }
         }
@@ -519,7 +530,7 @@ impl Exec<'_> {
         }
         drop(run.tail);
         match &run.head.stream.thread {
-            Some(thread) => thread.submit(&run.head, run.defer),
+            Some(thread) => thread.submit(&run.head, run.defer, run.caller_runs),
             // Only members bound for a worker are collected.
             None => unreachable!("ivm: a fused run without a worker"),
         }

@@ -151,14 +151,26 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let (mut idle_steps, mut idle_for) = (0u32, std::time::Duration::ZERO);
     // Polling backs off to `yield_now` (few cores: do not starve the caller).
     let backoff = ivm_core::sync::Backoff::new();
-    // Sleeps on the notifier (the role let go); `Err` once shutdown closed it.
-    let park = || {
+    // Sleeps on the notifier (the role let go); `Err` once shutdown closed it. `doze`:
+    // idle while sharing its CPU, it sleeps for `WORKER_DOZE` at most, and pushes that a
+    // caller may run leave its wake to that deadline (`thread_ctx.rs`, "A worker that
+    // wakes itself").
+    let park = |doze: bool| {
         // Relaxed: hints (see `ThreadCtx::parked`).
         ctx.parked.store(true, Ordering::Relaxed);
-        let woken = ctx.notifier.wait_and_clear();
+        let woken = if doze {
+            crate::model::thread_ctx::doze(&ctx.dozing);
+            let deadline = <crate::util::futex::FutexWait as ivm_core::wait::Wait>::now()
+                .saturating_add(crate::util::tuning::WORKER_DOZE);
+            let r = ctx.notifier.timed_wait_and_clear(deadline);
+            crate::model::thread_ctx::wake_from_doze(&ctx.dozing);
+            r.map(|t| t == ivm_core::notifier::Timed::Notified)
+        } else {
+            ctx.notifier.wait_and_clear().map(|()| true)
+        };
         ctx.parked.store(false, Ordering::Relaxed);
-        counters.record(true, woken.is_ok());
-        woken
+        counters.record(true, matches!(woken, Ok(true)));
+        woken.map(|_| ())
     };
     // Whether the worker just woke: a wake that finds the queue empty was for
     // instructions a waiting caller ran meanwhile (`caller_runs`), so the worker sleeps
@@ -167,7 +179,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let closing = loop {
         let Some(mut consumer) = ctx.take_role() else {
             // A caller runs our queue; its `let_go` wakes us if anything is left.
-            match park() {
+            match park(false) {
                 Ok(()) => continue,
                 Err(closed) => break closed,
             }
@@ -278,10 +290,12 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             }
         } else {
             // No re-check is needed: the last drain found the queue empty while we held
-            // the role, so the next push finds it empty and notifies.
+            // the role, so the next push finds it empty and notifies (or, while we doze,
+            // leaves the wake to our deadline).
             drop(consumer);
         }
-        match park() {
+        let doze = !hand_over && crate::engine::preemption::is_contended(&ctx);
+        match park(doze) {
             Ok(()) => {
                 just_woken = true;
                 idle_since = None;

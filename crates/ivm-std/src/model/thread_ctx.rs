@@ -31,6 +31,21 @@
 //! sees that and wakes the worker; or the caller withdrew first and the push wakes the
 //! worker itself. (The loom model `tests/loom_caller_runs.rs` (its second model).)
 
+//!
+//! # A worker that wakes itself
+//!
+//! A worker that shares its CPU (`engine/preemption.rs`) sleeps with a deadline
+//! ([`doze`]) while idle: a push that a waiting caller may run then leaves the worker's
+//! wake to that deadline ([`leave_wake_to_deadline`]). The wake would cost the pusher a
+//! system call and hand the work to a thread that may not get a CPU for a whole slice; the
+//! caller that waits for the work runs it itself, and work nobody waits for starts by the
+//! deadline. The worker's offer and its end ([`doze`], [`wake_from_doze`]) and the
+//! pusher's look ([`leave_wake_to_deadline`], after its push) are read-modify-writes of one
+//! flag: if the pusher's comes first, the worker's end of the doze reads from it and its
+//! next drain sees the push; if the worker's end comes first, the pusher reads it and
+//! wakes the worker. (The third model of `tests/loom_caller_runs.rs` checks the
+//! hand-over, the fourth this.)
+
 use std::sync::Arc;
 
 use ivm_core::mpsc::{Consumer, Linked, MpscQueue};
@@ -70,6 +85,9 @@ pub(crate) struct ThreadCtx {
     /// The callers waiting for this queue, and whether the worker handed it to them
     /// (`hand_over.rs`).
     pub(crate) hand: HandOver,
+    /// Set while the worker sleeps with a deadline (module docs, "A worker that wakes
+    /// itself").
+    pub(crate) dozing: AtomicBool,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -93,6 +111,7 @@ impl ThreadCtx {
             cpu_clock: AtomicUsize::new(0),
             contended_until: AtomicUsize::new(0),
             hand: HandOver::new(),
+            dozing: AtomicBool::new(false),
         }
     }
 
@@ -117,11 +136,16 @@ impl ThreadCtx {
 
     /// Hands `instr` to this worker (engine side). Wakes the worker only on the
     /// empty-to-non-empty edge (a worker that is draining or polling reaches it anyway),
-    /// and not then either when `may_defer` (the instruction's stream lets a caller run it)
-    /// and its waiting caller took the wake on itself ([`skip_wake`]).
-    pub(crate) fn submit(&self, instr: &Arc<Instruction>, may_defer: bool) {
+    /// and not then either when a caller may run the instruction (`caller_runs`: its
+    /// stream allows it and its body is not deferred) and either its waiting caller took
+    /// the wake on itself (`may_defer`, [`skip_wake`]) or the worker dozes
+    /// ([`leave_wake_to_deadline`]).
+    pub(crate) fn submit(&self, instr: &Arc<Instruction>, may_defer: bool, caller_runs: bool) {
         if self.queue.push(instr.clone()) {
             if may_defer && skip_wake(&instr.status) {
+                return;
+            }
+            if caller_runs && leave_wake_to_deadline(&self.dozing) {
                 return;
             }
             // Err(Closed) only after shutdown closed us, when the engine is idle: the
@@ -162,6 +186,46 @@ pub fn take_role<T: Linked<Tag>, Tag>(queue: &MpscQueue<T, Tag>) -> Option<Consu
     // comes first, the caller's look at the queue sees that push (module docs).
     fence(Ordering::SeqCst);
     queue.try_consume()
+}
+
+/// The worker's side of a doze (module docs, "A worker that wakes itself"), before it
+/// sleeps with a deadline: from now on a push may leave its wake to that deadline.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs`.
+pub fn doze(flag: &AtomicBool) {
+    // A swap, not a store: loom 0.7 lets another thread's read-modify-write miss a plain
+    // store before it. Relaxed: the pusher that reads it only skips a wake.
+    flag.swap(true, Ordering::Relaxed);
+}
+
+/// The worker's side of a doze, after its wake (deadline or notification), before it
+/// drains: pushes that skipped the wake before this are seen by that drain.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs`.
+pub fn wake_from_doze(flag: &AtomicBool) {
+    // Acquire: reading a pusher's Release read-modify-write (which came after its push)
+    // makes the push visible to our next drain; a pusher whose read-modify-write comes
+    // after ours reads `false` and wakes us.
+    flag.swap(false, Ordering::AcqRel);
+}
+
+/// The pusher's side of a doze (module docs), after a push that found the queue empty:
+/// whether the worker dozes, so that its deadline wakes it.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs`.
+pub fn leave_wake_to_deadline(flag: &AtomicBool) -> bool {
+    // A read-modify-write, not a load: it reads the latest value of the flag (module
+    // docs). Release: publishes our push to the worker whose `wake_from_doze` reads it.
+    flag.fetch_or(false, Ordering::AcqRel)
+}
+
+/// [`leave_wake_to_deadline`] as a plain load: a planted bug for the loom model (it may
+/// read a doze that already ended, whose drain missed the push: nobody wakes the worker
+/// when it then sleeps without a deadline).
+#[cfg(loom)]
+#[doc(hidden)]
+pub fn planted_leave_wake_by_load(flag: &AtomicBool) -> bool {
+    flag.load(Ordering::Relaxed)
 }
 
 /// The pusher's side of a deferred wake (module docs), after a push that found the queue

@@ -74,6 +74,13 @@ pub(crate) const CONTENDED_HOLD: Duration = Duration::from_millis(20);
 /// this long of synchronous execution, which is the floor the VM degrades to anyway.
 pub(crate) const STALLED_WORKER_HOLD: Duration = Duration::from_millis(100);
 
+/// How long a contended worker sleeps before it looks at its queue on its own
+/// (`model/thread_ctx.rs`, "A worker that wakes itself"): the longest a push nobody waits
+/// for may wait to start while the worker shares its CPU. Short against the slices a busy
+/// neighbour takes (milliseconds), long against a wake's cost (a few microseconds), so a
+/// dozing worker costs a few thousand wakes a second while contention lasts.
+pub(crate) const WORKER_DOZE: Duration = Duration::from_micros(500);
+
 // The instruction pool (`pool.rs`).
 /// Most released instructions a VM keeps for reuse.
 pub(crate) const POOL_MAX: usize = 4096;
