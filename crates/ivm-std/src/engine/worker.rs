@@ -14,13 +14,14 @@
 //! engine is at rest (`model/express.rs`).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use ivm_core::mpsc::{DrainEnd, Pop};
+use ivm_core::mpsc::{Consumer, DrainEnd, Pop};
+use ivm_core::notifier::Closed;
 use ivm_core::sync::Ordering;
 
 use crate::engine::core::{ReentryGuard, VmCore};
-use crate::model::instruction::{Body, Instruction};
+use crate::model::instruction::{Body, Instruction, WorkerTag};
 use crate::model::thread_ctx::ThreadCtx;
 
 /// The body of a worker thread.
@@ -36,19 +37,97 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     }
     let _lane = CloseLane(&ctx);
     crate::engine::preemption::register_cpu_clock(&ctx);
-    // Relaxed: a statistic, written by this thread only.
-    let served = |k: usize| {
-        let n = ctx.express_served.load(Ordering::Relaxed);
-        ctx.express_served.store(n + k, Ordering::Relaxed);
+    let mut w = Worker::new(&ctx, &shared);
+    let closing = loop {
+        let Some(mut consumer) = ctx.take_role() else {
+            // A caller runs our queue; its `let_go` wakes us if anything is left.
+            match w.park(false) {
+                Ok(()) => continue,
+                Err(closed) => break closed,
+            }
+        };
+        // Polling from now on: the engine's holder may hand us small accesses directly
+        // (`model/express.rs`); closed again before we sleep.
+        ctx.express.open();
+        let hand_over = w.run_until_idle(&mut consumer);
+        if let Err(closed) = w.let_go_and_sleep(consumer, hand_over) {
+            break closed;
+        }
     };
-    let counters = shared.stats.thread(&ctx.name);
-    let poll = shared.config.worker_poll_window;
-    // A release this worker owes the engine (see `helping::Owed`).
-    let owed = crate::engine::helping::Owed::default();
-    // Whether our instructions run long (`kernel_clock.rs`).
-    let clock = std::cell::RefCell::new(crate::engine::kernel_clock::KernelClock::default());
-    // One instruction; `fused_more`: the next member of its fused run comes right after it.
-    let run_one = |instr: Arc<Instruction>, fused_more: bool| {
+    let _ = closing;
+    // Shutdown: take the role (a caller may hold it for the length of a kernel) and
+    // drain what is left.
+    let mut consumer = loop {
+        if let Some(c) = ctx.take_role() {
+            break c;
+        }
+        std::thread::yield_now();
+    };
+    consumer.drain_until_empty(|i| w.run(i));
+    w.owed.settle(&shared, true);
+}
+
+/// A worker thread's state between its steps: what it owes the engine, how long its
+/// kernels run, how long it has been idle, and whether it shares its CPU.
+struct Worker<'a> {
+    ctx: &'a ThreadCtx,
+    shared: &'a VmCore,
+    counters: Arc<crate::engine::stats::ThreadCounters>,
+    poll: Duration,
+    /// A release this worker owes the engine (see `helping::Owed`).
+    owed: crate::engine::helping::Owed,
+    /// Whether our instructions run long (`kernel_clock.rs`).
+    clock: crate::engine::kernel_clock::KernelClock,
+    /// When the current idle stretch began, its poll steps, its length at the last look
+    /// and the poll window it gets.
+    idle_since: Option<Instant>,
+    idle_steps: u32,
+    idle_for: Duration,
+    poll_now: Duration,
+    /// Whether another thread takes this worker's CPU (`preemption.rs`): then it polls no
+    /// more, so that the caller runs its work instead of waiting for it to be scheduled.
+    preemption: crate::engine::preemption::PreemptionSense,
+    /// How much of a CPU this worker gets while it runs instructions (`preemption.rs`).
+    share: crate::engine::preemption::CpuShare,
+    /// Polling backs off to `yield_now` (few cores: do not starve the caller).
+    backoff: ivm_core::sync::Backoff,
+    /// Whether the worker just woke: a wake that finds the queue empty was for
+    /// instructions a waiting caller ran meanwhile (`caller_runs`), so the worker sleeps
+    /// again at once instead of polling beside that caller.
+    just_woken: bool,
+}
+
+impl<'a> Worker<'a> {
+    fn new(ctx: &'a ThreadCtx, shared: &'a VmCore) -> Self {
+        let poll = shared.config.worker_poll_window;
+        Self {
+            ctx,
+            shared,
+            counters: shared.stats.thread(&ctx.name),
+            poll,
+            owed: crate::engine::helping::Owed::default(),
+            clock: crate::engine::kernel_clock::KernelClock::default(),
+            idle_since: None,
+            idle_steps: 0,
+            idle_for: Duration::ZERO,
+            poll_now: poll,
+            preemption: crate::engine::preemption::PreemptionSense::default(),
+            share: crate::engine::preemption::CpuShare::default(),
+            backoff: ivm_core::sync::Backoff::new(),
+            just_woken: false,
+        }
+    }
+
+    /// Counts `k` small accesses served through the express lane.
+    fn served(&self, k: usize) {
+        // Relaxed: a statistic, written by this thread only.
+        let n = self.ctx.express_served.load(Ordering::Relaxed);
+        self.ctx.express_served.store(n + k, Ordering::Relaxed);
+    }
+
+    /// One instruction; `fused_more`: the next member of its fused run comes right after it.
+    fn run_one(&mut self, instr: Arc<Instruction>, fused_more: bool) {
+        let (ctx, shared, owed) = (self.ctx, self.shared, &self.owed);
         // Before running anything (it may take long), settle what we owe, unless nothing
         // waits for it (an unawaited debt: whoever drives next pays it); or a helper
         // spins: it takes care of it (`helping::Helping`); or a caller is still
@@ -62,16 +141,16 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
                 || shared.helper_spinning()
                 || (grace && shared.submitter_active());
             if !kept {
-                owed.settle(&shared, true);
+                owed.settle(shared, true);
             }
         }
         let sync_access = instr.waiter.is_some();
         // Some instructions are timed (at random: `kernel_clock.rs`): whether kernels run
         // long on average (`ThreadCtx::long_kernels`).
-        let t0 = clock.borrow_mut().start();
+        let t0 = self.clock.start();
         crate::engine::execute::execute(&instr);
         if let Some(t0) = t0 {
-            let long = clock.borrow_mut().timed(t0);
+            let long = self.clock.timed(t0);
             // Relaxed: hints.
             if ctx.long_kernels.load(Ordering::Relaxed) != long {
                 ctx.long_kernels.store(long, Ordering::Relaxed);
@@ -91,12 +170,12 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // within a microsecond): leave the release to it, so the engine's data stays
             // in the caller's cache; settled below if nobody takes the engine soon.
             drop(instr);
-            owed.mark(&shared, true, false);
+            owed.mark(shared, true, false);
         } else if more && shared.helper_spinning() {
             // More to run, and a caller spins waiting: it releases this one while we run
             // the next (checked again after the mark, before the next instruction).
             drop(instr);
-            owed.mark(&shared, false, false);
+            owed.mark(shared, false, false);
         } else if fused_more
             || more
                 // Relaxed: a hint.
@@ -120,9 +199,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             // awaited although ours is not. (Taken here only: a flag left by an earlier
             // instruction makes this decision pay once more, never less.)
             let completed_other = crate::engine::drive::take_completion_marked();
-            owed.leave_unless_awaited(&shared, instr, completed_other, || {
-                shared.submitter_active()
-            });
+            owed.leave_unless_awaited(shared, instr, completed_other, || shared.submitter_active());
         } else {
             drop(instr);
             // Releases it here (readying its successors, on any stream) when nobody
@@ -130,32 +207,176 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             shared.completed();
             owed.discharged();
         }
-    };
-    // A queued item: an instruction, or the first member of a fused run, whose members
-    // run here back to back, each as if it had been queued alone (taking its successor's
-    // link before it runs: once done, the engine may release it and clear its body).
-    let run = |instr: Arc<Instruction>| {
+    }
+
+    /// A queued item: an instruction, or the first member of a fused run, whose members
+    /// run here back to back, each as if it had been queued alone (taking its successor's
+    /// link before it runs: once done, the engine may release it and clear its body).
+    fn run(&mut self, instr: Arc<Instruction>) {
         let mut next = Some(instr);
         while let Some(instr) = next.take() {
             next = crate::engine::execute::take_fused_next(&instr);
-            run_one(instr, next.is_some());
+            self.run_one(instr, next.is_some());
         }
-    };
-    let mut idle_since: Option<Instant> = None;
-    // Whether another thread takes this worker's CPU (`preemption.rs`): then it polls no
-    // more, so that the caller runs its work instead of waiting for it to be scheduled.
-    let mut preemption = crate::engine::preemption::PreemptionSense::default();
-    let mut poll_now = poll;
-    // How much of a CPU this worker gets while it runs instructions (`preemption.rs`).
-    let mut share = crate::engine::preemption::CpuShare::default();
-    let (mut idle_steps, mut idle_for) = (0u32, std::time::Duration::ZERO);
-    // Polling backs off to `yield_now` (few cores: do not starve the caller).
-    let backoff = ivm_core::sync::Backoff::new();
-    // Sleeps on the notifier (the role let go); `Err` once shutdown closed it. `doze`:
-    // idle while sharing its CPU, it sleeps for `WORKER_DOZE` at most, and pushes that a
-    // caller may run leave its wake to that deadline (`thread_ctx.rs`, "A worker that
-    // wakes itself").
-    let park = |doze: bool| {
+    }
+
+    /// Runs the queue (and the express lane) until it stays empty past the poll window,
+    /// settling what it owes (`false`), or until a caller waits for it while this worker
+    /// shares its CPU (`true`: it hands the queue over, `model/hand_over.rs`).
+    fn run_until_idle(&mut self, consumer: &mut Consumer<'a, Instruction, WorkerTag>) -> bool {
+        loop {
+            let Some((mut ran, end)) = self.drain(consumer) else {
+                return true;
+            };
+            // A small access posted to our lane counts as work run.
+            if self.ctx.express.serve() {
+                self.served(1);
+                ran = true;
+            }
+            if ran {
+                self.just_woken = false;
+                self.restart_idle();
+                continue;
+            }
+            if !end.may_sleep() {
+                // A push is half done: its producer may not wake us. Never sleep here.
+                self.backoff.spin();
+                continue;
+            }
+            self.owed.settle(self.shared, false);
+            if self.just_woken && !self.owed.is_owed() {
+                return false;
+            }
+            if self.poll_once() {
+                continue;
+            }
+            if self.owed.is_owed() {
+                // Never sleep owing a release.
+                self.owed.settle(self.shared, true);
+                continue;
+            }
+            return false;
+        }
+    }
+
+    /// Pops and runs what is queued: whether anything ran and why it stopped, or `None`
+    /// when it stopped to hand the queue to a waiting caller ([`hand_to_callers`]).
+    fn drain(
+        &mut self,
+        consumer: &mut Consumer<'a, Instruction, WorkerTag>,
+    ) -> Option<(bool, DrainEnd)> {
+        let mut ran = false;
+        loop {
+            match consumer.try_pop() {
+                Pop::Item(i) => {
+                    ran = true;
+                    self.run(i);
+                    if self.share.ran(self.ctx) {
+                        // Relaxed: a statistic.
+                        self.counters.cpu_shared.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if hand_to_callers(self.ctx) {
+                        return None;
+                    }
+                }
+                Pop::Empty => return Some((ran, DrainEnd::Empty)),
+                Pop::Inconsistent => return Some((ran, DrainEnd::Inconsistent)),
+            }
+        }
+    }
+
+    /// One idle step: whether the worker keeps polling (it spun or yielded once). Spin-loop
+    /// hints first (the next instruction of a busy caller comes within microseconds), then
+    /// back off to `yield_now` (few cores: do not starve anyone), reading the clock every
+    /// 16 steps only.
+    fn poll_once(&mut self) -> bool {
+        let since = match self.idle_since {
+            Some(t) => t,
+            None => {
+                // An idle stretch begins: poll as the last preemption seen allows.
+                let now = Instant::now();
+                self.poll_now = poll_window(self.ctx, self.poll);
+                self.idle_since = Some(now);
+                now
+            }
+        };
+        self.idle_steps = self.idle_steps.wrapping_add(1);
+        if self.idle_steps.is_multiple_of(16) {
+            let now = Instant::now();
+            if self.preemption.look(now) {
+                // Relaxed: a statistic.
+                self.counters.preempted.fetch_add(1, Ordering::Relaxed);
+                crate::engine::preemption::mark_contended(
+                    self.ctx,
+                    crate::util::tuning::CONTENDED_HOLD,
+                );
+            }
+            self.idle_for = now.duration_since(since);
+            self.poll_now = poll_window(self.ctx, self.poll);
+        }
+        if self.idle_for >= self.poll_now {
+            return false;
+        }
+        if self.idle_for < crate::util::tuning::WORKER_PURE_SPIN {
+            ivm_core::sync::spin_loop();
+        } else {
+            self.backoff.snooze();
+        }
+        true
+    }
+
+    /// Work ran, or the worker woke: a new idle stretch starts from nothing.
+    fn restart_idle(&mut self) {
+        self.idle_since = None;
+        self.preemption.restart();
+        (self.idle_steps, self.idle_for) = (0, Duration::ZERO);
+        self.backoff.reset();
+    }
+
+    /// Lets go of the role and sleeps, after [`run_until_idle`](Self::run_until_idle);
+    /// `hand_over`: its answer. `Err` once shutdown closed the notifier.
+    fn let_go_and_sleep(
+        &mut self,
+        consumer: Consumer<'a, Instruction, WorkerTag>,
+        hand_over: bool,
+    ) -> Result<(), Closed> {
+        let ctx = self.ctx;
+        // Let go of the role before sleeping, so that a waiting caller may run what the
+        // engine queues meanwhile (`caller_runs`). The express lane closes first (doing
+        // what is posted to it): a sleeping worker serves nobody.
+        self.served(ctx.express.close());
+        self.share.restart();
+        if hand_over {
+            // Instructions are queued, a caller waits for them, and this worker shares its
+            // CPU: the callers run them (`model/hand_over.rs`), who wake us when they stop
+            // waiting. A wake pending from an earlier push is for what they now run.
+            self.owed.settle(self.shared, true);
+            ctx.notifier.clear();
+            // Relaxed: a statistic.
+            self.counters.handed_over.fetch_add(1, Ordering::Relaxed);
+            if ctx.hand.hand_over(consumer) {
+                // Nobody waits any more: run on.
+                return Ok(());
+            }
+        } else {
+            // No re-check is needed: the last drain found the queue empty while we held
+            // the role, so the next push finds it empty and notifies (or, while we doze,
+            // leaves the wake to our deadline).
+            drop(consumer);
+        }
+        let doze = !hand_over && crate::engine::preemption::is_contended(ctx);
+        self.park(doze)?;
+        self.just_woken = true;
+        self.restart_idle();
+        Ok(())
+    }
+
+    /// Sleeps on the notifier (the role let go); `Err` once shutdown closed it. `doze`:
+    /// idle while sharing its CPU, it sleeps for `WORKER_DOZE` at most, and pushes that a
+    /// caller may run leave its wake to that deadline (`thread_ctx.rs`, "A worker that
+    /// wakes itself").
+    fn park(&self, doze: bool) -> Result<(), Closed> {
+        let ctx = self.ctx;
         // Relaxed: hints (see `ThreadCtx::parked`).
         ctx.parked.store(true, Ordering::Relaxed);
         let woken = if doze {
@@ -169,154 +390,9 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
             ctx.notifier.wait_and_clear().map(|()| true)
         };
         ctx.parked.store(false, Ordering::Relaxed);
-        counters.record(true, matches!(woken, Ok(true)));
+        self.counters.record(true, matches!(woken, Ok(true)));
         woken.map(|_| ())
-    };
-    // Whether the worker just woke: a wake that finds the queue empty was for
-    // instructions a waiting caller ran meanwhile (`caller_runs`), so the worker sleeps
-    // again at once instead of polling beside that caller.
-    let mut just_woken = false;
-    let closing = loop {
-        let Some(mut consumer) = ctx.take_role() else {
-            // A caller runs our queue; its `let_go` wakes us if anything is left.
-            match park(false) {
-                Ok(()) => continue,
-                Err(closed) => break closed,
-            }
-        };
-        // Polling from now on: the engine's holder may hand us small accesses directly
-        // (`model/express.rs`); closed again before we sleep.
-        ctx.express.open();
-        let hand_over = loop {
-            let mut ran = false;
-            let mut hand = false;
-            let end = loop {
-                match consumer.try_pop() {
-                    Pop::Item(i) => {
-                        ran = true;
-                        run(i);
-                        if share.ran(&ctx) {
-                            // Relaxed: a statistic.
-                            counters.cpu_shared.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if hand_to_callers(&ctx) {
-                            hand = true;
-                            break DrainEnd::Empty;
-                        }
-                    }
-                    Pop::Empty => break DrainEnd::Empty,
-                    Pop::Inconsistent => break DrainEnd::Inconsistent,
-                }
-            };
-            if hand {
-                break true;
-            }
-            // A small access posted to our lane counts as work run.
-            if ctx.express.serve() {
-                served(1);
-                ran = true;
-            }
-            if ran {
-                just_woken = false;
-                idle_since = None;
-                preemption.restart();
-                (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
-                backoff.reset();
-                continue;
-            }
-            if !end.may_sleep() {
-                // A push is half done: its producer may not wake us. Never sleep here.
-                backoff.spin();
-                continue;
-            }
-            owed.settle(&shared, false);
-            if just_woken && !owed.is_owed() {
-                break false;
-            }
-            // Poll: spin-loop hints first (the next instruction of a busy caller comes
-            // within microseconds), then back off to `yield_now` (few cores: do not
-            // starve anyone), reading the clock every 16 steps only.
-            let since = *idle_since.get_or_insert_with(|| {
-                // An idle stretch begins: poll as the last preemption seen allows.
-                let now = Instant::now();
-                poll_now = poll_window(&ctx, poll);
-                now
-            });
-            idle_steps = idle_steps.wrapping_add(1);
-            if idle_steps.is_multiple_of(16) {
-                let now = Instant::now();
-                if preemption.look(now) {
-                    // Relaxed: a statistic.
-                    counters.preempted.fetch_add(1, Ordering::Relaxed);
-                    crate::engine::preemption::mark_contended(
-                        &ctx,
-                        crate::util::tuning::CONTENDED_HOLD,
-                    );
-                }
-                idle_for = now.duration_since(since);
-                poll_now = poll_window(&ctx, poll);
-            }
-            if idle_for < poll_now {
-                if idle_for < crate::util::tuning::WORKER_PURE_SPIN {
-                    ivm_core::sync::spin_loop();
-                } else {
-                    backoff.snooze();
-                }
-                continue;
-            }
-            if owed.is_owed() {
-                // Never sleep owing a release.
-                owed.settle(&shared, true);
-                continue;
-            }
-            break false;
-        };
-        // Let go of the role before sleeping, so that a waiting caller may run what the
-        // engine queues meanwhile (`caller_runs`). The express lane closes first (doing
-        // what is posted to it): a sleeping worker serves nobody.
-        served(ctx.express.close());
-        share.restart();
-        if hand_over {
-            // Instructions are queued, a caller waits for them, and this worker shares its
-            // CPU: the callers run them (`model/hand_over.rs`), who wake us when they stop
-            // waiting. A wake pending from an earlier push is for what they now run.
-            owed.settle(&shared, true);
-            ctx.notifier.clear();
-            // Relaxed: a statistic.
-            counters.handed_over.fetch_add(1, Ordering::Relaxed);
-            if ctx.hand.hand_over(consumer) {
-                // Nobody waits any more: run on.
-                continue;
-            }
-        } else {
-            // No re-check is needed: the last drain found the queue empty while we held
-            // the role, so the next push finds it empty and notifies (or, while we doze,
-            // leaves the wake to our deadline).
-            drop(consumer);
-        }
-        let doze = !hand_over && crate::engine::preemption::is_contended(&ctx);
-        match park(doze) {
-            Ok(()) => {
-                just_woken = true;
-                idle_since = None;
-                preemption.restart();
-                (idle_steps, idle_for) = (0, std::time::Duration::ZERO);
-                backoff.reset();
-            }
-            Err(closed) => break closed,
-        }
-    };
-    let _ = closing;
-    // Shutdown: take the role (a caller may hold it for the length of a kernel) and
-    // drain what is left.
-    let mut consumer = loop {
-        if let Some(c) = ctx.take_role() {
-            break c;
-        }
-        std::thread::yield_now();
-    };
-    consumer.drain_until_empty(run);
-    owed.settle(&shared, true);
+    }
 }
 
 /// How long the worker of `ctx` polls when idle: `window`, or not at all while it counts
