@@ -184,9 +184,8 @@ pub(crate) struct VmCore {
     engine: Option<Mutex<Engine>>,
     /// Fork policy: where the VM was created (see `util/fork.rs`).
     birth: crate::util::fork::Birth,
-    /// Introspection counters (see `stats.rs`). Read through [`stats`](Self::stats); the
-    /// engine's preemption sense still names the field.
-    pub(super) stats: crate::engine::stats::StatsCells,
+    /// Introspection counters (see `stats.rs`).
+    stats: crate::engine::stats::StatsCells,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
     foreign: OnceLock<ForeignHooks>,
     /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
