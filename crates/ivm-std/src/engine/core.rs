@@ -182,6 +182,9 @@ pub(crate) struct VmCore {
     cell: crate::engine::drive::EngineCell,
     /// Single-thread mode: the engine, driven by callers.
     engine: Option<Mutex<Engine>>,
+    /// Released instructions for reuse (both modes): builders take from it on any
+    /// thread, the engine's driver gives back to it.
+    pool: crate::model::pool::InstrPool,
     /// Fork policy: where the VM was created (see `util/fork.rs`).
     birth: crate::util::fork::Birth,
     /// Introspection counters (see `stats.rs`).
@@ -215,6 +218,7 @@ impl VmCore {
             cell: crate::engine::drive::EngineCell::new(
                 (!single).then(|| Engine::for_config(&config)),
             ),
+            pool: crate::model::pool::InstrPool::default(),
             pending: MpscQueue::new(),
             parking,
             gate: crate::engine::gate::Gate::new(),
@@ -269,7 +273,7 @@ impl VmCore {
 
     /// Where instructions are taken from and recycled to.
     pub(crate) fn pool(&self) -> &crate::model::pool::InstrPool {
-        &self.cell.pool
+        &self.pool
     }
 
     /// Fork policy: where the VM was created (see `util/fork.rs`).

@@ -111,8 +111,6 @@ pub(crate) struct EngineCell {
     inline_runs: AtomicUsize,
     /// Small sync accesses done directly by their caller (`try_direct`), ever.
     direct_runs: AtomicUsize,
-    /// Released instructions for reuse (both modes).
-    pub(crate) pool: crate::model::pool::InstrPool,
 }
 
 // SAFETY: the engine inside is touched only by the thread holding `LOCKED` (one at a
@@ -127,7 +125,6 @@ impl EngineCell {
             engine: UnsafeCell::new(engine),
             inline_runs: AtomicUsize::new(0),
             direct_runs: AtomicUsize::new(0),
-            pool: crate::model::pool::InstrPool::default(),
         }
     }
 
