@@ -525,8 +525,8 @@ impl VmCore {
         // that got through the gate happens before a load that sees the flag: the
         // scheduler's look at the pending queue after it (`scheduler_loop`'s exit check)
         // finds those pushes, and it never exits with one undrained. No loom model runs
-        // shutdown against the scheduler: weakened to Relaxed, this survives the ordering
-        // mutants (`docs/checking.md`, "Loom").
+        // shutdown against the scheduler: weakened to Relaxed, this and its Release
+        // survive the ordering mutants (`docs/checking.md`, "Loom").
         self.stop.load(Ordering::Acquire)
     }
 
