@@ -136,7 +136,7 @@ impl<'vm> InstructionsBuilder<'vm> {
                 list.push(i)
             });
         // Pooled: no allocation in steady state (`pool.rs`).
-        let instr = self.vm.core.cell.pool.instruction(name, stream, kind);
+        let instr = self.vm.core.pool().instruction(name, stream, kind);
         {
             // SAFETY: not shared yet; the builder owns the body (ownership step 1).
             let body = unsafe { instr.body_mut() };

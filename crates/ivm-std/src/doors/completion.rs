@@ -245,7 +245,7 @@ impl<T> Completion<T> {
         let announce = vm
             .core
             .single_thread()
-            .then(|| vm.core.parking.clone() as Arc<dyn CompletionSink>);
+            .then(|| vm.core.token().clone() as Arc<dyn CompletionSink>);
         let slot = Arc::new(Slot::new(announce));
         (
             Self {
@@ -271,7 +271,7 @@ impl<T> Completion<T> {
     }
 
     fn check(&self) -> Result<()> {
-        self.vm.core.birth.check()?;
+        self.vm.core.birth().check()?;
         if self.taken {
             return Err(Error::InvalidArgument(
                 "a completion was polled again after it returned Ready".into(),
@@ -295,7 +295,7 @@ impl<T> Completion<T> {
     /// The instruction's own error; [`Error::Reentrant`] from a VM thread (waiting there
     /// would deadlock); [`Error::ShutDown`]; [`Error::Forked`]; [`Error::Timeout`].
     pub fn wait(self) -> Result<T> {
-        let period = self.vm.core.config.timeout_period;
+        let period = self.vm.core.config().timeout_period;
         self.wait_inner(period, true)
     }
 
@@ -527,7 +527,7 @@ pub(crate) fn wait_deadline(
             .drive_until(|_| waiter.btb.is_done(), Some(deadline))
             .map_err(|e| name_device_work(e, instr));
     }
-    if skip && shared.core.flying() < shared.core.config.skip_blocking_threshold {
+    if skip && shared.core.flying() < shared.core.config().skip_blocking_threshold {
         waiter.btb.skip_blocking();
     }
     let _hook = (!waiter.btb.is_done()).then(|| shared.core.wait_scope());

@@ -81,7 +81,7 @@ fn slot_of(
 /// time (the express lane) but may need one later — a steady state that falls back to an
 /// instruction now and then must not allocate then.
 pub(crate) fn warm(shared: &VmShared, stream: &Arc<StreamShared>, kind: SmallKind) {
-    let cap = shared.core.config.sync_ring_capacity.min(RING_MAX);
+    let cap = shared.core.config().sync_ring_capacity.min(RING_MAX);
     RING.with(|r| {
         let mut ring = r.borrow_mut();
         let pos = slot_of(&mut ring, shared, stream, kind);
@@ -113,7 +113,7 @@ pub(crate) fn take_small(
     offset: usize,
     len: usize,
 ) -> (Arc<Instruction>, usize) {
-    let cap = shared.core.config.sync_ring_capacity.min(RING_MAX);
+    let cap = shared.core.config().sync_ring_capacity.min(RING_MAX);
     RING.with(|r| {
         let mut ring = r.borrow_mut();
         let pos = slot_of(&mut ring, shared, stream, kind);
@@ -153,7 +153,7 @@ pub(crate) fn take_small(
             // VM: the access itself will report it) fall back to a fresh instruction.
             let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
             _hook.get_or_insert_with(|| shared.core.wait_scope());
-            if since.elapsed() >= shared.core.config.timeout_period {
+            if since.elapsed() >= shared.core.config().timeout_period {
                 let fresh = Arc::new(small_instruction(stream, kind, offset, len));
                 return (fresh, own_done);
             }

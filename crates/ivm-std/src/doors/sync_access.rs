@@ -170,7 +170,7 @@ pub(crate) fn small_access(
     } else {
         SmallKind::Write
     };
-    let inline = shared.core.config.inline_sync_access;
+    let inline = shared.core.config().inline_sync_access;
     if host && inline {
         // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
         let mut result = None;
@@ -324,7 +324,7 @@ fn wait_small(
     }
     if skip
         && shared.core.flying().saturating_sub(own_done)
-            < shared.core.config.skip_blocking_threshold
+            < shared.core.config().skip_blocking_threshold
     {
         waiter.btb.skip_blocking();
         let worker = instr.stream.thread.as_deref();
@@ -355,7 +355,7 @@ fn wait_small(
     let mut last = shared.core.progress();
     let r = waiter
         .btb
-        .wait_until_done(shared.core.config.timeout_period, || {
+        .wait_until_done(shared.core.config().timeout_period, || {
             let now = shared.core.progress();
             let stalled = now == last;
             last = now;

@@ -1,9 +1,11 @@
 //! The engine-facing core of a VM's shared state ([`VmCore`]): the state itself (the
 //! pending queue, the engine and its token, the shutdown gate, the counters), probes,
 //! diagnostics, the workers to close at exit, and the reentrancy guard. Workers, the
-//! scheduler and every driver hold this and nothing above it. Its methods are spread by
-//! concept: submission and backpressure in `submission.rs`, single-thread driving in
-//! `single.rs`, who drives in multi-thread mode in `drive/`.
+//! scheduler and every driver hold this and nothing above it. Its fields are private:
+//! the rest of the crate uses the methods here, and the engine's drivers a few more
+//! (`pending`, `cell`). Its other methods are spread by concept: submission and
+//! backpressure in `submission.rs`, single-thread driving in `single.rs`, who drives in
+//! multi-thread mode in `drive/`.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -136,59 +138,62 @@ pub(crate) static NEXT_BLOB_ID: std::sync::atomic::AtomicUsize =
 /// [`VmShared`](crate::runtime::shared::VmShared), which holds this core; nothing here
 /// names them (ARCHITECTURE.md, "The module map").
 pub(crate) struct VmCore {
-    pub(crate) id: usize,
-    pub(crate) config: Config,
+    id: usize,
+    config: Config,
     /// A bug planted in the engine for the equivalence fuzzer's own tests (feature
     /// `fuzzing`; set only by `fuzzing::Runner::with_planted_bug`, never by `Config`).
     #[cfg(feature = "fuzzing")]
-    pub(crate) planted: ivm_engine::PlantedBug,
+    planted: ivm_engine::PlantedBug,
     /// Received instructions, for the engine's driver. A submission of several
     /// instructions is pushed as one chain (`push_chain`), so that it reaches the engine
     /// in one piece: two lists pushed element by element would interleave, and two lazy
     /// launches of one graph from two threads would then put their critical-section
     /// begins on the critical-section stream in another order than their launches (run
     /// k's outputs copied into run k+1's tensors, "end record was already initialised").
-    pub(crate) pending: MpscQueue<Instruction, PendingTag>,
+    pending: MpscQueue<Instruction, PendingTag>,
     /// Shared with every stream's device side: completion callbacks unpark through it.
-    pub(crate) parking: Arc<crate::engine::drive::EngineToken>,
+    parking: Arc<crate::engine::drive::EngineToken>,
     /// The shutdown gate: callers inside a submission, and whether shutdown has begun.
-    pub(crate) gate: crate::engine::gate::Gate,
-    pub(crate) stop: AtomicBool,
-    pub(crate) flying: AtomicUsize,
+    gate: crate::engine::gate::Gate,
+    stop: AtomicBool,
+    flying: AtomicUsize,
     /// Released instructions, ever (progress detection for timeouts: see
     /// [`progress`](Self::progress)).
-    pub(crate) finished: AtomicUsize,
+    finished: AtomicUsize,
     /// Finished instructions whose release a worker left for whoever drives next (an
     /// unawaited debt, `helping::Owed::leave_unless_awaited`), ever: progress too, though
     /// not released yet. On a line of its own: the worker bumps it per such instruction
     /// while callers write `flying` for every submission.
-    pub(crate) kept: crossbeam_utils::CachePadded<AtomicUsize>,
+    kept: crossbeam_utils::CachePadded<AtomicUsize>,
     /// Workers whose `ThreadCtx::long_kernels` hint is set: a submission registers as a
     /// [submitting](crate::engine::helping::Helping::submitting) caller only when some worker may
     /// leave it a release (a hint, Relaxed: nothing is published through it).
-    pub(crate) long_kernel_workers: AtomicUsize,
+    long_kernel_workers: AtomicUsize,
     /// Submitters waiting for backpressure and the word they sleep on (`backpressure.rs`).
-    pub(crate) backpressure: crate::engine::backpressure::Backpressure,
-    pub(crate) probes: Mutex<Vec<Probe>>,
-    pub(crate) probes_flag: AtomicBool,
-    pub(crate) live: [AtomicUsize; 3],
+    backpressure: crate::engine::backpressure::Backpressure,
+    probes: Mutex<Vec<Probe>>,
+    probes_flag: AtomicBool,
+    live: [AtomicUsize; 3],
     /// Every worker thread's context, so that the scheduler can close them at exit (the
     /// runtime spawns them and keeps their handles); `None` once closed.
     workers: Mutex<Option<Vec<Arc<ThreadCtx>>>>,
     /// Multi-thread mode: the engine, driven by whoever holds the token in `parking`
     /// (`drive/`). Empty in single-thread mode.
-    pub(crate) cell: crate::engine::drive::EngineCell,
+    cell: crate::engine::drive::EngineCell,
     /// Single-thread mode: the engine, driven by callers.
-    pub(crate) engine: Option<Mutex<Engine>>,
+    engine: Option<Mutex<Engine>>,
+    /// Released instructions for reuse (both modes): builders take from it on any
+    /// thread, the engine's driver gives back to it.
+    pool: crate::model::pool::InstrPool,
     /// Fork policy: where the VM was created (see `util/fork.rs`).
-    pub(crate) birth: crate::util::fork::Birth,
+    birth: crate::util::fork::Birth,
     /// Introspection counters (see `stats.rs`).
-    pub(crate) stats: crate::engine::stats::StatsCells,
+    stats: crate::engine::stats::StatsCells,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
-    pub(crate) foreign: OnceLock<ForeignHooks>,
+    foreign: OnceLock<ForeignHooks>,
     /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
     /// with a bound, where a join would block for as long as the engine stays lively.
-    pub(crate) scheduler_running: BlockingCounter<FutexWait>,
+    scheduler_running: BlockingCounter<FutexWait>,
     /// The user's `VirtualMachine` handle is dropped: work still in flight (a custom
     /// instruction's `Done` held elsewhere) is abandoned, though VM threads that gave up
     /// waiting for it may still hold this core.
@@ -213,6 +218,7 @@ impl VmCore {
             cell: crate::engine::drive::EngineCell::new(
                 (!single).then(|| Engine::for_config(&config)),
             ),
+            pool: crate::model::pool::InstrPool::default(),
             pending: MpscQueue::new(),
             parking,
             gate: crate::engine::gate::Gate::new(),
@@ -237,6 +243,172 @@ impl VmCore {
             handle_dropped: AtomicBool::new(false),
             config,
         }
+    }
+}
+
+/// What the doors, the runtime and the VM handle reach: the VM's identity, its
+/// configuration, the engine token, the instruction pool, the counters, and the steps of
+/// shutdown. The fields stay behind it, so that each protocol's word is written from
+/// one place.
+impl VmCore {
+    pub(crate) fn id(&self) -> usize {
+        self.id
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The bug planted for the equivalence fuzzer's own tests (see the field).
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn planted(&self) -> ivm_engine::PlantedBug {
+        self.planted
+    }
+
+    /// The engine token: who drives, the parking word, and the sink device completions
+    /// unpark through (`drive/token.rs`).
+    pub(crate) fn token(&self) -> &Arc<crate::engine::drive::EngineToken> {
+        &self.parking
+    }
+
+    /// Where instructions are taken from and recycled to.
+    pub(crate) fn pool(&self) -> &crate::model::pool::InstrPool {
+        &self.pool
+    }
+
+    /// Fork policy: where the VM was created (see `util/fork.rs`).
+    pub(crate) fn birth(&self) -> &crate::util::fork::Birth {
+        &self.birth
+    }
+
+    /// Introspection counters (see `stats.rs`).
+    pub(crate) fn stats(&self) -> &crate::engine::stats::StatsCells {
+        &self.stats
+    }
+
+    /// Installs an embedding runtime's hooks; [`Error::Config`] if some were before.
+    pub(crate) fn set_foreign_hooks(&self, hooks: ForeignHooks) -> Result<()> {
+        self.foreign
+            .set(hooks)
+            .map_err(|_| Error::Config("foreign hooks are installed once per VM".into()))
+    }
+
+    /// Counts `instr` in flight and pushes it to the pending queue alone; whether the
+    /// queue was empty. The caller holds a gate pass and calls [`pushed`](Self::pushed)
+    /// after its last push.
+    pub(crate) fn push_counted(&self, instr: Arc<Instruction>) -> bool {
+        self.count_in_flight(1);
+        self.pending.push(instr)
+    }
+
+    /// `n` instructions about to be pushed (or handed to an engine directly).
+    pub(crate) fn count_in_flight(&self, n: usize) {
+        // Relaxed: a count; the instructions themselves are published by the pushes.
+        self.flying.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Engine: one instruction released.
+    pub(crate) fn instruction_released(&self) {
+        // Relaxed: counts; the instruction's effects were published through DONE.
+        self.flying.fetch_sub(1, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Released instructions, ever.
+    pub(crate) fn released(&self) -> usize {
+        // Relaxed: a statistic.
+        self.finished.load(Ordering::Relaxed)
+    }
+
+    /// The live engine objects the engine's driver last published
+    /// ([`publish_counters`](Self::publish_counters)): instructions, accesses, edges.
+    pub(crate) fn live_counts(&self) -> (usize, usize, usize) {
+        // Relaxed: diagnostic snapshots.
+        (
+            self.live[0].load(Ordering::Relaxed),
+            self.live[1].load(Ordering::Relaxed),
+            self.live[2].load(Ordering::Relaxed),
+        )
+    }
+
+    /// Small sync accesses run without a worker, ever: `(direct, inline)` (see
+    /// `EngineCell`).
+    pub(crate) fn inline_accesses(&self) -> (usize, usize) {
+        (self.cell.direct_runs(), self.cell.inline_runs())
+    }
+
+    /// A worker's `ThreadCtx::long_kernels` hint turned on (`long`) or off.
+    pub(crate) fn count_long_kernel_worker(&self, long: bool) {
+        // Relaxed: a hint (see `long_kernel_workers`).
+        if long {
+            self.long_kernel_workers.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.long_kernel_workers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether some worker runs long kernels (a hint: see `long_kernel_workers`).
+    pub(crate) fn long_kernels_somewhere(&self) -> bool {
+        // Relaxed: a hint; a worker that misses a registration releases itself.
+        self.long_kernel_workers.load(Ordering::Relaxed) > 0
+    }
+
+    /// Shutdown, first step: no submission gets through the gate after this.
+    pub(crate) fn close_gate(&self) {
+        self.gate.close();
+    }
+
+    /// Shutdown, after [`close_gate`](Self::close_gate): waits until every submission
+    /// that got in has pushed (`gate.rs`).
+    pub(crate) fn wait_gate_empty(&self) {
+        self.gate.wait_until_empty(std::thread::yield_now);
+    }
+
+    /// Shutdown: tells the scheduler to exit once the engine is idle, and wakes it.
+    pub(crate) fn request_stop(&self) {
+        // Release: pairs with `stop_requested`'s Acquire (see there).
+        self.stop.store(true, Ordering::Release);
+        self.parking.unpark();
+    }
+
+    /// The scheduler thread's last act before it exits.
+    pub(super) fn scheduler_exited(&self) {
+        // Release inside: publishes everything the scheduler did to shutdown's Acquire
+        // wait (`wait_scheduler_exit`), which then joins the thread.
+        self.scheduler_running.decrease();
+    }
+
+    /// Waits until the scheduler thread exits or `deadline` passes; whether it exited.
+    pub(crate) fn wait_scheduler_exit(&self, deadline: ivm_core::wait::Instant) -> bool {
+        // Acquire inside: pairs with the Release decrease of `scheduler_exited`.
+        matches!(
+            self.scheduler_running.timed_wait_until_zero(deadline),
+            Ok(Timed::Notified)
+        )
+    }
+}
+
+/// What the engine's drivers reach (`drive/`, `single.rs`, `submission.rs`, the
+/// scheduler): the queues and the engine's two homes.
+impl VmCore {
+    /// Received instructions, for the engine's driver (see the field).
+    pub(super) fn pending(&self) -> &MpscQueue<Instruction, PendingTag> {
+        &self.pending
+    }
+
+    /// Multi-thread mode: the engine's cell, driven by the token's holder.
+    pub(super) fn cell(&self) -> &crate::engine::drive::EngineCell {
+        &self.cell
+    }
+
+    /// Single-thread mode: the engine, driven by callers; `None` in multi-thread mode.
+    pub(super) fn single_engine(&self) -> Option<&Mutex<Engine>> {
+        self.engine.as_ref()
+    }
+
+    /// Submitters waiting for backpressure (`backpressure.rs`).
+    pub(super) fn backpressure(&self) -> &crate::engine::backpressure::Backpressure {
+        &self.backpressure
     }
 }
 
@@ -348,13 +520,13 @@ impl VmCore {
     }
 
     pub(crate) fn stop_requested(&self) -> bool {
-        // Acquire: pairs with shutdown's Release store (`vm/lifecycle.rs`), made after
+        // Acquire: pairs with `request_stop`'s Release store, made by shutdown after
         // the gate emptied (`Gate::wait_until_empty`, Acquire), so every push of a caller
         // that got through the gate happens before a load that sees the flag: the
         // scheduler's look at the pending queue after it (`scheduler_loop`'s exit check)
         // finds those pushes, and it never exits with one undrained. No loom model runs
-        // shutdown against the scheduler: weakened to Relaxed, this survives the ordering
-        // mutants (`docs/checking.md`, "Loom").
+        // shutdown against the scheduler: weakened to Relaxed, this and its Release
+        // survive the ordering mutants (`docs/checking.md`, "Loom").
         self.stop.load(Ordering::Acquire)
     }
 

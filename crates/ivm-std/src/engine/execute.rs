@@ -30,6 +30,39 @@ pub(crate) fn first_poison<'a>(blobs: impl IntoIterator<Item = &'a Arc<Blob>>) -
     })
 }
 
+/// Poisons every blob of `outputs` with `f`.
+pub(crate) fn poison_all(outputs: &[Arc<Blob>], f: &Failure) {
+    for b in outputs {
+        b.set_poison(f);
+    }
+}
+
+/// Marks `instr` done, every way it runs ending here: with `failure`, stores it and sets
+/// `FAILED`; then sets `DONE` (Release) and, with `finish_waiter`, finishes its waiter.
+/// The caller has poisoned the outputs first, as its device's order requires.
+///
+/// # Safety
+/// The caller is `instr`'s executor (a worker, a completion's holder, a device callback)
+/// and owns its `failure` until `DONE` (ownership step 3): no other reference to it is
+/// alive.
+pub(crate) unsafe fn finish(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) {
+    let mut bits = status::DONE;
+    if let Some(f) = failure {
+        // SAFETY: the caller owns `failure` until DONE (this function's contract).
+        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
+        bits |= status::FAILED;
+    }
+    // Release: publishes what the executor did (the body's or the device work's effects on
+    // tensor memory, `small`, poison, `failure`) to whoever reads DONE with Acquire: the
+    // engine, before the release and the dependants, hence every instruction ordered
+    // after this one.
+    instr.status.fetch_or(bits, Ordering::Release);
+    if finish_waiter && let Some(w) = &instr.waiter {
+        // Release inside: publishes the same to the waiting caller.
+        w.finished();
+    }
+}
+
 /// Runs `instr`'s body on the calling thread (its stream's thread, or the scheduler) and
 /// marks it done. The caller owns the body (step 3 of the ownership order).
 pub(crate) fn execute(instr: &Arc<Instruction>) {
@@ -103,24 +136,13 @@ fn execute_inner(instr: &Arc<Instruction>, may_block: bool, notify_start: bool) 
     if let Some(landed) = body.landed.take() {
         landed(failure.clone());
     }
-    let mut bits = status::DONE;
-    if let Some(f) = failure {
-        for b in body.outputs.as_slice() {
-            b.set_poison(&f);
-        }
-        // SAFETY: the executor owns `failure` until DONE (ownership step 3).
-        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
-        bits |= status::FAILED;
+    if let Some(f) = &failure {
+        poison_all(body.outputs.as_slice(), f);
     }
     // Before DONE: the engine's release record must come after it.
     crate::model::trace::record(instr, crate::model::trace::Phase::ComputeEnd);
-    // Release: publishes the body's effects (tensor memory, `small`, `failure`, poison) to
-    // whoever reads DONE with Acquire (the engine, before release and dependants).
-    instr.status.fetch_or(bits, Ordering::Release);
-    if let Some(w) = &instr.waiter {
-        // Release inside: publishes the same to the waiting caller.
-        w.finished();
-    }
+    // SAFETY: the executor owns the body and `failure` until DONE (ownership step 3).
+    unsafe { finish(instr, failure, true) };
 }
 
 fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
@@ -217,7 +239,7 @@ impl Completion {
     /// Finishes the instruction: done, or failed with `failure` (its outputs poisoned).
     pub(crate) fn complete(mut self, result: Result<(), Failure>) {
         if let Some(i) = self.instr.take() {
-            finish(&i, result);
+            finish_deferred(&i, result);
         }
     }
 }
@@ -230,33 +252,26 @@ impl Drop for Completion {
                 message: "the instruction's body ended without completing it (it panicked)".into(),
                 panicked: true,
             };
-            finish(&i, Err(f));
+            finish_deferred(&i, Err(f));
         }
     }
 }
 
-fn finish(instr: &Arc<Instruction>, result: Result<(), Failure>) {
-    let mut bits = status::DONE;
-    if let Err(f) = result {
+/// A deferred body's completion: finishes `instr`. What it publishes includes a critical
+/// section's effects on the tensors (graph copies happen-before the record's
+/// initialisation, which happens-before this).
+fn finish_deferred(instr: &Arc<Instruction>, result: Result<(), Failure>) {
+    let failure = result.err();
+    if let Some(f) = &failure {
         // SAFETY: the executor's borrow of the body ended before the deferred body got
         // this completion (`run_deferred`), the deferred body holds no borrow of it, and
         // the engine touches it again only after DONE: this completion owns the body and
-        // `failure` until the store below (ownership step 3).
+        // `failure` until DONE (ownership step 3).
         let body = unsafe { instr.body() };
-        for b in body.outputs.as_slice() {
-            b.set_poison(&f);
-        }
-        // SAFETY: as above.
-        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
-        bits |= status::FAILED;
+        poison_all(body.outputs.as_slice(), f);
     }
-    // Release: publishes the critical section's effects on the tensors (graph copies
-    // happen-before the record's initialisation, which happens-before this) and the
-    // poison/`failure` above to the engine's Acquire read of DONE.
-    instr.status.fetch_or(bits, Ordering::Release);
-    if let Some(w) = &instr.waiter {
-        w.finished();
-    }
+    // SAFETY: as above.
+    unsafe { finish(instr, failure, true) };
     // After DONE: release it — on this thread when nobody drives the engine (usually a
     // graph runtime's thread: no scheduler wake-up), else by the holder or a helper.
     instr.stream.dev.wake.complete_outside();

@@ -68,7 +68,7 @@ impl Owed {
     /// already owed keeps the grace it has left, so no release waits longer than that).
     pub(crate) fn mark(&self, shared: &VmCore, patient: bool, grace: bool) {
         self.forget_if_taken(shared);
-        if shared.parking.mark() {
+        if shared.token().mark() {
             // Kept by this rule's bounds from now on, whatever was owed before.
             self.unawaited.set(false);
             if !self.owed.get() {
@@ -114,7 +114,7 @@ impl Owed {
         submitting: impl FnOnce() -> bool,
     ) {
         self.forget_if_taken(shared);
-        let marked = shared.parking.mark();
+        let marked = shared.token().mark();
         let awaited = marked && (completed_other || instr.is_awaited());
         // Let go before any release (the engine recycles what only it holds).
         drop(instr);
@@ -140,7 +140,7 @@ impl Owed {
         } else if submitting() {
             // As `mark(patient: true, grace: true)` for a new debt.
             self.open(true, true, false);
-        } else if shared.parking.try_lock() {
+        } else if shared.token().try_lock() {
             // Else somebody took the engine after our mark: it sees our input.
             shared.drive_as(Driver::Worker);
         }
@@ -152,7 +152,7 @@ impl Owed {
     /// left to a helper that has since released it would otherwise make the next
     /// unawaited release be paid at once).
     fn forget_if_taken(&self, shared: &VmCore) {
-        if self.owed.get() && !shared.parking.dirty_unlocked() {
+        if self.owed.get() && !shared.token().dirty_unlocked() {
             self.discharged();
         }
     }
@@ -185,7 +185,7 @@ impl Owed {
         if !self.owed.get() {
             return;
         }
-        if !shared.parking.dirty_unlocked() {
+        if !shared.token().dirty_unlocked() {
             // Somebody took the engine after our mark: it saw our input.
             self.discharged();
             return;
@@ -205,7 +205,7 @@ impl Owed {
         if overdue {
             self.discharged();
             // If this fails, somebody took the engine after our mark: it sees our input.
-            if shared.parking.try_lock() {
+            if shared.token().try_lock() {
                 shared.drive_as(Driver::Worker);
             }
         }
@@ -235,7 +235,7 @@ pub(crate) struct Helping<'a> {
 impl<'a> Helping<'a> {
     /// Registers a helper (multi-thread mode, a caller outside any VM thread).
     pub(crate) fn enter(shared: &'a VmCore) -> Self {
-        Self::register(shared, &shared.parking.helpers)
+        Self::register(shared, &shared.token().helpers)
     }
 
     /// Registers a caller inside a submission, from its push to its drive
@@ -251,7 +251,7 @@ impl<'a> Helping<'a> {
     /// never count on a submitter (they count on helpers only, see
     /// `EngineToken::unpark`).
     pub(crate) fn submitting(shared: &'a VmCore) -> Self {
-        Self::register(shared, &shared.parking.submitters)
+        Self::register(shared, &shared.token().submitters)
     }
 
     fn register(shared: &'a VmCore, count: &'a Helpers) -> Self {
@@ -262,7 +262,7 @@ impl<'a> Helping<'a> {
     /// Drives the engine if a worker left it input and nobody holds it.
     #[inline]
     pub(crate) fn poll(&self) {
-        if self.shared.parking.dirty_unlocked() {
+        if self.shared.token().dirty_unlocked() {
             self.shared.help();
         }
     }
@@ -364,13 +364,13 @@ impl VmCore {
     /// Whether a caller is registered as a helper (see [`Helping`], [`Helpers::spinning`]:
     /// a SeqCst fence orders the worker's preceding mark before the load).
     pub(crate) fn helper_spinning(&self) -> bool {
-        self.parking.helpers.spinning()
+        self.token().helpers.spinning()
     }
 
     /// Whether a caller is inside a submission ([`Helping::submitting`]; a SeqCst fence orders the
     /// worker's preceding mark before the load, as in [`helper_spinning`](Self::helper_spinning)).
     pub(crate) fn submitter_active(&self) -> bool {
-        self.parking.submitters.spinning()
+        self.token().submitters.spinning()
     }
 }
 
@@ -388,7 +388,7 @@ fn caller_look(shared: &VmCore, now: std::time::Instant) -> bool {
     if jumped {
         // Relaxed: a statistic.
         shared
-            .stats
+            .stats()
             .caller_preempted
             .fetch_add(1, ivm_core::sync::Ordering::Relaxed);
     }

@@ -258,7 +258,7 @@ impl Engine {
             }
         }
         #[cfg(feature = "fuzzing")]
-        self.core.plant(shared.planted);
+        self.core.plant(shared.planted());
         let mut exec = Exec {
             shared,
             driver: self.driver,
@@ -285,18 +285,18 @@ impl Engine {
         }
         if self.inline_runs > 0 {
             shared
-                .cell
+                .cell()
                 .count_inline(std::mem::take(&mut self.inline_runs));
         }
         if self.fused.runs > 0 {
-            shared.stats.fused(std::mem::take(&mut self.fused));
+            shared.stats().fused(std::mem::take(&mut self.fused));
         }
         if !self.recycled.is_empty() {
-            shared.cell.pool.give_back(&mut self.recycled);
+            shared.pool().give_back(&mut self.recycled);
         }
         if progress {
             shared.publish_counters(self.counters());
-            self.publish_stats(&shared.stats);
+            self.publish_stats(shared.stats());
         }
         progress
     }
@@ -460,7 +460,7 @@ impl Executor<Job> for Exec<'_> {
         // Planted bug only (`OutOfOrderRelease`): released before it finished, so its
         // executor still owns the body; leave it alone.
         #[cfg(feature = "fuzzing")]
-        let premature = self.shared.planted == ivm_engine::PlantedBug::OutOfOrderRelease
+        let premature = self.shared.planted() == ivm_engine::PlantedBug::OutOfOrderRelease
             && instr.status() & status::DONE == 0;
         #[cfg(not(feature = "fuzzing"))]
         let premature = false;

@@ -218,7 +218,10 @@ impl WorkerWatch {
         self.since = now;
         if any {
             // Relaxed: a statistic.
-            shared.stats.worker_stalled.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats()
+                .worker_stalled
+                .fetch_add(1, Ordering::Relaxed);
         }
         any
     }

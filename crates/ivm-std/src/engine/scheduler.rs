@@ -25,10 +25,10 @@ use crate::util::futex::FutexWait;
 use crate::util::tuning::PROBE_POLL;
 
 pub(crate) fn scheduler_loop(shared: Arc<VmCore>) {
-    let _reentry = ReentryGuard::enter(shared.id);
-    let counters = shared.stats.scheduler();
-    let wake = &shared.parking;
-    let window = shared.config.scheduler_work_window;
+    let _reentry = ReentryGuard::enter(shared.id());
+    let counters = shared.stats().scheduler();
+    let wake = shared.token();
+    let window = shared.config().scheduler_work_window;
     let probe_period = if window.is_zero() { PROBE_POLL } else { window };
     let mut last_progress = Instant::now();
     let mut lively = false;
@@ -39,11 +39,11 @@ pub(crate) fn scheduler_loop(shared: Arc<VmCore>) {
     loop {
         if wake.try_lock() {
             // SAFETY: we hold the engine token; the reference ends before we let go.
-            let cell = unsafe { shared.cell.get() };
+            let cell = unsafe { shared.cell().get() };
             let engine = cell
                 .as_mut()
                 .expect("ivm: the engine stays in its cell until the scheduler exits");
-            engine.set_driver(Driver::Scheduler, shared.config.inline_sync_access);
+            engine.set_driver(Driver::Scheduler, shared.config().inline_sync_access);
             let exit = loop {
                 shared.drain_pending(engine);
                 if engine.step(&shared) {
@@ -51,7 +51,7 @@ pub(crate) fn scheduler_loop(shared: Arc<VmCore>) {
                     backoff.reset();
                     continue;
                 }
-                if shared.stop_requested() && engine.is_idle() && shared.pending.is_empty() {
+                if shared.stop_requested() && engine.is_idle() && shared.pending().is_empty() {
                     break true;
                 }
                 lively = !engine.is_idle();
@@ -65,10 +65,8 @@ pub(crate) fn scheduler_loop(shared: Arc<VmCore>) {
                 let engine = cell.take();
                 shared.close_workers();
                 drop(engine);
-                shared.cell.pool.clear();
-                // Release inside: publishes everything the scheduler did to shutdown's
-                // Acquire wait, which then joins this thread.
-                shared.scheduler_running.decrease();
+                shared.pool().clear();
+                shared.scheduler_exited();
                 // Keep the token: nobody drives a VM that is gone.
                 return;
             }

@@ -64,7 +64,7 @@ impl VmCore {
 
     /// Single-thread mode: the engine if nobody holds it (see [`SingleEngine`]).
     pub(crate) fn try_engine(&self) -> Option<SingleEngine<'_>> {
-        let m = self.engine.as_ref()?;
+        let m = self.single_engine()?;
         let guard = match m.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
@@ -72,7 +72,7 @@ impl VmCore {
         };
         Some(SingleEngine {
             guard: Some(guard),
-            waits: &self.parking.waits,
+            waits: &self.token().waits,
         })
     }
 
@@ -80,8 +80,8 @@ impl VmCore {
     /// only ever holds it while it steps, never while it sleeps).
     pub(crate) fn lock_engine(&self) -> Option<SingleEngine<'_>> {
         Some(SingleEngine {
-            guard: Some(lock(self.engine.as_ref()?)),
-            waits: &self.parking.waits,
+            guard: Some(lock(self.single_engine()?)),
+            waits: &self.token().waits,
         })
     }
 
@@ -116,14 +116,14 @@ impl VmCore {
         deadline: Option<ivm_core::wait::Instant>,
         mut help: impl FnMut() -> bool,
     ) -> Result<()> {
-        if self.engine.is_none() {
+        if self.single_engine().is_none() {
             return Ok(());
         }
         // The caller runs (and waits for) the VM's work from here on.
         let _hook = self.wait_scope();
-        let _reentry = ReentryGuard::enter(self.id);
-        let waits = &self.parking.waits;
-        let period = self.config.timeout_period;
+        let _reentry = ReentryGuard::enter(self.id());
+        let waits = &self.token().waits;
+        let period = self.config().timeout_period;
         let mut last = self.progress();
         let mut period_end = FutexWait::now().saturating_add(period);
         // Whether the wait is over: the caller's deadline, or a period without progress.
@@ -154,7 +154,7 @@ impl VmCore {
             }
             if let Some(mut engine) = engine {
                 // Only the holder of the engine consumes the pending queue.
-                let mut consumer = self.pending.consume();
+                let mut consumer = self.pending().consume();
                 loop {
                     let end = consumer.drain(|i| engine.receive(i));
                     if engine.step(self) {

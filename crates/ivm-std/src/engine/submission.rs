@@ -36,7 +36,7 @@ impl VmCore {
         };
         if backpressure
             && !self.single_thread()
-            && self.flying() > self.config.high_water_mark
+            && self.flying() > self.config().high_water_mark
             && let Err(e) = self.wait_backpressure()
         {
             list.clear();
@@ -49,15 +49,13 @@ impl VmCore {
         // above, nor the user's `run` closure: either may outlast any kernel.
         // Relaxed: a hint; a worker that misses the registration releases itself.
         // A VM thread (a kernel dropping a tensor) does not drive here: not a submitter.
-        let _submitting = (!self.single_thread()
-            && self.long_kernel_workers.load(Ordering::Relaxed) > 0
-            && !inside(self.id))
-        .then(|| crate::engine::helping::Helping::submitting(self));
-        // Relaxed: a count; the instructions themselves are published by the pushes.
-        self.flying.fetch_add(list.len(), Ordering::Relaxed);
+        let _submitting =
+            (!self.single_thread() && self.long_kernels_somewhere() && !inside(self.id()))
+                .then(|| crate::engine::helping::Helping::submitting(self));
+        self.count_in_flight(list.len());
         // One chain: the submission reaches the engine in one piece (see `pending`).
         let want = busy_worker(&list[0]);
-        let wake = self.pending.push_chain(list.drain(..));
+        let wake = self.pending().push_chain(list.drain(..));
         self.pushed_claiming(wake, Claim::NONE, want);
         drop(token);
         Ok(())
@@ -77,10 +75,10 @@ impl VmCore {
     fn pushed_claiming(&self, was_empty: bool, claim: Claim, want: bool) {
         if self.single_thread() {
             if was_empty {
-                self.parking.unpark();
+                self.token().unpark();
             }
         } else {
-            self.after_push(!inside(self.id), claim, want);
+            self.after_push(!inside(self.id()), claim, want);
         }
     }
 
@@ -98,7 +96,7 @@ impl VmCore {
         claim: bool,
     ) -> Result<()> {
         let token = self.enter()?;
-        if backpressure && !self.single_thread() && self.flying() > self.config.high_water_mark {
+        if backpressure && !self.single_thread() && self.flying() > self.config().high_water_mark {
             self.wait_backpressure()?;
         }
         // The caller keeps its own handle on `instr`, so the address stays its own while
@@ -108,10 +106,8 @@ impl VmCore {
         } else {
             Claim::NONE
         };
-        // Relaxed: as in `receive_list`.
-        self.flying.fetch_add(1, Ordering::Relaxed);
         let want = busy_worker(&instr);
-        let was_empty = self.pending.push(instr);
+        let was_empty = self.push_counted(instr);
         self.pushed_claiming(was_empty, claim, want);
         drop(token);
         Ok(())
@@ -120,19 +116,19 @@ impl VmCore {
     /// Blocks until fewer than the low-water mark are in flight.
     fn wait_backpressure(&self) -> Result<()> {
         let _hook = self.wait_scope();
-        let low = self.config.low_water_mark;
+        let low = self.config().low_water_mark;
         // Counted, then a SeqCst fence (`Backpressure::announce`): store buffering with
         // `after_release` (which decrements `flying`, fences, then reads the waiters) and
         // with a worker's mark (`VmCore::backpressured`): one of us sees the other.
-        let waiting = self.backpressure.announce();
+        let waiting = self.backpressure().announce();
         // A worker may have left a release for whoever drives next (an unawaited debt,
         // `helping::Owed::leave_unless_awaited`) before it could see us: pay it, since
         // we wait for releases. One it marks after our count sees us and pays itself.
         // As after a push: drives here, or has the scheduler thread drive for a VM thread.
-        if self.parking.dirty_unlocked() {
-            self.after_push(!inside(self.id), Claim::NONE, false);
+        if self.token().dirty_unlocked() {
+            self.after_push(!inside(self.id()), Claim::NONE, false);
         }
-        let period = self.config.timeout_period;
+        let period = self.config().timeout_period;
         let mut last = self.progress();
         let mut period_end = FutexWait::now().saturating_add(period);
         let r = loop {
@@ -156,24 +152,11 @@ impl VmCore {
         r
     }
 
-    /// Counts instructions handed to an engine directly (tests).
-    #[cfg(test)]
-    pub(crate) fn count_received(&self, n: usize) {
-        self.flying.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Engine: one instruction released.
-    pub(crate) fn instruction_released(&self) {
-        // Relaxed: counts; the instruction's effects were published through DONE.
-        self.flying.fetch_sub(1, Ordering::Relaxed);
-        self.finished.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Engine, after releasing (its decrements of `flying` done): wakes backpressured
     /// submitters below the low-water mark (`Backpressure::after_release`).
     pub(crate) fn after_release(&self, _released: usize) {
-        self.backpressure
-            .after_release(|| self.flying() < self.config.low_water_mark);
+        self.backpressure()
+            .after_release(|| self.flying() < self.config().low_water_mark);
     }
 }
 

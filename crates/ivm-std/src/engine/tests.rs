@@ -30,7 +30,7 @@ impl Rig {
                     in_build_order: false,
                     thread: Some(Arc::new(ThreadCtx::new(format!("t{k}")))),
                     dev: crate::model::stream::DeviceCtx::cpu(
-                        vm.shared().core.parking.clone(),
+                        vm.shared().core.token().clone(),
                         false,
                     ),
                 })
@@ -64,7 +64,7 @@ impl Rig {
             body.outputs.push(Arc::clone(b));
         }
         let i = Arc::new(i);
-        self.vm.shared().core.count_received(1);
+        self.vm.shared().core.count_in_flight(1);
         self.engine.receive(i.clone());
         i
     }
@@ -213,7 +213,7 @@ fn barrier_runs_when_oldest_and_holds_back_nothing_later() {
         })),
     );
     bar.barrier = true;
-    r.vm.shared().core.count_received(1);
+    r.vm.shared().core.count_in_flight(1);
     r.engine.receive(Arc::new(bar));
     r.instr("i2", 1, &[], &[&b]);
     r.step();
@@ -245,7 +245,7 @@ fn stream_sequential_instructions_order_through_the_schedule_dependence() {
         // Both write stream 0's schedule dependence.
         i.stream = r.streams[0].clone();
         let _ = s;
-        r.vm.shared().core.count_received(1);
+        r.vm.shared().core.count_in_flight(1);
         r.engine.receive(Arc::new(i));
     };
     mk(&mut r, "s1", 0);
@@ -263,12 +263,12 @@ fn stream_sequential_instructions_order_through_the_schedule_dependence() {
 fn released_instruction_goes_back_to_the_pool_and_is_reused_in_place() {
     let mut r = Rig::new(1);
     let a = r.blob();
-    let pool = &r.vm.shared().core.cell.pool;
+    let pool = r.vm.shared().core.pool();
     let i = pool.instruction("first", &r.streams[0], Kind::Noop);
     let first = Arc::as_ptr(&i);
     // SAFETY: not shared yet (the pool gave us its only reference).
     unsafe { i.body_mut() }.outputs.push(a.clone());
-    r.vm.shared().core.count_received(1);
+    r.vm.shared().core.count_in_flight(1);
     r.engine.receive(i);
     r.step();
     let d = r.dispatched(0);
@@ -280,7 +280,7 @@ fn released_instruction_goes_back_to_the_pool_and_is_reused_in_place() {
     drop(d);
     // The next step hands it to the pool (nobody else holds it now).
     r.step();
-    let pool = &r.vm.shared().core.cell.pool;
+    let pool = r.vm.shared().core.pool();
     let j = pool.instruction("second", &r.streams[0], Kind::Noop);
     assert_eq!(Arc::as_ptr(&j), first, "reused in place");
     assert_eq!(j.name, "second");

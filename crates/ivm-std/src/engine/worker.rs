@@ -26,7 +26,7 @@ use crate::model::thread_ctx::ThreadCtx;
 
 /// The body of a worker thread.
 pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
-    let _reentry = ReentryGuard::enter(shared.id);
+    let _reentry = ReentryGuard::enter(shared.id());
     // Should this thread unwind (bodies are caught in `execute`; this is for the loop
     // itself), its express lane must not stay open: a poster would wait on it in vain.
     struct CloseLane<'a>(&'a ThreadCtx);
@@ -99,11 +99,11 @@ struct Worker<'a> {
 
 impl<'a> Worker<'a> {
     fn new(ctx: &'a ThreadCtx, shared: &'a VmCore) -> Self {
-        let poll = shared.config.worker_poll_window;
+        let poll = shared.config().worker_poll_window;
         Self {
             ctx,
             shared,
-            counters: shared.stats.thread(&ctx.name),
+            counters: shared.stats().thread(&ctx.name),
             poll,
             owed: crate::engine::helping::Owed::default(),
             clock: crate::engine::kernel_clock::KernelClock::default(),
@@ -154,11 +154,7 @@ impl<'a> Worker<'a> {
             // Relaxed: hints.
             if ctx.long_kernels.load(Ordering::Relaxed) != long {
                 ctx.long_kernels.store(long, Ordering::Relaxed);
-                if long {
-                    shared.long_kernel_workers.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    shared.long_kernel_workers.fetch_sub(1, Ordering::Relaxed);
-                }
+                shared.count_long_kernel_worker(long);
             }
         }
         let more = fused_more || !ctx.queue.is_empty();
@@ -444,7 +440,7 @@ pub(crate) fn caller_runs(
     ctx: &ThreadCtx,
     mut enough: impl FnMut() -> bool,
 ) -> bool {
-    if !ctx.is_parked() || ctx.queue.is_empty() || crate::engine::core::inside(shared.id) {
+    if !ctx.is_parked() || ctx.queue.is_empty() || crate::engine::core::inside(shared.id()) {
         // The worker runs its queue itself; or nothing is queued (what we wait for runs,
         // or is not dispatched yet); or this is a thread of the VM (a worker waiting for
         // backpressure, a kernel): it runs nobody else's queue.
@@ -458,7 +454,7 @@ pub(crate) fn caller_runs(
     let mut ran = 0usize;
     {
         // User code runs here as on a worker: a call into this VM from it is refused.
-        let _reentry = ReentryGuard::enter(shared.id);
+        let _reentry = ReentryGuard::enter(shared.id());
         while !enough() {
             if !consumer.peek().is_some_and(queued_caller_may_run) {
                 break;
@@ -472,7 +468,7 @@ pub(crate) fn caller_runs(
     }
     ctx.let_go(consumer);
     if ran > 0 {
-        shared.stats.caller_ran(ran);
+        shared.stats().caller_ran(ran);
         // After DONE (Release inside `execute`): the engine must release them. Drives
         // here when nobody holds the engine, else marks it for the holder.
         shared.after_push(true, crate::engine::drive::Claim::NONE, false);

@@ -361,41 +361,34 @@ impl Instruction {
     }
 }
 
-// SAFETY: `into_ptr`/`from_ptr` are `Arc::into_raw`/`Arc::from_raw`, so the node stays
-// put while queued; `links` projects to a field used by this tag only, without creating a
-// reference to the node.
-unsafe impl mpsc::Linked<PendingTag> for Instruction {
-    type Handle = Arc<Instruction>;
-    fn into_ptr(h: Arc<Instruction>) -> NonNull<Instruction> {
-        // SAFETY: `Arc::into_raw` never returns null.
-        unsafe { NonNull::new_unchecked(Arc::into_raw(h).cast_mut()) }
-    }
-    unsafe fn from_ptr(p: NonNull<Instruction>) -> Arc<Instruction> {
-        // SAFETY: `p` came from `into_ptr` (the trait's contract).
-        unsafe { Arc::from_raw(p.as_ptr()) }
-    }
-    unsafe fn links(p: NonNull<Instruction>) -> NonNull<mpsc::Links<Instruction>> {
-        // SAFETY: `p` points to a live instruction; a field projection of it is non-null.
-        unsafe { NonNull::new_unchecked(&raw mut (*p.as_ptr()).pending_link) }
-    }
+/// An instruction's hook in one of its two MPSC queues (the pending queue, a worker's
+/// queue): the same impl over another field.
+macro_rules! linked_by {
+    ($tag:ty, $field:ident) => {
+        // SAFETY: `into_ptr`/`from_ptr` are `Arc::into_raw`/`Arc::from_raw`, so the node
+        // stays put while queued; `links` projects to a field used by this tag only,
+        // without creating a reference to the node.
+        unsafe impl mpsc::Linked<$tag> for Instruction {
+            type Handle = Arc<Instruction>;
+            fn into_ptr(h: Arc<Instruction>) -> NonNull<Instruction> {
+                // SAFETY: `Arc::into_raw` never returns null.
+                unsafe { NonNull::new_unchecked(Arc::into_raw(h).cast_mut()) }
+            }
+            unsafe fn from_ptr(p: NonNull<Instruction>) -> Arc<Instruction> {
+                // SAFETY: `p` came from `into_ptr` (the trait's contract).
+                unsafe { Arc::from_raw(p.as_ptr()) }
+            }
+            unsafe fn links(p: NonNull<Instruction>) -> NonNull<mpsc::Links<Instruction>> {
+                // SAFETY: `p` points to a live instruction; a field projection of it is
+                // non-null.
+                unsafe { NonNull::new_unchecked(&raw mut (*p.as_ptr()).$field) }
+            }
+        }
+    };
 }
 
-// SAFETY: see above.
-unsafe impl mpsc::Linked<WorkerTag> for Instruction {
-    type Handle = Arc<Instruction>;
-    fn into_ptr(h: Arc<Instruction>) -> NonNull<Instruction> {
-        // SAFETY: `Arc::into_raw` never returns null.
-        unsafe { NonNull::new_unchecked(Arc::into_raw(h).cast_mut()) }
-    }
-    unsafe fn from_ptr(p: NonNull<Instruction>) -> Arc<Instruction> {
-        // SAFETY: `p` came from `into_ptr` (the trait's contract).
-        unsafe { Arc::from_raw(p.as_ptr()) }
-    }
-    unsafe fn links(p: NonNull<Instruction>) -> NonNull<mpsc::Links<Instruction>> {
-        // SAFETY: `p` points to a live instruction; a field projection of it is non-null.
-        unsafe { NonNull::new_unchecked(&raw mut (*p.as_ptr()).worker_link) }
-    }
-}
+linked_by!(PendingTag, pending_link);
+linked_by!(WorkerTag, worker_link);
 
 /// The handshake between an executor and the caller waiting for one instruction.
 pub(crate) struct Waiter {

@@ -7,8 +7,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-use ivm_core::sync::Ordering;
-
 use crate::device::DeviceAdapter;
 use crate::device::guarded::{GuardedAllocator, GuardedStream};
 use crate::device::policy::{Placement, PolicyAnswers};
@@ -58,7 +56,7 @@ pub(crate) struct VmShared {
 
 impl VmShared {
     pub(crate) fn check_tensor(&self, t: &Tensor) -> Result<()> {
-        self.core.birth.check()?;
+        self.core.birth().check()?;
         if t.inner.vm.id != self.id {
             return Err(Error::ForeignObject("tensor"));
         }
@@ -66,7 +64,7 @@ impl VmShared {
     }
 
     pub(crate) fn check_stream(&self, s: &Stream) -> Result<()> {
-        self.core.birth.check()?;
+        self.core.birth().check()?;
         if s.shared.vm_id != self.id {
             return Err(Error::ForeignObject("stream"));
         }
@@ -121,9 +119,7 @@ impl VmShared {
         let Ok(token) = self.core.enter() else { return };
         let mut wake = false;
         let mut push = |i: Arc<Instruction>| {
-            // Relaxed: as in `receive_list`.
-            self.core.flying.fetch_add(1, Ordering::Relaxed);
-            wake |= self.core.pending.push(i);
+            wake |= self.core.push_counted(i);
         };
         soft_sync::before_use(
             self,
@@ -136,8 +132,7 @@ impl VmShared {
         );
         let instr = self
             .core
-            .cell
-            .pool
+            .pool()
             .instruction("release_tensor", home, Kind::Free);
         // SAFETY: not shared yet; we own the body (ownership step 1).
         unsafe { instr.body_mut() }.outputs.push(blob.clone());
@@ -191,14 +186,14 @@ impl VmShared {
                 GuardedAllocator::wrap(allocator, id.device),
             )
         };
-        let cache = self.core.config.caching_allocator.then(|| {
+        let cache = self.core.config().caching_allocator.then(|| {
             Arc::new(
                 crate::device::alloc_cache::CachingAllocator::new(
                     allocator.clone(),
                     device_stream.clone(),
                     id.to_string(),
                 )
-                .with_sync_timeout(self.core.config.timeout_period),
+                .with_sync_timeout(self.core.config().timeout_period),
             )
         });
         if let Some(c) = &cache {
@@ -235,7 +230,7 @@ impl VmShared {
                         };
                         let ctx = Arc::new(ThreadCtx::new(name.clone()));
                         // Registered here, so that the new thread allocates nothing for it.
-                        let _ = self.core.stats.thread(&name);
+                        let _ = self.core.stats().thread(&name);
                         // Before the thread exists: after the scheduler closed the workers
                         // this fails, and no worker is left unclosed.
                         self.core.register_worker(&ctx)?;
@@ -265,10 +260,10 @@ impl VmShared {
                 allocator,
                 cache,
                 mode,
-                wake: self.core.parking.clone(),
+                wake: self.core.token().clone(),
                 single_thread: self.core.single_thread(),
                 sticky: Sticky::default(),
-                drain_bound: self.core.config.timeout_period,
+                drain_bound: self.core.config().timeout_period,
             },
         });
         reg.streams.insert(id, s.clone());
@@ -307,7 +302,7 @@ impl VmShared {
                 }
             }
         }
-        let deadline = crate::util::deadline_after(self.core.config.timeout_period);
+        let deadline = crate::util::deadline_after(self.core.config().timeout_period);
         // Once shut down the scheduler no longer answers a diagnostic request.
         if let Err(e) = self.wait_devices(&streams, deadline, !self.core.is_shut()) {
             first.get_or_insert(e);
@@ -363,7 +358,7 @@ impl VmShared {
 
     /// The stream `id`, created on first use (with its worker thread).
     pub(crate) fn stream(self: &Arc<Self>, id: StreamId) -> Result<Arc<StreamShared>> {
-        self.core.birth.check()?;
+        self.core.birth().check()?;
         let mut reg = lock(&self.registry);
         if let Some(s) = reg.streams.get(&id) {
             return Ok(s.clone());

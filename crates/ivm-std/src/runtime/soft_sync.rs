@@ -81,7 +81,7 @@ fn sync_instruction(
     kind: Kind,
     blobs: &Operands,
 ) -> Arc<Instruction> {
-    let instr = vm.core.cell.pool.instruction(name, stream, kind);
+    let instr = vm.core.pool().instruction(name, stream, kind);
     {
         // SAFETY: not shared yet; we own the body (ownership step 1).
         let body = unsafe { instr.body_mut() };
@@ -131,7 +131,7 @@ pub(crate) fn before_use<'a>(
         let Some(ls) = vm.stream_by_index(l) else {
             continue;
         };
-        match plan(&ls, s, vm.core.config.stream_wait) {
+        match plan(&ls, s, vm.core.config().stream_wait) {
             Plan::Nothing => {}
             Plan::StreamWait => push(sync_instruction(
                 vm,

@@ -21,10 +21,7 @@ impl VirtualMachine {
     /// drove the engine. For tests and benchmarks.
     #[doc(hidden)]
     pub fn debug_inline_accesses(&self) -> (usize, usize) {
-        (
-            self.shared.core.cell.direct_runs(),
-            self.shared.core.cell.inline_runs(),
-        )
+        self.shared.core.inline_accesses()
     }
 
     /// How many small sync accesses the VM's polling workers did through their express
@@ -45,10 +42,11 @@ impl VirtualMachine {
     /// Live engine objects and instructions in flight. After `shutdown` all are zero.
     #[doc(hidden)]
     pub fn debug_counters(&self) -> DebugCounters {
+        let (instructions, accesses, edges) = self.shared.core.live_counts();
         DebugCounters {
-            instructions: self.shared.core.live[0].load(Ordering::Relaxed),
-            accesses: self.shared.core.live[1].load(Ordering::Relaxed),
-            edges: self.shared.core.live[2].load(Ordering::Relaxed),
+            instructions,
+            accesses,
+            edges,
             flying: self.shared.core.flying(),
         }
     }

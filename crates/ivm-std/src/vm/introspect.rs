@@ -23,11 +23,11 @@ impl VirtualMachine {
     /// [`Error::Forked`] in a fork child. Works after shutdown (the final counters).
     pub fn stats(&self) -> Result<VmStats> {
         let shared = self.shared_state();
-        shared.core.birth.check()?;
-        let c = &shared.core.stats;
+        shared.core.birth().check()?;
+        let c = shared.core.stats();
         // Relaxed loads throughout: statistics (see the module docs).
-        let flying = shared.core.flying.load(Ordering::Relaxed);
-        let released = shared.core.finished.load(Ordering::Relaxed);
+        let flying = shared.core.flying();
+        let released = shared.core.released();
         let lively = c.lively.load(Ordering::Relaxed);
         let mut streams: Vec<(u32, StreamId)> = lock(&shared.registry)
             .streams
@@ -97,7 +97,7 @@ impl VirtualMachine {
         shared.core.submit_probe(Probe::Dag(slot.clone()));
         let wait = shared
             .core
-            .config
+            .config()
             .timeout_period
             .min(Duration::from_secs(2));
         let _hook = shared.core.wait_scope();

@@ -5,8 +5,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ivm_core::sync::Ordering;
-
 use super::{Threads, VirtualMachine};
 use crate::device::DeviceAdapter;
 use crate::device::cpu::CpuAdapter;
@@ -120,7 +118,7 @@ impl VirtualMachine {
         };
         if !single {
             // Registered here, so that the new thread allocates nothing for it.
-            let _ = core.stats.thread(&format!("ivm{id}-scheduler"));
+            let _ = core.stats().thread(&format!("ivm{id}-scheduler"));
             let s = core.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ivm{id}-scheduler"))
@@ -128,7 +126,7 @@ impl VirtualMachine {
                 .map_err(|e| Error::Spawn(e.to_string()))?;
             threads.scheduler = Some(h);
         }
-        core.parking.set_vm(&core);
+        core.token().set_vm(&core);
         let vm = VirtualMachine {
             shared,
             threads: Mutex::new(threads),
@@ -140,7 +138,7 @@ impl VirtualMachine {
 
     /// The VM's configuration.
     pub fn config(&self) -> &Config {
-        &self.shared.core.config
+        self.shared.core.config()
     }
 
     /// Installs an embedding runtime's hooks ([`ForeignHooks`]: a [`WaitHook`] called
@@ -155,11 +153,7 @@ impl VirtualMachine {
     /// [`WaitHook`]: crate::WaitHook
     /// [`DropSink`]: crate::DropSink
     pub fn set_foreign_hooks(&self, hooks: ForeignHooks) -> Result<()> {
-        self.shared
-            .core
-            .foreign
-            .set(hooks)
-            .map_err(|_| Error::Config("foreign hooks are installed once per VM".into()))
+        self.shared.core.set_foreign_hooks(hooks)
     }
 
     /// Whether `shutdown` has begun.
@@ -178,7 +172,7 @@ impl VirtualMachine {
     /// <stream>`); the VM accepts no work any more, and a later call retries what is left.
     pub fn shutdown(&self) -> Result<()> {
         // A fork child: the threads to join do not exist here (see `fork.rs`).
-        self.shared.core.birth.check()?;
+        self.shared.core.birth().check()?;
         if inside(self.shared.id) {
             return Err(Error::Reentrant);
         }
@@ -194,7 +188,7 @@ impl VirtualMachine {
         // Device work launched by released instructions (frees included) completes before
         // shutdown returns, within one timeout period (the scheduler has exited: no
         // engine part in the diagnostic).
-        let deadline = crate::util::deadline_after(self.shared.core.config.timeout_period);
+        let deadline = crate::util::deadline_after(self.shared.core.config().timeout_period);
         self.shared
             .wait_devices(&self.shared.async_streams(), deadline, false)?;
         // Every tensor release has run: give the cached memory back to the devices.
@@ -206,20 +200,16 @@ impl VirtualMachine {
     /// Shutdown's first part: closes the gate, drains the engine, joins the threads.
     fn drain_and_join(&self, threads: &mut Threads) -> Result<()> {
         // Then every push of a caller that got in is in the queue (`engine/gate.rs`).
-        self.shared.core.gate.close();
-        self.shared
-            .core
-            .gate
-            .wait_until_empty(std::thread::yield_now);
+        self.shared.core.close_gate();
+        self.shared.core.wait_gate_empty();
         if self.shared.core.single_thread() {
             // Until idle: instructions completed by device events included.
             self.shared
                 .core
                 .drive_until(|idle| idle == Some(true), None)?;
         } else {
-            // Release: the scheduler exits once idle after seeing it.
-            self.shared.core.stop.store(true, Ordering::Release);
-            self.shared.core.parking.unpark();
+            // The scheduler exits once idle after seeing it.
+            self.shared.core.request_stop();
             self.wait_scheduler_exit()?;
             if let Some(h) = threads.scheduler.take() {
                 let _ = h.join();
@@ -244,14 +234,11 @@ impl VirtualMachine {
     /// instruction was released (one whose device event never completes keeps it lively).
     fn wait_scheduler_exit(&self) -> Result<()> {
         let core = &self.shared.core;
-        let period = core.config.timeout_period;
+        let period = core.config().timeout_period;
         let mut last = core.progress();
         loop {
             let deadline = <FutexWait as ivm_core::wait::Wait>::now().saturating_add(period);
-            // Acquire inside: pairs with the scheduler's Release decrease at its exit.
-            if let Ok(ivm_core::notifier::Timed::Notified) =
-                core.scheduler_running.timed_wait_until_zero(deadline)
-            {
+            if core.wait_scheduler_exit(deadline) {
                 return Ok(());
             }
             let now = core.progress();
@@ -265,7 +252,7 @@ impl VirtualMachine {
 
 impl Drop for VirtualMachine {
     fn drop(&mut self) {
-        if self.shared.core.birth.is_forked() {
+        if self.shared.core.birth().is_forked() {
             // A fork child: leak the inherited state (joining threads that do not exist
             // here would hang; their handles must not be detached either).
             std::mem::forget(self.shared.clone());
@@ -279,9 +266,8 @@ impl Drop for VirtualMachine {
         if inside(self.shared.id) {
             // Dropped on one of its own threads: cannot join ourselves. Stop accepting
             // work and let the threads wind down.
-            self.shared.core.gate.close();
-            self.shared.core.stop.store(true, Ordering::Release);
-            self.shared.core.parking.unpark();
+            self.shared.core.close_gate();
+            self.shared.core.request_stop();
             self.shared.core.mark_handle_dropped();
             return;
         }

@@ -68,7 +68,7 @@ impl std::fmt::Debug for VirtualMachine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VirtualMachine")
             .field("id", &self.shared.id)
-            .field("mode", &self.shared.core.config.mode)
+            .field("mode", &self.shared.core.config().mode)
             .finish()
     }
 }

@@ -48,7 +48,7 @@ impl VirtualMachine {
         // A reusable barrier from this thread's ring: no allocation in steady state.
         let instr = sync_access::sync_barrier(&self.shared);
         sync_access::sync_wait(&self.shared, instr)?;
-        let deadline = crate::util::deadline_after(self.shared.core.config.timeout_period);
+        let deadline = crate::util::deadline_after(self.shared.core.config().timeout_period);
         sync_devices(&self.shared, deadline)
     }
 

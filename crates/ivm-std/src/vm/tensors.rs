@@ -179,8 +179,7 @@ impl VirtualMachine {
         let instr = self
             .shared
             .core
-            .cell
-            .pool
+            .pool()
             .instruction("fill_reused_block", s, kind);
         {
             // SAFETY: not shared yet; we own the body (ownership step 1).

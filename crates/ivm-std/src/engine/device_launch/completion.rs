@@ -8,7 +8,7 @@ use ivm_core::sync::Ordering;
 
 use super::{failure, poison_all};
 use crate::device::{HostFn, KernelMode};
-use crate::engine::execute::first_poison;
+use crate::engine::execute::{finish, first_poison};
 use crate::model::blob::Blob;
 use crate::model::instruction::{Instruction, Landed, Operands, status};
 use crate::model::stream::DeviceCtx;
@@ -75,21 +75,13 @@ pub(super) fn queue_landed(
 /// Marks `instr` done now (Release), with `failure` if any; finishes its waiter if
 /// `finish_waiter`.
 pub(super) fn done_now(instr: &Instruction, failure: Option<Failure>, finish_waiter: bool) {
-    let mut bits = status::DONE;
-    if let Some(f) = failure {
+    if let Some(f) = &failure {
         // SAFETY: still the executor (before DONE); no other borrow of the body is alive.
         let body = unsafe { instr.body() };
-        poison_in_stream_order(instr, body.outputs.as_slice(), &f);
-        // SAFETY: the executor owns `failure` until DONE (and the waiter until `finished`).
-        instr.failure.with_mut(|p| unsafe { *p = Some(f) });
-        bits |= status::FAILED;
+        poison_in_stream_order(instr, body.outputs.as_slice(), f);
     }
-    // Release: publishes the launch's effects (poison, `failure`) to the engine's Acquire.
-    instr.status.fetch_or(bits, Ordering::Release);
-    if finish_waiter && let Some(w) = &instr.waiter {
-        // Release inside: publishes the same to the waiting caller.
-        w.finished();
-    }
+    // SAFETY: the executor owns `failure` until DONE (and the waiter until `finished`).
+    unsafe { finish(instr, failure, finish_waiter) };
 }
 
 /// Poisons the outputs of `instr`, whose launch on an asynchronous device failed.
@@ -150,8 +142,7 @@ pub(super) fn drain(dev: &DeviceCtx) {
 /// The completion callback of an event-completed instruction (adapter thread, or inline).
 pub(super) fn complete(instr: &Arc<Instruction>, data: bool) {
     let dev = &instr.stream.dev;
-    let mut bits = status::DONE;
-    {
+    let failure = {
         // SAFETY: the launch's borrow ended before this callback was registered; until
         // DONE below this callback is the body's only owner (ownership step 3).
         let body = unsafe { instr.body() };
@@ -162,19 +153,13 @@ pub(super) fn complete(instr: &Arc<Instruction>, data: bool) {
         } else {
             None
         };
-        if let Some(f) = failure {
-            poison_all(body.outputs.as_slice(), &f);
-            // SAFETY: this callback owns `failure` until DONE.
-            instr.failure.with_mut(|p| unsafe { *p = Some(f) });
-            bits |= status::FAILED;
+        if let Some(f) = &failure {
+            poison_all(body.outputs.as_slice(), f);
         }
-    }
-    // Release: publishes the device work's completion (and poison, `failure`) to the
-    // engine's Acquire read of DONE, hence to every instruction ordered after this one.
-    instr.status.fetch_or(bits, Ordering::Release);
-    if let Some(w) = &instr.waiter {
-        w.finished();
-    }
+        failure
+    };
+    // SAFETY: this callback owns `failure` until DONE (as above).
+    unsafe { finish(instr, failure, true) };
     // After DONE: the scheduler (or a single-thread caller) may release it now.
     dev.wake.unpark();
 }

@@ -40,7 +40,7 @@ use ivm_core::sync::Ordering;
 use self::completion::{complete, device_error, done_now, drain, finisher, queue_landed};
 use self::queued::{Queued, queue, stage};
 use crate::device::{DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
-use crate::engine::execute::first_poison;
+use crate::engine::execute::{first_poison, poison_all};
 use crate::model::blob::Blob;
 use crate::model::instruction::{Completion, Instruction, KernelCtx, Kind, Operands, status};
 use crate::util::error::Failure;
@@ -59,12 +59,6 @@ fn failure(instr: &Instruction, message: impl Into<Arc<str>>) -> Failure {
         instruction: instr.label().into(),
         message: message.into(),
         panicked: false,
-    }
-}
-
-fn poison_all(outputs: &[Arc<Blob>], f: &Failure) {
-    for b in outputs {
-        b.set_poison(f);
     }
 }
 

@@ -111,8 +111,6 @@ pub(crate) struct EngineCell {
     inline_runs: AtomicUsize,
     /// Small sync accesses done directly by their caller (`try_direct`), ever.
     direct_runs: AtomicUsize,
-    /// Released instructions for reuse (both modes).
-    pub(crate) pool: crate::model::pool::InstrPool,
 }
 
 // SAFETY: the engine inside is touched only by the thread holding `LOCKED` (one at a
@@ -127,7 +125,6 @@ impl EngineCell {
             engine: UnsafeCell::new(engine),
             inline_runs: AtomicUsize::new(0),
             direct_runs: AtomicUsize::new(0),
-            pool: crate::model::pool::InstrPool::default(),
         }
     }
 
@@ -186,11 +183,11 @@ impl VmCore {
     /// well drive, and a hand-over costs both threads a transfer of the engine's data).
     pub(crate) fn after_push(&self, may_drive: bool, claim: Claim, want: bool) {
         if !may_drive {
-            self.parking.unpark();
+            self.token().unpark();
             return;
         }
         if !want {
-            if self.parking.acquire_or_mark() {
+            if self.token().acquire_or_mark() {
                 self.drive_as(Driver::Caller(claim));
             }
             return;
@@ -203,7 +200,7 @@ impl VmCore {
             looks = looks.wrapping_add(1);
             !looks.is_multiple_of(32) || start.elapsed() < crate::util::tuning::HAND_BACK_PATIENCE
         };
-        if self.parking.acquire_or_want(keep_waiting) {
+        if self.token().acquire_or_want(keep_waiting) {
             self.drive_as(Driver::Caller(claim));
         }
     }
@@ -211,7 +208,7 @@ impl VmCore {
     /// A worker finished an instruction (its `DONE` is published): the engine must release
     /// it. Drives here when nobody holds the engine.
     pub(crate) fn completed(&self) {
-        if self.parking.acquire_or_mark() {
+        if self.token().acquire_or_mark() {
             self.drive_as(Driver::Worker);
         }
     }
@@ -219,7 +216,7 @@ impl VmCore {
     /// A caller waiting for something the engine must do (a ring entry's release): drives
     /// if nobody holds the engine.
     pub(crate) fn help(&self) {
-        if self.parking.try_lock() {
+        if self.token().try_lock() {
             self.drive_as(Driver::CALLER);
         }
     }
@@ -233,34 +230,34 @@ impl VmCore {
             "ivm: the scheduler drives in its own loop"
         );
         // SAFETY: we hold LOCKED (our caller took it); the reference ends before we let go.
-        let Some(engine) = (unsafe { self.cell.get() }).as_mut() else {
+        let Some(engine) = (unsafe { self.cell().get() }).as_mut() else {
             // Shut down: the scheduler took the engine out and keeps the word locked.
             return DriveEnd::Unlocked;
         };
-        let _reentry = matches!(who, Driver::Caller(_)).then(|| ReentryGuard::enter(self.id));
-        engine.set_driver(who, self.config.inline_sync_access);
+        let _reentry = matches!(who, Driver::Caller(_)).then(|| ReentryGuard::enter(self.id()));
+        engine.set_driver(who, self.config().inline_sync_access);
         let budget = who.step_budget();
         let mut steps = 0u32;
         loop {
             self.drain_pending(engine);
             let progress = engine.step(self);
             if engine.needs_scheduler() || self.stop_requested() {
-                self.parking.unlock_to_scheduler();
+                self.token().unlock_to_scheduler();
                 return DriveEnd::HandedOver;
             }
             if progress {
                 steps += 1;
                 if steps >= budget {
-                    self.parking.unlock_to_scheduler();
+                    self.token().unlock_to_scheduler();
                     return DriveEnd::HandedOver;
                 }
                 // A submitting caller waits for the engine: it drives from here on.
-                if self.parking.hand_over() {
+                if self.token().hand_over() {
                     return DriveEnd::Unlocked;
                 }
                 continue;
             }
-            if self.parking.unlock() {
+            if self.token().unlock() {
                 return DriveEnd::Unlocked;
             }
         }
@@ -288,33 +285,33 @@ impl VmCore {
             let Some(mut engine) = self.try_engine() else {
                 return false;
             };
-            let _reentry = ReentryGuard::enter(self.id);
+            let _reentry = ReentryGuard::enter(self.id());
             for _ in 0..REST_STEPS {
                 self.drain_pending(&mut engine);
                 if !engine.step(self) {
                     break;
                 }
                 // A caller waiting on another thread may be done now.
-                self.parking.waits.notify();
+                self.token().waits.notify();
             }
-            let rest = engine.is_idle() && self.pending.is_empty();
+            let rest = engine.is_idle() && self.pending().is_empty();
             if rest && f() {
-                self.cell.count_direct();
+                self.cell().count_direct();
             }
             return rest;
         }
-        if !self.parking.try_lock() {
+        if !self.token().try_lock() {
             return false;
         }
         let (rest, needs_scheduler) = {
             // SAFETY: we hold the engine token; the reference ends in this block.
-            let Some(engine) = (unsafe { self.cell.get() }).as_mut() else {
+            let Some(engine) = (unsafe { self.cell().get() }).as_mut() else {
                 // Shut down: the scheduler keeps the token; never reached (callers are
                 // refused first), and nothing to let go.
                 return false;
             };
-            let _reentry = ReentryGuard::enter(self.id);
-            engine.set_driver(Driver::CALLER, self.config.inline_sync_access);
+            let _reentry = ReentryGuard::enter(self.id());
+            engine.set_driver(Driver::CALLER, self.config().inline_sync_access);
             for _ in 0..REST_STEPS {
                 self.drain_pending(engine);
                 if !engine.step(self) {
@@ -322,16 +319,16 @@ impl VmCore {
                 }
             }
             let needs_scheduler = engine.needs_scheduler();
-            let rest = engine.is_idle() && self.pending.is_empty() && !needs_scheduler;
+            let rest = engine.is_idle() && self.pending().is_empty() && !needs_scheduler;
             if rest && f() {
-                self.cell.count_direct();
+                self.cell().count_direct();
             }
             (rest, needs_scheduler)
         };
         // Let go like any driver (we took on every input marked before our lock).
         if needs_scheduler || self.stop_requested() {
-            self.parking.unlock_to_scheduler();
-        } else if !self.parking.unlock() {
+            self.token().unlock_to_scheduler();
+        } else if !self.token().unlock() {
             self.drive_as(Driver::CALLER);
         }
         rest
@@ -341,7 +338,7 @@ impl VmCore {
     /// `Inconsistent` end needs no retry: that producer marks the word after its push
     /// completes (module docs), so some driver drains it then.
     pub(crate) fn drain_pending(&self, engine: &mut Engine) {
-        let mut consumer = self.pending.consume();
+        let mut consumer = self.pending().consume();
         let _ = consumer.drain(|i| engine.receive(i));
     }
 }

@@ -251,7 +251,7 @@ impl EngineToken {
     /// Links the word to its VM (once, right after the VM is created).
     pub(crate) fn set_vm(&self, vm: &std::sync::Arc<VmCore>) {
         let _ = self.vm.set(VmLink {
-            id: vm.id,
+            id: vm.id(),
             single_thread: vm.single_thread(),
             shared: std::sync::Arc::downgrade(vm),
         });
