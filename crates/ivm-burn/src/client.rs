@@ -54,6 +54,20 @@ struct Table {
     next_stream: usize,
     /// Operations submitted per stream.
     ops: Vec<u64>,
+    /// Operations turned into instructions and not yet handed to the VM, in order
+    /// (`flush`), and their kernels (`kernels[k]` is `batch[k]`'s).
+    batch: Vec<Pending>,
+    kernels: Vec<(OperationIr, Operands)>,
+}
+
+/// One operation waiting in the batch: its instruction's stream and operands. It holds
+/// its own handles on its ivm tensors, so a tensor dropped meanwhile is released only
+/// after the batch was received (after every instruction that uses it).
+struct Pending {
+    stream: usize,
+    /// The instruction's inputs, then its outputs.
+    tensors: Vec<Tensor>,
+    inputs: usize,
 }
 
 struct Shared {
@@ -63,6 +77,8 @@ struct Shared {
     /// receives the operations in the order their tensors were created in the table: an op
     /// another thread registers on a tensor this thread just made is submitted after it.
     table: Mutex<Table>,
+    /// How many operations one `run` hands to the VM at most (`IVM_BURN_BATCH`).
+    batch_limit: usize,
 }
 
 /// The [`RunnerClient`] of [`IvmChannel`](crate::IvmChannel): one VM per (mode, process).
@@ -90,6 +106,18 @@ fn stream_count() -> usize {
         .unwrap_or(2)
 }
 
+/// How many operations the client collects before it hands them to the VM in one `run`:
+/// `IVM_BURN_BATCH`, 16 by default. A read, `sync` and `seed` hand over what was collected
+/// at once. One `run` drives the engine once for the whole batch, where one `run` per
+/// operation drives it per operation, which costs the caller more than a tiny kernel.
+fn batch_limit() -> usize {
+    std::env::var("IVM_BURN_BATCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=4096).contains(n))
+        .unwrap_or(16)
+}
+
 impl<M: VmMode> IvmClient<M> {
     pub(crate) fn new() -> Self {
         let config = Config::default().with_mode(M::MODE);
@@ -111,7 +139,10 @@ impl<M: VmMode> IvmClient<M> {
                     next_id: 0,
                     next_stream: 0,
                     ops: vec![0; n],
+                    batch: Vec::new(),
+                    kernels: Vec::new(),
                 }),
+                batch_limit: batch_limit(),
             }),
             mode: PhantomData,
         }
@@ -165,6 +196,7 @@ impl<M: VmMode> IvmClient<M> {
     fn value(&self, ir: &TensorIr) -> NdArrayTensor {
         let (ivm, slot) = {
             let mut t = self.table();
+            self.flush(&mut t);
             let e = match ir.status {
                 TensorStatus::ReadWrite => t.tensors.remove(&ir.id).map(|e| (e.ivm, e.slot)),
                 _ => t
@@ -182,6 +214,40 @@ impl<M: VmMode> IvmClient<M> {
             .unwrap_or_else(|e| panic!("{e}"));
         v.unwrap_or_else(|| panic!("ivm-burn: tensor {:?} was never written", ir.id))
     }
+
+    /// Hands the batch to the VM in one `run`, in the order it was collected.
+    fn flush(&self, t: &mut Table) {
+        if t.batch.is_empty() {
+            return;
+        }
+        let streams = &self.shared.streams;
+        let (batch, kernels) = (&t.batch, &mut t.kernels);
+        let mut refs: Vec<&Tensor> = Vec::new();
+        let r = self.shared.vm.run(|b| {
+            for (p, (op, operands)) in batch.iter().zip(kernels.drain(..)) {
+                refs.clear();
+                refs.extend(&p.tensors);
+                let (ins, outs) = refs.split_at(p.inputs);
+                b.call_named("burn", &streams[p.stream], ins, outs, move |_| {
+                    dispatch::run(&op, &operands)
+                })?;
+            }
+            Ok(())
+        });
+        // After the batch was received: a handle dropped here may be a tensor's last,
+        // whose release then follows the instructions that use it.
+        t.batch.clear();
+        t.kernels.clear();
+        if let Err(e) = r {
+            panic!("ivm-burn: cannot submit an operation: {e}");
+        }
+    }
+}
+
+fn entry(t: &Table, id: TensorId) -> &Entry {
+    t.tensors
+        .get(&id)
+        .unwrap_or_else(|| panic!("ivm-burn: op on unknown tensor {id:?}"))
 }
 
 fn next_id(t: &mut Table) -> TensorId {
@@ -212,30 +278,27 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
             _ => {}
         }
         let mut t = self.table();
-        let mut reads: Vec<&TensorIr> = Vec::new();
-        let mut writes: Vec<&TensorIr> = Vec::new();
+        // Each operand once: a read is a `ReadOnly` use, a write a `NotInit` output or a
+        // `ReadWrite` last use; a tensor used twice, once as its last use, is only written
+        // (listing it also as a read would alias).
+        let mut operands: Vec<(TensorId, TensorStatus)> = Vec::with_capacity(4);
         for n in dispatch::operands(&op) {
-            let list = match n.status {
-                TensorStatus::ReadOnly => &mut reads,
-                TensorStatus::ReadWrite | TensorStatus::NotInit => &mut writes,
-            };
-            if !list.iter().any(|x| x.id == n.id) {
-                list.push(n);
+            match operands.iter_mut().find(|(id, _)| *id == n.id) {
+                Some(o) if o.1 == TensorStatus::ReadOnly => o.1 = n.status,
+                Some(_) => {}
+                None => operands.push((n.id, n.status)),
             }
         }
-        // A tensor used twice, once as its last use, is written: listing it also as a read
-        // would alias.
-        reads.retain(|r| !writes.iter().any(|w| w.id == r.id));
+        let is_read = |s: TensorStatus| s == TensorStatus::ReadOnly;
+        // Reads first, then writes, each in the op's order.
+        operands.sort_by_key(|(_, s)| !is_read(*s));
+        let reads = operands.iter().take_while(|(_, s)| is_read(*s)).count();
         let stream = if dispatch::draws_random(&op) {
             0
-        } else if let Some(e) = reads
+        } else if let Some(e) = operands
             .iter()
-            .chain(
-                writes
-                    .iter()
-                    .filter(|w| w.status == TensorStatus::ReadWrite),
-            )
-            .find_map(|r| t.tensors.get(&r.id))
+            .filter(|(_, s)| *s != TensorStatus::NotInit)
+            .find_map(|(id, _)| t.tensors.get(id))
         {
             e.stream
         } else {
@@ -245,15 +308,18 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
         // The first output takes over the first consumed input's ivm tensor and slot: the
         // op writes that tensor anyway, and a chain of ops that each consume their input
         // then allocates no ivm tensor and submits no release per op.
-        let mut donor = writes
+        let mut donor = operands
             .iter()
-            .find(|w| w.status == TensorStatus::ReadWrite)
-            .map(|w| w.id);
-        let mut inherited: Vec<TensorId> = Vec::new();
-        for w in writes.iter().filter(|w| w.status == TensorStatus::NotInit) {
+            .find(|(_, s)| *s == TensorStatus::ReadWrite)
+            .map(|(id, _)| *id);
+        let mut inherited = None;
+        for &(id, _) in operands[reads..]
+            .iter()
+            .filter(|(_, s)| *s == TensorStatus::NotInit)
+        {
             let e = match donor.take().and_then(|d| t.tensors.get(&d)) {
                 Some(d) => {
-                    inherited.push(w.id);
+                    inherited = Some(id);
                     Entry {
                         ivm: d.ivm.clone(),
                         slot: d.slot.clone(),
@@ -262,44 +328,33 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
                 }
                 None => self.new_entry(stream),
             };
-            t.tensors.insert(w.id, e);
+            t.tensors.insert(id, e);
         }
-        let entry = |id: TensorId| {
-            t.tensors
-                .get(&id)
-                .unwrap_or_else(|| panic!("ivm-burn: op on unknown tensor {id:?}"))
-        };
-        let ins: Vec<&Tensor> = reads.iter().map(|r| &entry(r.id).ivm).collect();
-        let outs: Vec<&Tensor> = writes
+        let tensors: Vec<Tensor> = operands
             .iter()
-            .filter(|w| !inherited.contains(&w.id))
-            .map(|w| &entry(w.id).ivm)
+            .filter(|(id, _)| inherited != Some(*id))
+            .map(|(id, _)| entry(&t, *id).ivm.clone())
             .collect();
-        let slots = reads
+        let slots = operands
             .iter()
-            .chain(writes.iter())
-            .map(|n| (n.id, entry(n.id).slot.clone()))
+            .map(|(id, _)| (*id, entry(&t, *id).slot.clone()))
             .collect();
-        let consumed: Vec<TensorId> = writes
+        // A consumed input is gone once its last use was collected: the batch holds its
+        // ivm tensor until the instruction was received.
+        for (id, _) in operands
             .iter()
-            .filter(|w| w.status == TensorStatus::ReadWrite)
-            .map(|w| w.id)
-            .collect();
-        let operands = Operands { slots };
-        let s = &self.shared.streams[stream];
-        let r = self.shared.vm.run(|b| {
-            b.call_named("burn", s, &ins, &outs, move |_| {
-                dispatch::run(&op, &operands)
-            })
+            .filter(|(_, s)| *s == TensorStatus::ReadWrite)
+        {
+            t.tensors.remove(id);
+        }
+        t.batch.push(Pending {
+            stream,
+            tensors,
+            inputs: reads,
         });
-        drop((ins, outs));
-        // A consumed input is gone once its last use was submitted.
-        for id in consumed {
-            t.tensors.remove(&id);
-        }
-        drop(t);
-        if let Err(e) = r {
-            panic!("ivm-burn: cannot submit an operation: {e}");
+        t.kernels.push((op, Operands { slots }));
+        if t.batch.len() >= self.shared.batch_limit {
+            self.flush(&mut t);
         }
     }
 
@@ -311,6 +366,7 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
     }
 
     fn sync(&self) {
+        self.flush(&mut self.table());
         if let Err(e) = self.shared.vm.sync() {
             panic!("{e}");
         }
@@ -338,7 +394,8 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
     fn seed(&self, seed: u64) {
         // In stream order with the ops that draw random numbers (all on stream 0).
         let s = &self.shared.streams[0];
-        let t = self.table();
+        let mut t = self.table();
+        self.flush(&mut t);
         let r = self.shared.vm.run(|b| {
             b.call_named("burn seed", s, &[], &[], move |_| {
                 Inner::seed(&burn_ndarray::NdArrayDevice::Cpu, seed)
