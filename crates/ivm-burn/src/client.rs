@@ -12,6 +12,7 @@ use burn_router::{RouterTensor, RunnerClient};
 use burn_tensor::backend::Backend;
 use burn_tensor::{DType, FloatDType, Shape, TensorData};
 use ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
+use smallvec::SmallVec;
 
 use crate::device::{IvmDevice, VmMode};
 use crate::dispatch::{self, Inner, Operands, Slot};
@@ -58,6 +59,8 @@ struct Table {
     /// (`flush`), and their kernels (`kernels[k]` is `batch[k]`'s).
     batch: Vec<Pending>,
     kernels: Vec<(OperationIr, Operands)>,
+    /// Tensors whose last handle burn dropped since the last `flush`.
+    dropped: Vec<TensorId>,
 }
 
 /// One operation waiting in the batch: its instruction's stream and operands. It holds
@@ -66,7 +69,7 @@ struct Table {
 struct Pending {
     stream: usize,
     /// The instruction's inputs, then its outputs.
-    tensors: Vec<Tensor>,
+    tensors: SmallVec<[Tensor; 4]>,
     inputs: usize,
 }
 
@@ -141,6 +144,7 @@ impl<M: VmMode> IvmClient<M> {
                     ops: vec![0; n],
                     batch: Vec::new(),
                     kernels: Vec::new(),
+                    dropped: Vec::new(),
                 }),
                 batch_limit: batch_limit(),
             }),
@@ -196,7 +200,6 @@ impl<M: VmMode> IvmClient<M> {
     fn value(&self, ir: &TensorIr) -> NdArrayTensor {
         let (ivm, slot) = {
             let mut t = self.table();
-            self.flush(&mut t);
             let e = match ir.status {
                 TensorStatus::ReadWrite => t.tensors.remove(&ir.id).map(|e| (e.ivm, e.slot)),
                 _ => t
@@ -204,7 +207,11 @@ impl<M: VmMode> IvmClient<M> {
                     .get(&ir.id)
                     .map(|e| (e.ivm.clone(), e.slot.clone())),
             };
-            e.unwrap_or_else(|| panic!("ivm-burn: read of unknown tensor {:?}", ir.id))
+            let e = e.unwrap_or_else(|| panic!("ivm-burn: read of unknown tensor {:?}", ir.id));
+            // Every op collected so far, the tensor's writers among them, goes to the VM
+            // before the read.
+            self.flush(&mut t);
+            e
         };
         // `ivm` lives until the access returned: a consumed tensor's release follows it.
         let v = self
@@ -215,10 +222,24 @@ impl<M: VmMode> IvmClient<M> {
         v.unwrap_or_else(|| panic!("ivm-burn: tensor {:?} was never written", ir.id))
     }
 
-    /// Hands the batch to the VM in one `run`, in the order it was collected.
+    /// Hands the batch to the VM in one `run`, in the order it was collected, then forgets
+    /// the tensors dropped meanwhile.
     fn flush(&self, t: &mut Table) {
+        let r = self.submit_batch(t);
+        let Table {
+            tensors, dropped, ..
+        } = t;
+        for id in dropped.drain(..) {
+            tensors.remove(&id);
+        }
+        if let Err(e) = r {
+            panic!("ivm-burn: cannot submit an operation: {e}");
+        }
+    }
+
+    fn submit_batch(&self, t: &mut Table) -> ivm_std::Result<()> {
         if t.batch.is_empty() {
-            return;
+            return Ok(());
         }
         let streams = &self.shared.streams;
         let (batch, kernels) = (&t.batch, &mut t.kernels);
@@ -238,9 +259,7 @@ impl<M: VmMode> IvmClient<M> {
         // whose release then follows the instructions that use it.
         t.batch.clear();
         t.kernels.clear();
-        if let Err(e) = r {
-            panic!("ivm-burn: cannot submit an operation: {e}");
-        }
+        r
     }
 }
 
@@ -266,11 +285,18 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
 
     fn register(&self, op: OperationIr) {
         match &op {
-            // The tensor's last handle: its ivm tensor's release follows every instruction
-            // that uses it, and the value goes with the last kernel's slot handle.
+            // The tensor's last handle: its entry goes at the next `flush`, after the batch
+            // was received, so its ivm tensor's release follows every instruction that uses
+            // it, and the value goes with the last kernel's slot handle. Not at once: burn's
+            // router counts a tensor's handles with relaxed atomics, and a thread whose op
+            // still reads the tensor (it took the op's view, then dropped its handle) may
+            // register that op after another thread's drop of the last handle.
             OperationIr::Drop(ir) => {
-                let gone = self.table().tensors.remove(&ir.id);
-                drop(gone);
+                let mut t = self.table();
+                t.dropped.push(ir.id);
+                if t.dropped.len() >= 4 * self.shared.batch_limit {
+                    self.flush(&mut t);
+                }
                 return;
             }
             // `from_data`'s tensor is registered already, with its value.
@@ -281,7 +307,7 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
         // Each operand once: a read is a `ReadOnly` use, a write a `NotInit` output or a
         // `ReadWrite` last use; a tensor used twice, once as its last use, is only written
         // (listing it also as a read would alias).
-        let mut operands: Vec<(TensorId, TensorStatus)> = Vec::with_capacity(4);
+        let mut operands: SmallVec<[(TensorId, TensorStatus); 4]> = SmallVec::new();
         for n in dispatch::operands(&op) {
             match operands.iter_mut().find(|(id, _)| *id == n.id) {
                 Some(o) if o.1 == TensorStatus::ReadOnly => o.1 = n.status,
@@ -330,7 +356,7 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
             };
             t.tensors.insert(id, e);
         }
-        let tensors: Vec<Tensor> = operands
+        let tensors: SmallVec<[Tensor; 4]> = operands
             .iter()
             .filter(|(id, _)| inherited != Some(*id))
             .map(|(id, _)| entry(&t, *id).ivm.clone())
