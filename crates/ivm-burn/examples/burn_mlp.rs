@@ -16,7 +16,9 @@
 //! cargo run --release -p ivm-burn --example burn_mlp
 //! cargo run --release -p ivm-burn --example burn_mlp -- --epochs 40 --chain 20000
 //! ```
-//! Flags: `--epochs N` (default 30), `--chain N` ops in the per-op chain (default 20000).
+//! Flags: `--epochs N` (default 30), `--chain N` ops in the per-op chain (default 20000),
+//! `--hidden N` the hidden layer's width (default 256, the demo's): wider layers make each
+//! kernel longer while the number of ops per step stays the same.
 //! VM mode: `IVM_BURN_MODE=single` runs ivm's single-thread mode instead of multi.
 
 #[path = "../../../examples/train/data.rs"]
@@ -37,7 +39,6 @@ use ivm_burn::{Inner, Ivm, IvmSingle};
 
 const SEED: u64 = 42;
 const BATCH: usize = 64;
-const HIDDEN: usize = 256;
 const LR: f64 = 3e-3;
 
 #[derive(Module, Debug)]
@@ -48,10 +49,10 @@ struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    fn new(features: usize, classes: usize, device: &B::Device) -> Self {
+    fn new(features: usize, hidden: usize, classes: usize, device: &B::Device) -> Self {
         Self {
-            hidden: LinearConfig::new(features, HIDDEN).init(device),
-            out: LinearConfig::new(HIDDEN, classes).init(device),
+            hidden: LinearConfig::new(features, hidden).init(device),
+            out: LinearConfig::new(hidden, classes).init(device),
             relu: Relu::new(),
         }
     }
@@ -82,12 +83,12 @@ trait Run {
 }
 
 impl<B: AutodiffBackend> Trainer<B> {
-    fn new(name: &'static str, data: &data::Data) -> Self {
+    fn new(name: &'static str, data: &data::Data, hidden: usize) -> Self {
         let device = B::Device::default();
         // Every backend draws its initial weights from burn-ndarray's generator, seeded
         // the same: the three models start equal.
         B::seed(&device, SEED);
-        let model = Mlp::new(data.features, data.classes, &device);
+        let model = Mlp::new(data.features, hidden, data.classes, &device);
         // burn draws a parameter's initial value on its first use: one forward pass now,
         // read back, so the draws happen here and not after another backend reseeded.
         let probe = model.forward(Tensor::zeros([1, data.features], &device));
@@ -194,8 +195,15 @@ fn per_op<B: Backend>(n: usize) -> f64 {
     dt.as_secs_f64() * 1e6 / n as f64
 }
 
-fn args() -> Result<(usize, usize), String> {
-    let (mut epochs, mut chain) = (30, 20_000);
+/// The command line's `--epochs`, `--chain` and `--hidden`.
+struct Args {
+    epochs: usize,
+    chain: usize,
+    hidden: usize,
+}
+
+fn args() -> Result<Args, String> {
+    let (mut epochs, mut chain, mut hidden) = (30, 20_000, 256);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -205,20 +213,29 @@ fn args() -> Result<(usize, usize), String> {
         match flag.as_str() {
             "--epochs" if n > 0 => epochs = n,
             "--chain" if n > 0 => chain = n,
+            "--hidden" if n > 0 => hidden = n,
             _ => {
                 return Err(format!(
-                    "usage: burn_mlp [--epochs N] [--chain N] (got {flag})"
+                    "usage: burn_mlp [--epochs N] [--chain N] [--hidden N] (got {flag} {value})"
                 ));
             }
         }
     }
-    Ok((epochs, chain))
+    Ok(Args {
+        epochs,
+        chain,
+        hidden,
+    })
 }
 
 type Direct = burn_router::Router<(Inner, Inner)>;
 
 fn main() -> ExitCode {
-    let (epochs, chain) = match args() {
+    let Args {
+        epochs,
+        chain,
+        hidden,
+    } = match args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
@@ -229,16 +246,16 @@ fn main() -> ExitCode {
     let data = data::load(SEED, 0.2);
     let steps = data.train.rows / BATCH;
     let mut runs: Vec<Box<dyn Run>> = vec![
-        Box::new(Trainer::<Autodiff<Inner>>::new("ndarray", &data)),
-        Box::new(Trainer::<Autodiff<Direct>>::new("router", &data)),
+        Box::new(Trainer::<Autodiff<Inner>>::new("ndarray", &data, hidden)),
+        Box::new(Trainer::<Autodiff<Direct>>::new("router", &data, hidden)),
         if single {
-            Box::new(Trainer::<Autodiff<IvmSingle>>::new("ivm", &data))
+            Box::new(Trainer::<Autodiff<IvmSingle>>::new("ivm", &data, hidden))
         } else {
-            Box::new(Trainer::<Autodiff<Ivm>>::new("ivm", &data))
+            Box::new(Trainer::<Autodiff<Ivm>>::new("ivm", &data, hidden))
         },
     ];
     println!(
-        "burn 0.19.1, MLP {}-{HIDDEN}-{} with Adam (lr {LR}), wine data: {} train rows, \
+        "burn 0.19.1, MLP {}-{hidden}-{} with Adam (lr {LR}), wine data: {} train rows, \
          batch {BATCH}, {steps} steps/epoch, {epochs} epochs, interleaved; ivm in {} mode",
         data.features,
         data.classes,

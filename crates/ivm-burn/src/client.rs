@@ -12,6 +12,7 @@ use burn_router::{RouterTensor, RunnerClient};
 use burn_tensor::backend::Backend;
 use burn_tensor::{DType, FloatDType, Shape, TensorData};
 use ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
+use smallvec::SmallVec;
 
 use crate::device::{IvmDevice, VmMode};
 use crate::dispatch::{self, Inner, Operands, Slot};
@@ -54,6 +55,22 @@ struct Table {
     next_stream: usize,
     /// Operations submitted per stream.
     ops: Vec<u64>,
+    /// Operations turned into instructions and not yet handed to the VM, in order
+    /// (`flush`), and their kernels (`kernels[k]` is `batch[k]`'s).
+    batch: Vec<Pending>,
+    kernels: Vec<(OperationIr, Operands)>,
+    /// Tensors whose last handle burn dropped since the last `flush`.
+    dropped: Vec<TensorId>,
+}
+
+/// One operation waiting in the batch: its instruction's stream and operands. It holds
+/// its own handles on its ivm tensors, so a tensor dropped meanwhile is released only
+/// after the batch was received (after every instruction that uses it).
+struct Pending {
+    stream: usize,
+    /// The instruction's inputs, then its outputs.
+    tensors: SmallVec<[Tensor; 4]>,
+    inputs: usize,
 }
 
 struct Shared {
@@ -63,6 +80,8 @@ struct Shared {
     /// receives the operations in the order their tensors were created in the table: an op
     /// another thread registers on a tensor this thread just made is submitted after it.
     table: Mutex<Table>,
+    /// How many operations one `run` hands to the VM at most (`IVM_BURN_BATCH`).
+    batch_limit: usize,
 }
 
 /// The [`RunnerClient`] of [`IvmChannel`](crate::IvmChannel): one VM per (mode, process).
@@ -90,6 +109,18 @@ fn stream_count() -> usize {
         .unwrap_or(2)
 }
 
+/// How many operations the client collects before it hands them to the VM in one `run`:
+/// `IVM_BURN_BATCH`, 16 by default. A read, `sync` and `seed` hand over what was collected
+/// at once. One `run` drives the engine once for the whole batch, where one `run` per
+/// operation drives it per operation, which costs the caller more than a tiny kernel.
+fn batch_limit() -> usize {
+    std::env::var("IVM_BURN_BATCH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|n| (1..=4096).contains(n))
+        .unwrap_or(16)
+}
+
 impl<M: VmMode> IvmClient<M> {
     pub(crate) fn new() -> Self {
         let config = Config::default().with_mode(M::MODE);
@@ -111,7 +142,11 @@ impl<M: VmMode> IvmClient<M> {
                     next_id: 0,
                     next_stream: 0,
                     ops: vec![0; n],
+                    batch: Vec::new(),
+                    kernels: Vec::new(),
+                    dropped: Vec::new(),
                 }),
+                batch_limit: batch_limit(),
             }),
             mode: PhantomData,
         }
@@ -172,7 +207,11 @@ impl<M: VmMode> IvmClient<M> {
                     .get(&ir.id)
                     .map(|e| (e.ivm.clone(), e.slot.clone())),
             };
-            e.unwrap_or_else(|| panic!("ivm-burn: read of unknown tensor {:?}", ir.id))
+            let e = e.unwrap_or_else(|| panic!("ivm-burn: read of unknown tensor {:?}", ir.id));
+            // Every op collected so far, the tensor's writers among them, goes to the VM
+            // before the read.
+            self.flush(&mut t);
+            e
         };
         // `ivm` lives until the access returned: a consumed tensor's release follows it.
         let v = self
@@ -182,6 +221,52 @@ impl<M: VmMode> IvmClient<M> {
             .unwrap_or_else(|e| panic!("{e}"));
         v.unwrap_or_else(|| panic!("ivm-burn: tensor {:?} was never written", ir.id))
     }
+
+    /// Hands the batch to the VM in one `run`, in the order it was collected, then forgets
+    /// the tensors dropped meanwhile.
+    fn flush(&self, t: &mut Table) {
+        let r = self.submit_batch(t);
+        let Table {
+            tensors, dropped, ..
+        } = t;
+        for id in dropped.drain(..) {
+            tensors.remove(&id);
+        }
+        if let Err(e) = r {
+            panic!("ivm-burn: cannot submit an operation: {e}");
+        }
+    }
+
+    fn submit_batch(&self, t: &mut Table) -> ivm_std::Result<()> {
+        if t.batch.is_empty() {
+            return Ok(());
+        }
+        let streams = &self.shared.streams;
+        let (batch, kernels) = (&t.batch, &mut t.kernels);
+        let mut refs: Vec<&Tensor> = Vec::new();
+        let r = self.shared.vm.run(|b| {
+            for (p, (op, operands)) in batch.iter().zip(kernels.drain(..)) {
+                refs.clear();
+                refs.extend(&p.tensors);
+                let (ins, outs) = refs.split_at(p.inputs);
+                b.call_named("burn", &streams[p.stream], ins, outs, move |_| {
+                    dispatch::run(&op, &operands)
+                })?;
+            }
+            Ok(())
+        });
+        // After the batch was received: a handle dropped here may be a tensor's last,
+        // whose release then follows the instructions that use it.
+        t.batch.clear();
+        t.kernels.clear();
+        r
+    }
+}
+
+fn entry(t: &Table, id: TensorId) -> &Entry {
+    t.tensors
+        .get(&id)
+        .unwrap_or_else(|| panic!("ivm-burn: op on unknown tensor {id:?}"))
 }
 
 fn next_id(t: &mut Table) -> TensorId {
@@ -200,11 +285,18 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
 
     fn register(&self, op: OperationIr) {
         match &op {
-            // The tensor's last handle: its ivm tensor's release follows every instruction
-            // that uses it, and the value goes with the last kernel's slot handle.
+            // The tensor's last handle: its entry goes at the next `flush`, after the batch
+            // was received, so its ivm tensor's release follows every instruction that uses
+            // it, and the value goes with the last kernel's slot handle. Not at once: burn's
+            // router counts a tensor's handles with relaxed atomics, and a thread whose op
+            // still reads the tensor (it took the op's view, then dropped its handle) may
+            // register that op after another thread's drop of the last handle.
             OperationIr::Drop(ir) => {
-                let gone = self.table().tensors.remove(&ir.id);
-                drop(gone);
+                let mut t = self.table();
+                t.dropped.push(ir.id);
+                if t.dropped.len() >= 4 * self.shared.batch_limit {
+                    self.flush(&mut t);
+                }
                 return;
             }
             // `from_data`'s tensor is registered already, with its value.
@@ -212,30 +304,27 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
             _ => {}
         }
         let mut t = self.table();
-        let mut reads: Vec<&TensorIr> = Vec::new();
-        let mut writes: Vec<&TensorIr> = Vec::new();
+        // Each operand once: a read is a `ReadOnly` use, a write a `NotInit` output or a
+        // `ReadWrite` last use; a tensor used twice, once as its last use, is only written
+        // (listing it also as a read would alias).
+        let mut operands: SmallVec<[(TensorId, TensorStatus); 4]> = SmallVec::new();
         for n in dispatch::operands(&op) {
-            let list = match n.status {
-                TensorStatus::ReadOnly => &mut reads,
-                TensorStatus::ReadWrite | TensorStatus::NotInit => &mut writes,
-            };
-            if !list.iter().any(|x| x.id == n.id) {
-                list.push(n);
+            match operands.iter_mut().find(|(id, _)| *id == n.id) {
+                Some(o) if o.1 == TensorStatus::ReadOnly => o.1 = n.status,
+                Some(_) => {}
+                None => operands.push((n.id, n.status)),
             }
         }
-        // A tensor used twice, once as its last use, is written: listing it also as a read
-        // would alias.
-        reads.retain(|r| !writes.iter().any(|w| w.id == r.id));
+        let is_read = |s: TensorStatus| s == TensorStatus::ReadOnly;
+        // Reads first, then writes, each in the op's order.
+        operands.sort_by_key(|(_, s)| !is_read(*s));
+        let reads = operands.iter().take_while(|(_, s)| is_read(*s)).count();
         let stream = if dispatch::draws_random(&op) {
             0
-        } else if let Some(e) = reads
+        } else if let Some(e) = operands
             .iter()
-            .chain(
-                writes
-                    .iter()
-                    .filter(|w| w.status == TensorStatus::ReadWrite),
-            )
-            .find_map(|r| t.tensors.get(&r.id))
+            .filter(|(_, s)| *s != TensorStatus::NotInit)
+            .find_map(|(id, _)| t.tensors.get(id))
         {
             e.stream
         } else {
@@ -245,15 +334,18 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
         // The first output takes over the first consumed input's ivm tensor and slot: the
         // op writes that tensor anyway, and a chain of ops that each consume their input
         // then allocates no ivm tensor and submits no release per op.
-        let mut donor = writes
+        let mut donor = operands
             .iter()
-            .find(|w| w.status == TensorStatus::ReadWrite)
-            .map(|w| w.id);
-        let mut inherited: Vec<TensorId> = Vec::new();
-        for w in writes.iter().filter(|w| w.status == TensorStatus::NotInit) {
+            .find(|(_, s)| *s == TensorStatus::ReadWrite)
+            .map(|(id, _)| *id);
+        let mut inherited = None;
+        for &(id, _) in operands[reads..]
+            .iter()
+            .filter(|(_, s)| *s == TensorStatus::NotInit)
+        {
             let e = match donor.take().and_then(|d| t.tensors.get(&d)) {
                 Some(d) => {
-                    inherited.push(w.id);
+                    inherited = Some(id);
                     Entry {
                         ivm: d.ivm.clone(),
                         slot: d.slot.clone(),
@@ -262,44 +354,33 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
                 }
                 None => self.new_entry(stream),
             };
-            t.tensors.insert(w.id, e);
+            t.tensors.insert(id, e);
         }
-        let entry = |id: TensorId| {
-            t.tensors
-                .get(&id)
-                .unwrap_or_else(|| panic!("ivm-burn: op on unknown tensor {id:?}"))
-        };
-        let ins: Vec<&Tensor> = reads.iter().map(|r| &entry(r.id).ivm).collect();
-        let outs: Vec<&Tensor> = writes
+        let tensors: SmallVec<[Tensor; 4]> = operands
             .iter()
-            .filter(|w| !inherited.contains(&w.id))
-            .map(|w| &entry(w.id).ivm)
+            .filter(|(id, _)| inherited != Some(*id))
+            .map(|(id, _)| entry(&t, *id).ivm.clone())
             .collect();
-        let slots = reads
+        let slots = operands
             .iter()
-            .chain(writes.iter())
-            .map(|n| (n.id, entry(n.id).slot.clone()))
+            .map(|(id, _)| (*id, entry(&t, *id).slot.clone()))
             .collect();
-        let consumed: Vec<TensorId> = writes
+        // A consumed input is gone once its last use was collected: the batch holds its
+        // ivm tensor until the instruction was received.
+        for (id, _) in operands
             .iter()
-            .filter(|w| w.status == TensorStatus::ReadWrite)
-            .map(|w| w.id)
-            .collect();
-        let operands = Operands { slots };
-        let s = &self.shared.streams[stream];
-        let r = self.shared.vm.run(|b| {
-            b.call_named("burn", s, &ins, &outs, move |_| {
-                dispatch::run(&op, &operands)
-            })
+            .filter(|(_, s)| *s == TensorStatus::ReadWrite)
+        {
+            t.tensors.remove(id);
+        }
+        t.batch.push(Pending {
+            stream,
+            tensors,
+            inputs: reads,
         });
-        drop((ins, outs));
-        // A consumed input is gone once its last use was submitted.
-        for id in consumed {
-            t.tensors.remove(&id);
-        }
-        drop(t);
-        if let Err(e) = r {
-            panic!("ivm-burn: cannot submit an operation: {e}");
+        t.kernels.push((op, Operands { slots }));
+        if t.batch.len() >= self.shared.batch_limit {
+            self.flush(&mut t);
         }
     }
 
@@ -311,6 +392,7 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
     }
 
     fn sync(&self) {
+        self.flush(&mut self.table());
         if let Err(e) = self.shared.vm.sync() {
             panic!("{e}");
         }
@@ -338,7 +420,8 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
     fn seed(&self, seed: u64) {
         // In stream order with the ops that draw random numbers (all on stream 0).
         let s = &self.shared.streams[0];
-        let t = self.table();
+        let mut t = self.table();
+        self.flush(&mut t);
         let r = self.shared.vm.run(|b| {
             b.call_named("burn seed", s, &[], &[], move |_| {
                 Inner::seed(&burn_ndarray::NdArrayDevice::Cpu, seed)

@@ -15,6 +15,7 @@ use burn_ir::{
 use burn_ndarray::{NdArrayDevice, NdArrayTensor};
 use burn_tensor::DType;
 use burn_tensor::ops::{BoolTensorOps, FloatTensorOps, IntTensorOps, ModuleOps};
+use smallvec::SmallVec;
 
 /// The backend that runs the kernels.
 pub type Inner = burn_ndarray::NdArray<f32, i64>;
@@ -54,9 +55,11 @@ impl Slot {
     }
 }
 
-/// The slots of one operation's operands, by burn's tensor id.
+/// The slots of one operation's operands, by burn's tensor id. Inline up to four (most
+/// ops): the kernel is built on the caller's thread and dropped on a worker's, and a heap
+/// block freed on another thread than its own costs glibc's arena lock on both sides.
 pub(crate) struct Operands {
-    pub(crate) slots: Vec<(TensorId, Arc<Slot>)>,
+    pub(crate) slots: SmallVec<[(TensorId, Arc<Slot>); 4]>,
 }
 
 impl Operands {
