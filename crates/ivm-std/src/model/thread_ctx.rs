@@ -35,8 +35,9 @@
 //! # A worker that wakes itself
 //!
 //! A worker that shares its CPU (`engine/preemption.rs`) sleeps with a deadline
-//! ([`doze`]) while idle: a push that a waiting caller may run then leaves the worker's
-//! wake to that deadline ([`leave_wake_to_deadline`]). The wake would cost the pusher a
+//! ([`doze`]) while idle: a push that a caller may run, made while a caller waits for the
+//! VM (`hand_over.rs`'s count), then leaves the worker's wake to that deadline
+//! ([`leave_wake_to_deadline`]). The wake would cost the pusher a
 //! system call and hand the work to a thread that may not get a CPU for a whole slice; the
 //! caller that waits for the work runs it itself, and work nobody waits for starts by the
 //! deadline. The worker's offer and its end ([`doze`], [`wake_from_doze`]) and the
@@ -138,14 +139,17 @@ impl ThreadCtx {
     /// empty-to-non-empty edge (a worker that is draining or polling reaches it anyway),
     /// and not then either when a caller may run the instruction (`caller_runs`: its
     /// stream allows it and its body is not deferred) and either its waiting caller took
-    /// the wake on itself (`may_defer`, [`skip_wake`]) or the worker dozes
-    /// ([`leave_wake_to_deadline`]).
+    /// the wake on itself (`may_defer`, [`skip_wake`]) or a caller waits and the worker
+    /// dozes ([`leave_wake_to_deadline`]).
     pub(crate) fn submit(&self, instr: &Arc<Instruction>, may_defer: bool, caller_runs: bool) {
         if self.queue.push(instr.clone()) {
             if may_defer && skip_wake(&instr.status) {
                 return;
             }
-            if caller_runs && leave_wake_to_deadline(&self.dozing) {
+            // Only while a caller waits (`hand_over.rs`'s count): it runs what a parked
+            // worker has queued. A chain across streams that nobody waits for yet would
+            // otherwise start each hop at a doze's deadline.
+            if caller_runs && self.hand.has_waiters() && leave_wake_to_deadline(&self.dozing) {
                 return;
             }
             // Err(Closed) only after shutdown closed us, when the engine is idle: the
