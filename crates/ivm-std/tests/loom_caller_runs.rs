@@ -153,6 +153,31 @@ impl Vm {
         // SAFETY: every job ran (Acquire in `wait_ran`) and nothing else is queued.
         self.log.with(|p| unsafe { (*p).clone() })
     }
+
+    /// The end of a model: waits until every job ran, checks they ran once each, in
+    /// order, then closes the notifier and joins the worker.
+    fn finish(&self, worker: loom::thread::JoinHandle<()>) {
+        self.wait_ran(JOBS);
+        assert_eq!(
+            self.log(),
+            (0..JOBS).collect::<Vec<_>>(),
+            "each job once, in order"
+        );
+        self.notifier.close();
+        worker.join().unwrap();
+    }
+
+    /// A closed worker's way out: takes the role (yielding while a caller holds it) and
+    /// drains what is left.
+    fn drain_at_close(&self) {
+        let mut consumer = loop {
+            if let Some(c) = ivm_std::take_role(&self.queue) {
+                break c;
+            }
+            loom::thread::yield_now();
+        };
+        consumer.drain_until_empty(|j| self.run(j));
+    }
 }
 
 /// The worker (`worker_loop`): takes the role, drains, lets go and sleeps when the queue
@@ -195,13 +220,7 @@ fn spawn_worker(vm: &'static Vm, planted_take_role: bool) -> loom::thread::JoinH
                 break;
             }
         }
-        let mut consumer = loop {
-            if let Some(c) = ivm_std::take_role(&vm.queue) {
-                break c;
-            }
-            loom::thread::yield_now();
-        };
-        consumer.drain_until_empty(|j| vm.run(j));
+        vm.drain_at_close();
     })
 }
 
@@ -390,14 +409,7 @@ fn deferred_model(variant: Deferred) {
         }
         engine.join().unwrap();
         // Both jobs run, by whoever: the worker is woken for what the caller left.
-        vm.wait_ran(JOBS);
-        assert_eq!(
-            vm.log(),
-            (0..JOBS).collect::<Vec<_>>(),
-            "each job once, in order"
-        );
-        vm.notifier.close();
-        worker.join().unwrap();
+        vm.finish(worker);
     });
 }
 
@@ -496,13 +508,7 @@ fn hand_over_model(variant: Handed) {
                     break;
                 }
             }
-            let mut consumer = loop {
-                if let Some(c) = ivm_std::take_role(&vm.queue) {
-                    break c;
-                }
-                loom::thread::yield_now();
-            };
-            consumer.drain_until_empty(|j| vm.run(j));
+            vm.drain_at_close();
         });
 
         let second_ran = || vm.ran.load(Ordering::Acquire) >= JOBS;
@@ -528,14 +534,7 @@ fn hand_over_model(variant: Handed) {
         if variant != Handed::PlantedNoLeave {
             hand.leave(&vm.notifier);
         }
-        vm.wait_ran(JOBS);
-        assert_eq!(
-            vm.log(),
-            (0..JOBS).collect::<Vec<_>>(),
-            "each job once, in order"
-        );
-        vm.notifier.close();
-        worker.join().unwrap();
+        vm.finish(worker);
     });
 }
 
@@ -602,13 +601,7 @@ fn doze_model(planted_load: bool) {
                     break;
                 }
             }
-            let mut consumer = loop {
-                if let Some(c) = ivm_std::take_role(&vm.queue) {
-                    break c;
-                }
-                loom::thread::yield_now();
-            };
-            consumer.drain_until_empty(|j| vm.run(j));
+            vm.drain_at_close();
         });
         if vm.push(0) {
             let skip = if planted_load {
