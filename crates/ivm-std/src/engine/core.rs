@@ -608,6 +608,11 @@ impl VmCore {
         lock(&self.workers).as_ref()?.get(k).cloned()
     }
 
+    /// The registered workers' contexts, under one lock (none after the scheduler's exit).
+    pub(crate) fn with_workers<R>(&self, f: impl FnOnce(&[Arc<ThreadCtx>]) -> R) -> R {
+        f(lock(&self.workers).as_deref().unwrap_or(&[]))
+    }
+
     /// Scheduler exit: closes every worker's notifier (they drain and exit), and every
     /// later [`register_worker`](Self::register_worker) fails.
     pub(crate) fn close_workers(&self) {

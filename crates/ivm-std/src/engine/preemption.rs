@@ -69,23 +69,28 @@ pub(crate) fn register_cpu_clock(ctx: &ThreadCtx) {
     let _ = ctx;
 }
 
+/// The time of the clock `id` (a thread's CPU-time clock), if it can be read.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn read_clock(id: libc::clockid_t) -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; a clock that does not exist (a thread that has
+    // exited) is an error return (EINVAL), not undefined behaviour.
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
+        return None;
+    }
+    Some(Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    ))
+}
+
 /// The CPU time the calling thread has used (Linux, not under Miri).
 fn own_cpu_time() -> Option<Duration> {
     #[cfg(all(target_os = "linux", not(miri)))]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid out-pointer; the calling thread's CPU clock exists.
-        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-            return None;
-        }
-        Some(Duration::new(
-            u64::try_from(ts.tv_sec).ok()?,
-            u32::try_from(ts.tv_nsec).ok()?,
-        ))
-    }
+    return read_clock(libc::CLOCK_THREAD_CPUTIME_ID);
     #[cfg(not(all(target_os = "linux", not(miri))))]
     None
 }
@@ -150,20 +155,7 @@ fn cpu_time(ctx: &ThreadCtx) -> Option<Duration> {
         // Relaxed: a hint (see `register_cpu_clock`).
         let v = ctx.cpu_clock.load(Ordering::Relaxed);
         let bits = u32::try_from(v.checked_sub(1)?).ok()?;
-        let id = libc::clockid_t::from_ne_bytes(bits.to_ne_bytes());
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid out-pointer; a clock of a thread that has exited is an
-        // error return (EINVAL), not undefined behaviour.
-        if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
-            return None;
-        }
-        Some(Duration::new(
-            u64::try_from(ts.tv_sec).ok()?,
-            u32::try_from(ts.tv_nsec).ok()?,
-        ))
+        read_clock(libc::clockid_t::from_ne_bytes(bits.to_ne_bytes()))
     }
     #[cfg(not(all(target_os = "linux", not(miri))))]
     {

@@ -503,14 +503,15 @@ pub(crate) struct WaitingCaller {
 const WAITED_WORKERS: usize = 8;
 
 impl WaitingCaller {
-    /// The caller starts waiting (looks the VM's workers up once: a lock).
+    /// The caller starts waiting (looks the VM's workers up once: one lock).
     pub(crate) fn enter(shared: &VmCore) -> Self {
         let mut workers: [Option<Arc<ThreadCtx>>; WAITED_WORKERS] = Default::default();
-        for (k, w) in workers.iter_mut().enumerate() {
-            let Some(ctx) = shared.worker(k) else { break };
-            ctx.hand.enter();
-            *w = Some(ctx);
-        }
+        shared.with_workers(|all| {
+            for (w, ctx) in workers.iter_mut().zip(all) {
+                ctx.hand.enter();
+                *w = Some(ctx.clone());
+            }
+        });
         Self { workers }
     }
 
