@@ -102,11 +102,7 @@ impl<M: VmMode> Clone for IvmClient<M> {
 /// How many compute streams the client spreads operations over: `IVM_BURN_STREAMS`, 2 by
 /// default.
 fn stream_count() -> usize {
-    std::env::var("IVM_BURN_STREAMS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (1..=64).contains(n))
-        .unwrap_or(2)
+    env_count("IVM_BURN_STREAMS", 1..=64, 2)
 }
 
 /// How many operations the client collects before it hands them to the VM in one `run`:
@@ -114,11 +110,17 @@ fn stream_count() -> usize {
 /// at once. One `run` drives the engine once for the whole batch, where one `run` per
 /// operation drives it per operation, which costs the caller more than a tiny kernel.
 fn batch_limit() -> usize {
-    std::env::var("IVM_BURN_BATCH")
+    env_count("IVM_BURN_BATCH", 1..=4096, 16)
+}
+
+/// The count in the environment variable `name` if it parses and lies in `range`, else
+/// `default`.
+fn env_count(name: &str, range: std::ops::RangeInclusive<usize>, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| (1..=4096).contains(n))
-        .unwrap_or(16)
+        .filter(|n| range.contains(n))
+        .unwrap_or(default)
 }
 
 impl<M: VmMode> IvmClient<M> {
