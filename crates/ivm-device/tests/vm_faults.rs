@@ -43,6 +43,7 @@ kernel_modes!(
     a_sync_write_that_observes_a_device_error_poisons_its_tensor,
     a_failed_copy_poisons_its_destination,
     a_failed_launch_does_not_poison_an_earlier_reader_still_queued,
+    a_drain_that_gave_up_is_named_by_a_later_timeout,
     vm_under_sim_faults_matches_the_model_proptest,
 );
 
@@ -219,6 +220,74 @@ fn a_read_stuck_behind_a_device_side_wait_names_the_device_work(launcher: bool) 
     vm.read_small(&x, 0, &mut out).unwrap();
     assert_eq!(u64::from_ne_bytes(out), 7);
     drop(x);
+    vm.shutdown().unwrap();
+}
+
+// A failed launch drains its stream before it poisons its outputs, for one timeout period
+// at most. A drain that gives up leaves the stuck device work held by no lively
+// instruction: a later timeout must still name it. (The fault campaign met a read that
+// timed out just as such a drain ended: its diagnostic named only the soft-sync wait
+// dispatched after it, and nothing stuck.)
+
+fn a_drain_that_gave_up_is_named_by_a_later_timeout(launcher: bool) {
+    let sim = sim(
+        SimFaults {
+            event_never_completes: 1,
+            kernel_launch_fail: 1,
+            ..SimFaults::NONE
+        },
+        launcher,
+    );
+    let vm = vm(&sim);
+    let id = StreamId::compute(sim_device(0), 1);
+    let s = vm.stream(id).unwrap();
+    let cpu = vm
+        .stream(StreamId::default_for(ivm_std::Device::CPU))
+        .unwrap();
+    let x = vm.new_tensor_on(&s, 8).unwrap();
+    let y = vm.new_tensor_on(&cpu, 8).unwrap();
+    vm.sync().unwrap();
+    sim.resume_faults();
+    // Its launch fails; the drain before the poison waits a period for an event that
+    // never completes, then gives up.
+    vm.run(|b| b.call(&s, &[], &[&x], host(|k| k.output_u64(0)[0] = 7)))
+        .unwrap();
+    // A read of `x` on the same stream runs after the drain: once it answers anything but
+    // a timeout (the drain and the read's wait last a period each), the drain is over.
+    let v2 = vm.clone();
+    let x2 = x.clone();
+    bounded("the read after the drain", move || {
+        let mut out = [0u8; 8];
+        while let Err(Error::Timeout(_)) = v2.read_small(&x2, 0, &mut out) {}
+    });
+    // Nothing lively holds the stuck work now. A wait on unrelated work that times out
+    // names it.
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r2 = release.clone();
+    vm.run(|b| {
+        b.call(&cpu, &[], &[&y], move |k| {
+            while !r2.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            k.output_u64(0)[0] = 1;
+        })
+    })
+    .unwrap();
+    let mut out = [0u8; 8];
+    let d = timeout_diagnostic(vm.read_small_timeout(&y, 0, &mut out, PERIOD / 2));
+    release.store(true, std::sync::atomic::Ordering::Release);
+    assert!(names_device_work(&d, &id.to_string()), "{d}");
+    assert!(
+        d.lively
+            .iter()
+            .any(|l| l.name.starts_with("device work of ") && l.name.contains("(before ")),
+        "the diagnostic does not name the failed launch that gave up: {d}"
+    );
+    sim.heal();
+    vm.read_small(&y, 0, &mut out).unwrap();
+    assert_eq!(u64::from_ne_bytes(out), 1);
+    let _ = vm.sync();
+    drop((x, y));
     vm.shutdown().unwrap();
 }
 

@@ -38,6 +38,7 @@
 
 pub mod alloc_cache;
 pub(crate) mod cpu;
+pub(crate) mod given_up;
 pub(crate) mod guarded;
 pub(crate) mod policy;
 
@@ -289,14 +290,15 @@ pub fn check_range(mem: &dyn DeviceMemory, offset: usize, len: usize) -> Result<
 /// [`DeviceStream::synchronize`], which blocks for as long as the device takes, this wait
 /// is bounded, so a device whose event never completes (or whose queue is held back by a
 /// device-side wait on such an event) cannot hang its caller. Returns the indices of the
-/// streams whose work had not completed by the deadline (empty: all done).
+/// streams whose work had not completed by the deadline, each with the event it waited
+/// for (empty: all done).
 ///
 /// # Errors
 /// What [`DeviceStream::record_event`] returns.
 pub(crate) fn wait_streams(
     streams: &[&dyn DeviceStream],
     deadline: std::time::Instant,
-) -> Result<Vec<usize>> {
+) -> Result<Vec<(usize, Arc<dyn Event>)>> {
     use crate::util::futex::FutexWait;
     use ivm_core::counter::BlockingCounter;
     use ivm_core::wait::Wait;
@@ -330,9 +332,8 @@ pub(crate) fn wait_streams(
     // An adapter may run an event's callbacks before `query` reports it done: ask only
     // after a timeout.
     Ok(events
-        .iter()
+        .into_iter()
         .enumerate()
         .filter(|(_, ev)| !ev.query())
-        .map(|(i, _)| i)
         .collect())
 }

@@ -198,6 +198,9 @@ pub(crate) struct VmCore {
     /// instruction's `Done` held elsewhere) is abandoned, though VM threads that gave up
     /// waiting for it may still hold this core.
     handle_dropped: AtomicBool,
+    /// Device work that drains gave up on, shared with every stream's device side:
+    /// diagnostics name it while it stays uncompleted (`device/given_up.rs`).
+    given_up: Arc<crate::device::given_up::GivenUpWork>,
 }
 
 impl VmCore {
@@ -241,6 +244,7 @@ impl VmCore {
             foreign: OnceLock::new(),
             scheduler_running: BlockingCounter::new(1),
             handle_dropped: AtomicBool::new(false),
+            given_up: Arc::default(),
             config,
         }
     }
@@ -269,6 +273,12 @@ impl VmCore {
     /// unpark through (`drive/token.rs`).
     pub(crate) fn token(&self) -> &Arc<crate::engine::drive::EngineToken> {
         &self.parking
+    }
+
+    /// The device work that drains gave up on (`device/given_up.rs`), for the streams'
+    /// device sides.
+    pub(crate) fn given_up(&self) -> &Arc<crate::device::given_up::GivenUpWork> {
+        &self.given_up
     }
 
     /// Where instructions are taken from and recycled to.
@@ -532,6 +542,16 @@ impl VmCore {
 
     /// A diagnostic of the engine (asks the scheduler; bounded wait).
     pub(crate) fn diagnostic(&self) -> Diagnostic {
+        let mut d = self.engine_diagnostic();
+        // Device work no lively instruction holds any more: first, as it is what the
+        // rest waits behind.
+        let given_up = self.given_up.still_stuck();
+        d.lively.splice(0..0, given_up);
+        d
+    }
+
+    /// The engine's lively instructions (asks the scheduler; bounded wait).
+    fn engine_diagnostic(&self) -> Diagnostic {
         if self.single_thread() {
             return match self.try_engine() {
                 Some(e) => e.diagnostic(),

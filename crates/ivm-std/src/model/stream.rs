@@ -90,6 +90,9 @@ pub(crate) struct DeviceCtx {
     /// The longest a worker waits for the stream's queued work before it poisons the
     /// outputs of a failed launch itself (the VM's timeout period; `engine/device_launch/completion.rs`).
     pub(crate) drain_bound: std::time::Duration,
+    /// Where a drain that gave up leaves the device work it waited for (the VM's,
+    /// `device/given_up.rs`), so that diagnostics name it.
+    pub(crate) given_up: Arc<crate::device::given_up::GivenUpWork>,
 }
 
 impl DeviceCtx {
@@ -104,6 +107,8 @@ impl DeviceCtx {
             single_thread,
             sticky: Sticky::default(),
             drain_bound: std::time::Duration::ZERO,
+            // A cpu stream never drains.
+            given_up: Arc::default(),
         }
     }
 

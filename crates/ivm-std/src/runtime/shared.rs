@@ -264,6 +264,7 @@ impl VmShared {
                 single_thread: self.core.single_thread(),
                 sticky: Sticky::default(),
                 drain_bound: self.core.config().timeout_period,
+                given_up: self.core.given_up().clone(),
             },
         });
         reg.streams.insert(id, s.clone());
@@ -333,7 +334,7 @@ impl VmShared {
         } else {
             crate::util::error::Diagnostic::default()
         };
-        for (k, &i) in stuck.iter().enumerate() {
+        for (k, &(i, _)) in stuck.iter().enumerate() {
             d.lively.insert(
                 k,
                 crate::util::error::LivelyInstruction::device_work(streams[i].id, None),

@@ -110,7 +110,7 @@ pub(super) fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>],
     let dev = &instr.stream.dev;
     if !outputs.is_empty() {
         if dev.mode == KernelMode::Launcher {
-            drain(dev);
+            drain(instr);
             return poison_all(outputs, f);
         }
         if instr.stream.policy.done_at_launch() {
@@ -126,17 +126,24 @@ pub(super) fn poison_in_stream_order(instr: &Instruction, outputs: &[Arc<Blob>],
                 return;
             }
         }
-        drain(dev);
+        drain(instr);
     }
     poison_all(outputs, f);
 }
 
-/// Waits until `dev`'s stream has run what was queued on it so far, at most the VM's
-/// timeout period (a device that neither takes work nor finishes it gets what follows
-/// late, never a hung worker).
-pub(super) fn drain(dev: &DeviceCtx) {
+/// Waits until the device stream of `instr` (a failed launch) has run what was queued on
+/// it so far, at most the VM's timeout period (a device that neither takes work nor
+/// finishes it gets what follows late, never a hung worker). When it gives up, it leaves
+/// the stuck work for diagnostics (`device/given_up.rs`) before `instr` is done.
+pub(super) fn drain(instr: &Instruction) {
+    let dev = &instr.stream.dev;
     let deadline = crate::util::deadline_after(dev.drain_bound);
-    let _ = crate::device::wait_streams(&[&*dev.stream], deadline);
+    if let Ok(stuck) = crate::device::wait_streams(&[&*dev.stream], deadline) {
+        for (_, event) in stuck {
+            dev.given_up
+                .record(instr.stream.id, instr.label().to_string(), event);
+        }
+    }
 }
 
 /// The completion callback of an event-completed instruction (adapter thread, or inline).

@@ -302,7 +302,7 @@ fn launch_kind(
 /// readers of them still queued there check for poison when the device reaches them
 /// (see `poison_in_stream_order`).
 pub(crate) fn drain_before_failing(instr: &Instruction) {
-    drain(&instr.stream.dev);
+    drain(instr);
 }
 
 /// A kernel running on a launcher device's worker enqueues host work
@@ -379,7 +379,7 @@ pub(super) fn launch_deferred(instr: &Arc<Instruction>) -> bool {
             // Its failure poisons its outputs: not ahead of earlier work still queued on
             // the device (as `poison_in_stream_order`, whose queueing the device would
             // refuse as well).
-            drain(dev);
+            drain(instr);
             c.complete(Err(failure(instr, e.to_string())));
         }
     }
