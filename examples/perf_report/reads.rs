@@ -180,6 +180,50 @@ pub(super) fn cold_reads(rep: &mut Report, quick: bool) {
         rw <= 1.2,
     );
     rep.figure("futex_wake_p50_us", us(w50), "µs", "(baseline)", None);
+    idle_op_then_read(rep, quick);
+}
+
+/// After 1 ms idle, one op (a kernel writing a tensor) then a read of that tensor: the
+/// default (multi-thread) configuration against single-thread mode, interleaved.
+fn idle_op_then_read(rep: &mut Report, quick: bool) {
+    let n = if quick { 100 } else { 400 };
+    let idle = Duration::from_millis(1);
+    let single = config().with_mode(ivm_std::Mode::SingleThread);
+    let (multi_vm, multi_t) = vm_with_value(config(), 1);
+    let (single_vm, single_t) = vm_with_value(single, 1);
+    let ran0 = multi_vm.stats().map_or(0, |s| s.caller_ran);
+    let op_read = |vm: &VirtualMachine, t: &Tensor, v: u64| {
+        let s = vm.default_stream();
+        let start = Instant::now();
+        vm.run(|b| b.call(&s, &[], &[t], move |k| k.output_u64(0)[0] = v))
+            .expect("run");
+        let got = read8(vm, t);
+        let d = start.elapsed();
+        assert_eq!(got, v);
+        d
+    };
+    let (mut multi, mut single) = (Vec::new(), Vec::new());
+    for k in 0..n as u64 {
+        std::thread::sleep(idle);
+        multi.push(op_read(&multi_vm, &multi_t, k));
+        std::thread::sleep(idle);
+        single.push(op_read(&single_vm, &single_t, k));
+    }
+    let on_caller = multi_vm.stats().map_or(0, |s| s.caller_ran) - ran0;
+    let (m50, s50) = (pct(&mut multi, 0.5), pct(&mut single, 0.5));
+    println!(
+        "op then read after {idle:?} idle: default config p50 {:.2} µs (p90 {:.2}; {on_caller} of {} instructions run by their caller); single-thread mode p50 {:.2} µs (p90 {:.2}); {n} interleaved samples each",
+        us(m50),
+        us(pct(&mut multi, 0.9)),
+        2 * n,
+        us(s50),
+        us(pct(&mut single, 0.9)),
+    );
+    multi_vm.shutdown().expect("shutdown");
+    single_vm.shutdown().expect("shutdown");
+    let r = m50.as_secs_f64() / s50.as_secs_f64();
+    rep.ratio("idle_op_read_vs_single_thread", r, "≤ 2", r <= 2.0);
+    rep.figure("idle_op_read_p50_us", us(m50), "µs", "(report)", None);
 }
 
 // ---- 3. inline reads -----------------------------------------------------------------------
