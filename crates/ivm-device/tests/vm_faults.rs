@@ -549,11 +549,12 @@ fn campaign(launcher: bool, mode: Mode, cases: u32) {
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
     // The model expects a timeout to name the stuck device work, so the period must
-    // outlast the dispatch of what is not stuck, on a loaded machine too: on launcher
-    // streams, where kernel bodies and their host work both pass the worker, 150 ms is
-    // too short beside the other tests of `cargo test --workspace` on two cores (the
-    // diagnostic then shows an undispatched stream wait instead of the stuck event).
-    let period = Duration::from_millis(if launcher { 400 } else { 150 });
+    // outlast the dispatch of what is not stuck, on a loaded machine too, and the
+    // scheduler must answer the diagnostic request within it (the VM waits for that
+    // answer one period at most). Beside other builds on two cores, 150 ms was too short
+    // for both (a diagnostic with an undispatched stream wait instead of the stuck event,
+    // or "the scheduler did not answer").
+    let period = Duration::from_millis(400);
     let runner = Runner::with_topology(
         ivm_std::fuzzing::fusion_lane(Config::default())
             .with_mode(mode)
