@@ -92,8 +92,8 @@ pub fn adopt(cpu: usize) {
 #[cfg(not(target_os = "linux"))]
 pub fn adopt(_cpu: usize) {}
 
-/// The process's threads but the calling one whose CPU mask is not `{cpu}`:
-/// `(tid, name, Cpus_allowed_list)`.
+/// The process's threads but the calling one and the busy threads of `--hog`, whose CPU
+/// mask is not `{cpu}`: `(tid, name, Cpus_allowed_list)`.
 #[cfg(target_os = "linux")]
 fn off(cpu: usize) -> Vec<(libc::pid_t, String, String)> {
     let want = cpu.to_string();
@@ -115,8 +115,13 @@ fn off(cpu: usize) -> Vec<(libc::pid_t, String, String)> {
                     .find_map(|l| l.strip_prefix(k))
                     .map(|v| v.trim().to_string())
             };
+            let name = field("Name:").unwrap_or_default();
+            if name.starts_with("hog") {
+                // The busy threads of `--hog` stay where the OS puts them (`hog.rs`).
+                return None;
+            }
             let cpus = field("Cpus_allowed_list:")?;
-            (cpus != want).then(|| (tid, field("Name:").unwrap_or_default(), cpus))
+            (cpus != want).then_some((tid, name, cpus))
         })
         .collect()
 }
