@@ -406,8 +406,13 @@ fn real_main(args: &Args) -> ivm::ivm_std::Result<ExitCode> {
             agg.counters.add(&r.counters);
         }
     }
-    for r in runs.iter().filter(|r| r.mode != Mode::Plain) {
-        println!("{}: {}", r.mode.name(), r.counters);
+    for r in &runs {
+        if r.mode != Mode::Plain {
+            println!("{}: {}", r.mode.name(), r.counters);
+        } else if let Some(busy) = r.counters.busy_share() {
+            // Plain's kernels run on the kernel CPU: where the busy threads were meanwhile.
+            println!("plain: busy threads on the caller's CPU {busy:.0} % of its epochs");
+        }
     }
     let mut lr_plain = Plain::new(logreg.clone(), setup.rows.clone());
     let baseline = train(

@@ -58,6 +58,9 @@ struct Live<'vm> {
     epochs: Vec<Duration>,
     elapsed: Duration,
     last_epoch: Duration,
+    /// Samples of the busy threads during this mode's epochs (see [`Counters`]).
+    busy_on_caller: u64,
+    busy_samples: u64,
 }
 
 /// One interleaved run of `modes` (see the module docs); `traced`: record each mode's
@@ -109,6 +112,8 @@ pub fn interleaved(
             epochs: Vec::with_capacity(a.epochs),
             elapsed: Duration::ZERO,
             last_epoch: Duration::ZERO,
+            busy_on_caller: 0,
+            busy_samples: 0,
         });
     }
     if let Some((caller, _)) = pins {
@@ -138,6 +143,7 @@ pub fn interleaved(
             if let Some((_, kernels)) = plain_here {
                 crate::pin::to(kernels);
             }
+            let busy0 = crate::hog::on_cpu();
             let t = epoch(
                 setup,
                 prog,
@@ -146,6 +152,12 @@ pub fn interleaved(
                 next,
                 &mut live.losses,
             )?;
+            if let Some((caller, _)) = pins {
+                let busy = crate::hog::on_cpu();
+                let delta = |c: usize| busy[c].saturating_sub(busy0[c]);
+                live.busy_on_caller += busy.get(caller).map_or(0, |_| delta(caller));
+                live.busy_samples += (0..busy.len()).map(delta).sum::<u64>();
+            }
             if let Some((caller, _)) = plain_here {
                 crate::pin::to(caller);
             }
@@ -177,10 +189,12 @@ pub fn interleaved(
     let mut runs = Vec::with_capacity(lives.len());
     for (mut live, vm) in lives.into_iter().zip(&vms) {
         let weights = live.trainer.weights()?;
-        let counters = match vm {
+        let mut counters = match vm {
             Some((vm, _, _)) => Counters::of(&vm.stats()?),
             None => Counters::default(),
         };
+        counters.busy_on_caller = live.busy_on_caller;
+        counters.busy_samples = live.busy_samples;
         let accuracy = program::accuracy(&prog.layers, &weights, &setup.test.x, &setup.test.y);
         runs.push(Run {
             mode: live.mode,
@@ -213,6 +227,10 @@ pub struct Counters {
     preempted: usize,
     worker_stalled: usize,
     caller_preempted: usize,
+    /// Samples of the busy threads (`--hog`) during this mode's epochs: on the caller's
+    /// CPU, and in all (pinned runs only).
+    busy_on_caller: u64,
+    busy_samples: u64,
 }
 
 impl Counters {
@@ -229,7 +247,16 @@ impl Counters {
             preempted: sum(|t| t.preempted),
             worker_stalled: s.worker_stalled,
             caller_preempted: s.caller_preempted,
+            busy_on_caller: 0,
+            busy_samples: 0,
         }
+    }
+
+    /// The busy threads' share of samples on the caller's CPU during this mode's epochs,
+    /// in percent (pinned runs with `--hog` only).
+    pub fn busy_share(&self) -> Option<f64> {
+        (self.busy_samples > 0)
+            .then(|| 100.0 * self.busy_on_caller as f64 / self.busy_samples as f64)
     }
 
     pub fn add(&mut self, o: &Self) {
@@ -243,6 +270,8 @@ impl Counters {
         self.preempted += o.preempted;
         self.worker_stalled += o.worker_stalled;
         self.caller_preempted += o.caller_preempted;
+        self.busy_on_caller += o.busy_on_caller;
+        self.busy_samples += o.busy_samples;
     }
 }
 
@@ -266,7 +295,14 @@ impl std::fmt::Display for Counters {
             self.preempted,
             self.worker_stalled,
             self.caller_preempted,
-        )
+        )?;
+        if let Some(busy) = self.busy_share() {
+            write!(
+                f,
+                "; busy threads on the caller's CPU {busy:.0} % of its epochs"
+            )?;
+        }
+        Ok(())
     }
 }
 
