@@ -18,9 +18,21 @@ const ONE_INSIDE: usize = 2;
 /// The shutdown gate of a VM (`VmCore::gate`).
 ///
 /// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_gate.rs`.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Gate {
     state: AtomicUsize,
+}
+
+/// Shows the word by its parts: `Gate { closed: false, inside: 2 }`.
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Relaxed: a diagnostic snapshot.
+        let s = self.state.load(Ordering::Relaxed);
+        f.debug_struct("Gate")
+            .field("closed", &(s & CLOSED != 0))
+            .field("inside", &(s / ONE_INSIDE))
+            .finish()
+    }
 }
 
 /// A caller inside the gate: shutdown waits for it to be dropped.
@@ -122,5 +134,14 @@ mod tests {
             pass.take(); // the caller inside leaves
         });
         assert_eq!(pauses, 1, "waited for the caller inside, and only for it");
+    }
+
+    #[test]
+    fn debug_names_the_parts_of_the_word() {
+        let gate = Gate::new();
+        let _a = gate.enter();
+        let _b = gate.enter();
+        gate.close();
+        assert_eq!(format!("{gate:?}"), "Gate { closed: true, inside: 2 }");
     }
 }

@@ -128,9 +128,16 @@ impl Default for ExpressLane {
 impl std::fmt::Debug for ExpressLane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Relaxed: diagnostic only.
-        let state = self.state.load(Ordering::Relaxed);
+        let state = match self.state.load(Ordering::Relaxed) {
+            CLOSED => "closed",
+            OPEN => "open",
+            POSTED => "posted",
+            TAKEN => "taken",
+            ANSWERED => "answered",
+            _ => "invalid",
+        };
         f.debug_struct("ExpressLane")
-            .field("state", &state)
+            .field("state", &format_args!("{state}"))
             .finish()
     }
 }
@@ -408,5 +415,19 @@ impl ExpressLane {
             }
             ivm_core::sync::spin_loop();
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_names_the_state() {
+        let lane = ExpressLane::new();
+        assert_eq!(format!("{lane:?}"), "ExpressLane { state: closed }");
+        lane.open();
+        assert_eq!(format!("{lane:?}"), "ExpressLane { state: open }");
+        lane.close();
     }
 }

@@ -38,6 +38,44 @@ pub(crate) mod status {
     /// the worker that finishes it must not leave the release for later
     /// (`helping::Owed::leave_unless_awaited`). Set by the engine's holder.
     pub(crate) const AWAITED: u32 = 256;
+
+    const NAMES: [(u32, &str); 9] = [
+        (DISPATCHED, "DISPATCHED"),
+        (LAUNCHED, "LAUNCHED"),
+        (DONE, "DONE"),
+        (FAILED, "FAILED"),
+        (BODY_RAN, "BODY_RAN"),
+        (CLAIMED, "CLAIMED"),
+        (DEFER_WAKE, "DEFER_WAKE"),
+        (WAKE_SKIPPED, "WAKE_SKIPPED"),
+        (AWAITED, "AWAITED"),
+    ];
+
+    /// A status word as its `Debug` shows it: the names of its bits, `DISPATCHED |
+    /// LAUNCHED` (`(none)` for none, unknown bits in hex).
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(crate) struct Bits(pub(crate) u32);
+
+    impl std::fmt::Debug for Bits {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let mut rest = self.0;
+            let mut first = true;
+            for (bit, name) in NAMES {
+                if rest & bit != 0 {
+                    f.write_str(if first { "" } else { " | " })?;
+                    f.write_str(name)?;
+                    rest &= !bit;
+                    first = false;
+                }
+            }
+            if rest != 0 {
+                write!(f, "{}{rest:#x}", if first { "" } else { " | " })?;
+            } else if first {
+                f.write_str("(none)")?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Operands inline up to 4, spilled to the heap beyond.
@@ -277,6 +315,18 @@ unsafe impl Sync for Instruction {}
 // SAFETY: as above.
 unsafe impl Send for Instruction {}
 
+/// Its label, stream and status bits: what a debugger or a log needs (the body belongs
+/// to its current owner and is not shown).
+impl std::fmt::Debug for Instruction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instruction")
+            .field("label", &format_args!("{}", self.label()))
+            .field("stream", &format_args!("{}", self.stream.id))
+            .field("status", &self.status_bits())
+            .finish()
+    }
+}
+
 /// An id generator, not part of any synchronisation protocol: a plain std atomic on
 /// purpose (loom atomics cannot live in a `static`, and a model gains nothing from it).
 static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
@@ -319,6 +369,12 @@ impl Instruction {
             small: UnsafeCell::new([0; 16]),
             failure: UnsafeCell::new(None),
         }
+    }
+
+    /// Its status bits, by name (a snapshot).
+    pub(crate) fn status_bits(&self) -> status::Bits {
+        // Relaxed: a diagnostic snapshot.
+        status::Bits(self.status.load(Ordering::Relaxed))
     }
 
     /// `name#id`.
@@ -449,4 +505,19 @@ impl Deferred {
 /// `execute.rs`.
 pub(crate) struct Completion {
     pub(crate) instr: Option<Arc<Instruction>>,
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::status::{Bits, DISPATCHED, DONE, LAUNCHED};
+
+    #[test]
+    fn status_bits_show_their_names() {
+        assert_eq!(format!("{:?}", Bits(0)), "(none)");
+        assert_eq!(
+            format!("{:?}", Bits(DISPATCHED | LAUNCHED | DONE)),
+            "DISPATCHED | LAUNCHED | DONE"
+        );
+        assert_eq!(format!("{:?}", Bits(DONE | 1 << 20)), "DONE | 0x100000");
+    }
 }
