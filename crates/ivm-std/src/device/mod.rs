@@ -273,7 +273,9 @@ pub trait DeviceAdapter: Send + Sync + fmt::Debug + 'static {
     fn allocator(&self, index: u32) -> Result<Arc<dyn DeviceAllocator>>;
 }
 
-/// Checks that `offset..offset + len` lies inside `mem` (adapters' copies use it).
+/// Checks that `offset..offset + len` lies inside `mem`, an overflowing end included:
+/// [`OutOfBounds`](crate::Error::OutOfBounds) otherwise (adapters' copies and the VM's
+/// small accesses use it).
 pub fn check_range(mem: &dyn DeviceMemory, offset: usize, len: usize) -> Result<()> {
     if offset.checked_add(len).is_none_or(|end| end > mem.nbytes()) {
         return Err(crate::Error::OutOfBounds {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use ivm_core::counter::WaitError;
 use ivm_core::sync::Ordering;
 
+use crate::device::check_range;
 use crate::doors::small_ring::{SmallKind, abandon, take_small};
 use crate::engine::worker::WaitingCaller;
 use crate::model::instruction::{Instruction, Kind, ReadFn, Waiter, WriteFn, status};
@@ -54,19 +55,6 @@ pub(crate) fn check_size(len: usize) -> Result<()> {
         1 | 2 | 4 | 8 | 16 => Ok(()),
         _ => Err(Error::UnsupportedSize(len)),
     }
-}
-
-/// A small access's range: [`Error::OutOfBounds`] unless `offset..offset + len` lies
-/// within `t` (an overflowing end included).
-pub(crate) fn check_bounds(t: &Tensor, offset: usize, len: usize) -> Result<()> {
-    if offset.checked_add(len).is_none_or(|end| end > t.nbytes()) {
-        return Err(Error::OutOfBounds {
-            len,
-            offset,
-            size: t.nbytes(),
-        });
-    }
-    Ok(())
 }
 
 /// A small access done by the caller itself, with the engine held and at rest (nothing
@@ -161,7 +149,7 @@ pub(crate) fn small_access(
         .map_or_else(|| write.map_or(0, <[u8]>::len), |b| b.len());
     check_size(len)?;
     shared.check_tensor(t)?;
-    check_bounds(t, offset, len)?;
+    check_range(&*t.blob().mem, offset, len)?;
     let stream = shared.default_stream_of(t.device())?;
     soft_sync(shared, t, &stream)?;
     let host = !stream.dev.is_async() && t.blob().mem.host_ptr().is_some();

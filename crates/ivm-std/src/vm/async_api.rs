@@ -2,12 +2,13 @@
 //! returns a [`Completion`](crate::Completion) (the mechanism is in `completion.rs`).
 
 use super::VirtualMachine;
+use crate::device::check_range;
 use crate::doors::builder::InstructionsBuilder;
 use crate::doors::completion::{
     Completer, Completion, ReadSmallMem, async_target, barrier_completing, check_timeout,
     completer_for, submit_on, wait_deadline,
 };
-use crate::doors::sync_access::{check_bounds, check_size};
+use crate::doors::sync_access::check_size;
 use crate::model::instruction::Waiter;
 use crate::model::instruction::{Instruction, Kind, ReadFn, WriteFn};
 use crate::runtime::tensor::Tensor;
@@ -44,7 +45,7 @@ impl VirtualMachine {
         let shared = self.shared_state();
         check_size(len)?;
         let stream = async_target(shared, t)?;
-        check_bounds(t, offset, len)?;
+        check_range(&*t.blob().mem, offset, len)?;
         let (c, slot) = Completion::new(shared);
         let c = c.on_stream(&stream);
         let done = completer_for(slot, t, &stream);
@@ -74,7 +75,7 @@ impl VirtualMachine {
             let len = data.len();
             check_size(len)?;
             let stream = async_target(shared, t)?;
-            check_bounds(t, offset, len)?;
+            check_range(&*t.blob().mem, offset, len)?;
             let mut small = [0u8; 16];
             small[..len].copy_from_slice(data);
             let (c, slot) = Completion::new(shared);
@@ -236,7 +237,7 @@ impl VirtualMachine {
             .map_or_else(|| write.map_or(0, <[u8]>::len), |b| b.len());
         check_size(len)?;
         shared.check_tensor(t)?;
-        check_bounds(t, offset, len)?;
+        check_range(&*t.blob().mem, offset, len)?;
         let stream = shared.default_stream_of(t.device())?;
         let (name, kind) = match write {
             None => ("read_small", Kind::SmallRead { offset, len }),

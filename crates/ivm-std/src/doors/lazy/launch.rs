@@ -19,11 +19,15 @@ use std::sync::Arc;
 
 use crate::device::cpu::HostMemory;
 use crate::doors::builder::InstructionsBuilder;
-use crate::doors::lazy::{CsKind, EndEvent, JobInstance, LazyGraph, SharedEventRecord};
+use crate::doors::lazy::vm_lazy::VmLazy;
+use crate::doors::lazy::{
+    CsKind, EndEvent, Interface, JobInstance, LazyGraph, LazyInner, SharedEventRecord,
+};
 use crate::model::blob::Blob;
 use crate::model::instruction::{Deferred, Instruction, Kind};
 use crate::model::stream::Stream;
 use crate::model::stream::StreamShared;
+use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Failure, Result};
 use crate::util::ids::{Device, StreamId, StreamType};
@@ -108,129 +112,55 @@ impl InstructionsBuilder<'_> {
         parameters: &[&Tensor],
         graph: &LazyGraph,
     ) -> Result<()> {
-        let g = &graph.inner;
-        let (orig_outputs, orig_parameters) = (outputs, parameters);
-        for (what, expected, got) in [
-            ("inputs", g.inputs.len(), inputs.len()),
-            ("outputs", g.outputs.len(), outputs.len()),
-            ("parameters", g.params.len(), parameters.len()),
-        ] {
-            if expected != got {
-                return Err(Error::InterfaceCountMismatch {
-                    job: g.job.to_string(),
-                    what,
-                    expected,
-                    got,
-                });
-            }
-        }
         let vm = self.vm();
-        for t in inputs.iter().chain(outputs).chain(parameters) {
-            vm.check_tensor(t)?;
-        }
-        if graph.bind(vm.id)? {
-            vm.lazy().register(g);
-        }
-        let sizes = g
-            .inputs
-            .iter()
-            .zip(inputs)
-            .chain(g.outputs.iter().zip(outputs))
-            .filter(|(i, _)| i.valid)
-            .map(|(i, t)| (&i.name, i.nbytes, t))
-            .chain(
-                g.params
-                    .iter()
-                    .zip(parameters)
-                    .map(|(p, t)| (&p.name, p.nbytes, t)),
-            );
-        for (name, expected, t) in sizes {
-            if t.nbytes() != expected {
-                return Err(Error::InterfaceSizeMismatch {
-                    job: g.job.to_string(),
-                    name: name.clone(),
-                    expected,
-                    got: t.nbytes(),
-                });
-            }
-        }
-        // A written tensor (output, parameter) may appear nowhere else: the graph would
-        // access it from two kernels at once.
-        let written: Vec<&Tensor> = outputs.iter().chain(parameters).copied().collect();
-        for (k, w) in written.iter().enumerate() {
-            let b = w.blob();
-            if written[..k]
-                .iter()
-                .chain(inputs)
-                .any(|t| Arc::ptr_eq(t.blob(), b))
-            {
-                return Err(Error::AliasedOperand);
-            }
-        }
+        check_launch(vm, graph, inputs, outputs, parameters)?;
+        // Every stream is created before the first instruction is pushed, so that an error
+        // leaves nothing behind in the batch.
+        let staging = Staging::new(vm, &graph.inner, inputs, outputs, parameters)?;
+        let cs = cpu_stream(vm, StreamType::CriticalSection)?;
+        let launcher = cpu_stream(vm, StreamType::LazyJobLauncher)?;
+        self.copy_staged_in(&staging, inputs, parameters)?;
+        {
+            let (inputs, outputs, parameters) = staging.stand_ins(inputs, outputs, parameters);
+            let (inputs, outputs, parameters) = (&inputs[..], &outputs[..], &parameters[..]);
+            let lazy = vm.lazy();
+            // Bodies may block on a full buffer only on their own VM threads: in
+            // single-thread mode they run in the caller's engine step, which the graph may
+            // be waiting for.
+            let block = !vm.core.single_thread();
 
-        // Device-only tensors reach the graph through host staging tensors (ARCHITECTURE.md,
-        // "Device-only memory through the doors"): each is copied in on its device's
-        // device-to-host stream before the run, and outputs and parameters are copied back
-        // on its host-to-device stream after their critical-section ends. The launch below
-        // sees only host memory.
-        let copy_stream = |t: &Tensor, stream_type| -> Result<Stream> {
-            let id = StreamId {
-                device: t.device(),
-                stream_type,
-                thread_id: 0,
-            };
-            Ok(Stream {
-                shared: vm.stream(id)?,
-            })
-        };
-        // A stand-in for `t` if it is device-only and `used`, with the copy streams it
-        // needs: in for what the graph reads, out for what it writes. Every stream is
-        // created here, before the first instruction is pushed, so that an error leaves
-        // nothing behind in the batch.
-        let stage = |t: &Tensor, used: bool, copy_in: bool, copy_out: bool| {
-            if !used || t.nbytes() == 0 || t.blob().mem.host_ptr().is_some() {
-                return Ok(None);
-            }
-            Ok(Some(Staged {
-                host: staging_tensor(vm, t.nbytes())?,
-                copy_in: copy_in
-                    .then(|| copy_stream(t, StreamType::DeviceToHost))
-                    .transpose()?,
-                copy_out: copy_out
-                    .then(|| copy_stream(t, StreamType::HostToDevice))
-                    .transpose()?,
-            }))
-        };
-        let staged_in = g
-            .inputs
-            .iter()
-            .zip(inputs)
-            .map(|(i, t)| stage(t, i.valid, true, false))
-            .collect::<Result<Vec<_>>>()?;
-        let staged_out = g
-            .outputs
-            .iter()
-            .zip(outputs)
-            .map(|(i, t)| stage(t, i.valid, false, true))
-            .collect::<Result<Vec<_>>>()?;
-        let staged_params = parameters
-            .iter()
-            .map(|t| stage(t, true, true, true))
-            .collect::<Result<Vec<_>>>()?;
-        let cs = vm.stream(StreamId {
-            device: Device::CPU,
-            stream_type: StreamType::CriticalSection,
-            thread_id: 0,
-        })?;
-        let launcher = vm.stream(StreamId {
-            device: Device::CPU,
-            stream_type: StreamType::LazyJobLauncher,
-            thread_id: 0,
-        })?;
+            // 1. Soft sync every tensor onto the critical-section stream.
+            let all: Vec<&Tensor> = inputs
+                .iter()
+                .chain(outputs)
+                .chain(parameters)
+                .copied()
+                .collect();
+            self.soft_sync_onto(&all, &cs);
+            let run = Run::new(graph, cs, block, inputs, outputs, parameters);
+            // 2. Input and output critical-section begins.
+            self.push_begins(&run);
+            // 3. Launch lazy job, on the launcher stream.
+            self.push_launch(&run, lazy, &launcher, parameters);
+            // 4. One end per input, then per output, each done when its record is.
+            self.push_ends(&run);
+        }
+        // 5. Staged outputs and parameters go back to their devices.
+        self.copy_staged_out(staging, outputs, parameters)
+    }
+
+    /// Copies each staged input and parameter into its host stand-in, on its device's
+    /// device-to-host stream, before the run.
+    fn copy_staged_in(
+        &mut self,
+        staging: &Staging,
+        inputs: &[&Tensor],
+        parameters: &[&Tensor],
+    ) -> Result<()> {
         let stage_in = inputs
             .iter()
             .chain(parameters)
-            .zip(staged_in.iter().chain(&staged_params));
+            .zip(staging.inputs.iter().chain(&staging.params));
         for (t, s) in stage_in {
             if let Some(Staged {
                 host,
@@ -241,61 +171,19 @@ impl InstructionsBuilder<'_> {
                 self.copy_named("lazy_job_stage_in", d2h, t, host)?;
             }
         }
-        fn swap<'t>(ts: &[&'t Tensor], staged: &'t [Option<Staged>]) -> Vec<&'t Tensor> {
-            ts.iter()
-                .zip(staged)
-                .map(|(&t, s)| s.as_ref().map_or(t, |s| &s.host))
-                .collect()
-        }
-        let (inputs, outputs, parameters) = (
-            &swap(inputs, &staged_in)[..],
-            &swap(outputs, &staged_out)[..],
-            &swap(parameters, &staged_params)[..],
-        );
+        Ok(())
+    }
 
-        let lazy = vm.lazy();
-        // Bodies may block on a full buffer only on their own VM threads: in single-thread
-        // mode they run in the caller's engine step, which the graph may be waiting for.
-        let block = !vm.core.single_thread();
-
-        // 1. Soft sync every tensor onto the critical-section stream.
-        let all: Vec<&Tensor> = inputs
-            .iter()
-            .chain(outputs)
-            .chain(parameters)
-            .copied()
-            .collect();
-        self.soft_sync_onto(&all, &cs);
-
-        let blobs =
-            |ts: &[&Tensor]| -> Vec<Arc<Blob>> { ts.iter().map(|t| t.blob().clone()).collect() };
-        let records = |ifaces: &[crate::doors::lazy::Interface]| -> Vec<Arc<SharedEventRecord>> {
-            ifaces
-                .iter()
-                .map(|i| {
-                    let r = Arc::new(SharedEventRecord::new());
-                    if !i.valid {
-                        // Invalid interfaces: done at once.
-                        r.try_init(EndEvent::Done);
-                    }
-                    r
-                })
-                .collect()
-        };
-        let in_blobs = blobs(inputs);
-        let out_blobs = blobs(outputs);
-        let param_blobs = blobs(parameters);
-        let in_records = records(&g.inputs);
-        let out_records = records(&g.outputs);
-
-        // 2. Input and output critical-section begins.
+    /// Step 2: the input and output critical-section begins.
+    fn push_begins(&mut self, run: &Run<'_>) {
+        let (graph, block) = (run.graph, run.block);
         {
-            let (gr, b, r) = (graph.clone(), in_blobs.clone(), in_records.clone());
+            let (gr, b, r) = (graph.clone(), run.in_blobs.clone(), run.in_records.clone());
             let room = graph.clone();
-            let refs: Vec<&Arc<Blob>> = in_blobs.iter().collect();
+            let refs: Vec<&Arc<Blob>> = run.in_blobs.iter().collect();
             self.push_instr(new_instr(
                 "input_critical_section_begin",
-                &cs,
+                &run.cs,
                 &refs,
                 &[],
                 Deferred {
@@ -308,12 +196,16 @@ impl InstructionsBuilder<'_> {
             ));
         }
         {
-            let (gr, b, r) = (graph.clone(), out_blobs.clone(), out_records.clone());
+            let (gr, b, r) = (
+                graph.clone(),
+                run.out_blobs.clone(),
+                run.out_records.clone(),
+            );
             let room = graph.clone();
-            let refs: Vec<&Arc<Blob>> = out_blobs.iter().collect();
+            let refs: Vec<&Arc<Blob>> = run.out_blobs.iter().collect();
             self.push_instr(new_instr(
                 "output_critical_section_begin",
-                &cs,
+                &run.cs,
                 &[],
                 &refs,
                 Deferred {
@@ -325,57 +217,69 @@ impl InstructionsBuilder<'_> {
                 },
             ));
         }
+    }
 
-        // 3. Launch lazy job, on the launcher stream.
-        {
-            let mut writes: Vec<&Arc<Blob>> = param_blobs.iter().collect();
-            writes.push(&lazy.transport);
-            let (gr, queue, params) = (graph.clone(), lazy.queue.clone(), param_blobs.clone());
-            let room = graph.clone();
-            let t: Vec<&Tensor> = parameters.to_vec();
-            self.soft_sync_onto(&t, &launcher);
-            self.push_instr(new_instr(
-                "launch_lazy_job",
-                &launcher,
-                &[],
-                &writes,
-                Deferred {
-                    ready_now: Some(Box::new(move || room.room_for_job())),
-                    run: Box::new(move |c, may_block| {
-                        let id = gr.id();
-                        let q = queue.clone();
-                        queue.submit(
-                            id,
-                            Box::new(move |on_launcher| {
-                                let name = gr.inner.job.clone();
-                                let job = Arc::new(JobInstance::new(
-                                    gr.inner.job.clone(),
-                                    params,
-                                    Box::new(move |r| {
-                                        q.dequeue(id);
-                                        // The label is made only for a failure.
-                                        c.complete(r.map_err(|e| {
-                                            failure_of(&e, &format!("launch_lazy_job `{name}`"))
-                                        }));
-                                    }),
-                                ));
-                                gr.push_job(job, on_launcher && block && may_block);
-                            }),
-                        );
-                    }),
-                },
-            ));
-        }
+    /// Step 3: *launch lazy job*, on the launcher stream, after soft-syncing the
+    /// parameters onto it.
+    fn push_launch(
+        &mut self,
+        run: &Run<'_>,
+        lazy: &VmLazy,
+        launcher: &Arc<StreamShared>,
+        parameters: &[&Tensor],
+    ) {
+        let (graph, block) = (run.graph, run.block);
+        let mut writes: Vec<&Arc<Blob>> = run.param_blobs.iter().collect();
+        writes.push(&lazy.transport);
+        let (gr, queue, params) = (graph.clone(), lazy.queue.clone(), run.param_blobs.clone());
+        let room = graph.clone();
+        let t: Vec<&Tensor> = parameters.to_vec();
+        self.soft_sync_onto(&t, launcher);
+        self.push_instr(new_instr(
+            "launch_lazy_job",
+            launcher,
+            &[],
+            &writes,
+            Deferred {
+                ready_now: Some(Box::new(move || room.room_for_job())),
+                run: Box::new(move |c, may_block| {
+                    let id = gr.id();
+                    let q = queue.clone();
+                    queue.submit(
+                        id,
+                        Box::new(move |on_launcher| {
+                            let name = gr.inner.job.clone();
+                            let job = Arc::new(JobInstance::new(
+                                gr.inner.job.clone(),
+                                params,
+                                Box::new(move |r| {
+                                    q.dequeue(id);
+                                    // The label is made only for a failure.
+                                    c.complete(r.map_err(|e| {
+                                        failure_of(&e, &format!("launch_lazy_job `{name}`"))
+                                    }));
+                                }),
+                            ));
+                            gr.push_job(job, on_launcher && block && may_block);
+                        }),
+                    );
+                }),
+            },
+        ));
+    }
 
-        // 4. One end per input, then per output, each done when its record is.
-        let ends = in_blobs
+    /// Step 4: one critical-section end per input, then per output, each done when its
+    /// record is.
+    fn push_ends(&mut self, run: &Run<'_>) {
+        let ends = run
+            .in_blobs
             .iter()
-            .zip(&in_records)
+            .zip(&run.in_records)
             .map(|(b, r)| (b, r, false))
             .chain(
-                out_blobs
+                run.out_blobs
                     .iter()
-                    .zip(&out_records)
+                    .zip(&run.out_records)
                     .map(|(b, r)| (b, r, true)),
             );
         for (b, r, write) in ends {
@@ -384,10 +288,10 @@ impl InstructionsBuilder<'_> {
             } else {
                 ("input_critical_section_end", vec![b], vec![])
             };
-            let (r, job) = (r.clone(), g.job.clone());
+            let (r, job) = (r.clone(), run.graph.inner.job.clone());
             self.push_instr(new_instr(
                 name,
-                &cs,
+                &run.cs,
                 &ins,
                 &outs,
                 Deferred::never_blocks(Box::new(move |c, _| {
@@ -398,14 +302,22 @@ impl InstructionsBuilder<'_> {
                 })),
             ));
         }
+    }
 
-        // 5. Staged outputs and parameters go back to their devices; the staging tensors
-        // are released after this batch's instructions (a handle dropped here would free
-        // them before the batch is received).
-        let back = orig_outputs
+    /// Step 5: staged outputs and parameters go back to their devices, on their
+    /// host-to-device streams after their critical-section ends; the staging tensors are
+    /// released after this batch's instructions (a handle dropped here would free them
+    /// before the batch is received).
+    fn copy_staged_out(
+        &mut self,
+        staging: Staging,
+        outputs: &[&Tensor],
+        parameters: &[&Tensor],
+    ) -> Result<()> {
+        let back = outputs
             .iter()
-            .chain(orig_parameters)
-            .zip(staged_out.iter().chain(&staged_params));
+            .chain(parameters)
+            .zip(staging.outputs.iter().chain(&staging.params));
         for (t, s) in back {
             if let Some(Staged {
                 host,
@@ -416,15 +328,247 @@ impl InstructionsBuilder<'_> {
                 self.copy_named("lazy_job_stage_out", h2d, host, t)?;
             }
         }
-        for s in staged_in
+        for s in staging
+            .inputs
             .into_iter()
-            .chain(staged_out)
-            .chain(staged_params)
+            .chain(staging.outputs)
+            .chain(staging.params)
             .flatten()
         {
             self.release_tensor(s.host)?;
         }
         Ok(())
+    }
+}
+
+/// The argument checks of a launch, in order: the numbers of tensors, that they belong to
+/// this VM, that `graph` serves it (binding it on its first launch), their sizes, and that
+/// no written tensor aliases another operand.
+fn check_launch(
+    vm: &Arc<VmShared>,
+    graph: &LazyGraph,
+    inputs: &[&Tensor],
+    outputs: &[&Tensor],
+    parameters: &[&Tensor],
+) -> Result<()> {
+    let g = &graph.inner;
+    for (what, expected, got) in [
+        ("inputs", g.inputs.len(), inputs.len()),
+        ("outputs", g.outputs.len(), outputs.len()),
+        ("parameters", g.params.len(), parameters.len()),
+    ] {
+        if expected != got {
+            return Err(Error::InterfaceCountMismatch {
+                job: g.job.to_string(),
+                what,
+                expected,
+                got,
+            });
+        }
+    }
+    for t in inputs.iter().chain(outputs).chain(parameters) {
+        vm.check_tensor(t)?;
+    }
+    if graph.bind(vm.id)? {
+        vm.lazy().register(g);
+    }
+    let sizes = g
+        .inputs
+        .iter()
+        .zip(inputs)
+        .chain(g.outputs.iter().zip(outputs))
+        .filter(|(i, _)| i.valid)
+        .map(|(i, t)| (&i.name, i.nbytes, t))
+        .chain(
+            g.params
+                .iter()
+                .zip(parameters)
+                .map(|(p, t)| (&p.name, p.nbytes, t)),
+        );
+    for (name, expected, t) in sizes {
+        if t.nbytes() != expected {
+            return Err(Error::InterfaceSizeMismatch {
+                job: g.job.to_string(),
+                name: name.clone(),
+                expected,
+                got: t.nbytes(),
+            });
+        }
+    }
+    // A written tensor (output, parameter) may appear nowhere else: the graph would
+    // access it from two kernels at once.
+    let written: Vec<&Tensor> = outputs.iter().chain(parameters).copied().collect();
+    for (k, w) in written.iter().enumerate() {
+        let b = w.blob();
+        if written[..k]
+            .iter()
+            .chain(inputs)
+            .any(|t| Arc::ptr_eq(t.blob(), b))
+        {
+            return Err(Error::AliasedOperand);
+        }
+    }
+    Ok(())
+}
+
+/// The VM's cpu stream of `stream_type` (critical-section, launcher).
+fn cpu_stream(vm: &Arc<VmShared>, stream_type: StreamType) -> Result<Arc<StreamShared>> {
+    vm.stream(StreamId {
+        device: Device::CPU,
+        stream_type,
+        thread_id: 0,
+    })
+}
+
+/// The host stand-ins of a launch's device-only operands, one slot per operand (`None`:
+/// the graph sees the operand itself).
+///
+/// Device-only tensors reach the graph through host staging tensors (ARCHITECTURE.md,
+/// "Device-only memory through the doors"): each is copied in on its device's
+/// device-to-host stream before the run, and outputs and parameters are copied back on its
+/// host-to-device stream after their critical-section ends. The launch sees only host
+/// memory.
+struct Staging {
+    inputs: Vec<Option<Staged>>,
+    outputs: Vec<Option<Staged>>,
+    params: Vec<Option<Staged>>,
+}
+
+impl Staging {
+    /// Stages every device-only operand the graph uses, creating the copy streams their
+    /// copies need.
+    fn new(
+        vm: &Arc<VmShared>,
+        g: &LazyInner,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        parameters: &[&Tensor],
+    ) -> Result<Self> {
+        let inputs = g
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|(i, t)| stage(vm, t, i.valid, true, false))
+            .collect::<Result<Vec<_>>>()?;
+        let outputs = g
+            .outputs
+            .iter()
+            .zip(outputs)
+            .map(|(i, t)| stage(vm, t, i.valid, false, true))
+            .collect::<Result<Vec<_>>>()?;
+        let params = parameters
+            .iter()
+            .map(|t| stage(vm, t, true, true, true))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            inputs,
+            outputs,
+            params,
+        })
+    }
+
+    /// The tensors the graph sees: each staged operand replaced by its host stand-in.
+    fn stand_ins<'t>(
+        &'t self,
+        inputs: &[&'t Tensor],
+        outputs: &[&'t Tensor],
+        parameters: &[&'t Tensor],
+    ) -> (Vec<&'t Tensor>, Vec<&'t Tensor>, Vec<&'t Tensor>) {
+        fn swap<'t>(ts: &[&'t Tensor], staged: &'t [Option<Staged>]) -> Vec<&'t Tensor> {
+            ts.iter()
+                .zip(staged)
+                .map(|(&t, s)| s.as_ref().map_or(t, |s| &s.host))
+                .collect()
+        }
+        (
+            swap(inputs, &self.inputs),
+            swap(outputs, &self.outputs),
+            swap(parameters, &self.params),
+        )
+    }
+}
+
+/// A stand-in for `t` if it is device-only and `used`, with the copy streams it needs: in
+/// for what the graph reads, out for what it writes.
+fn stage(
+    vm: &Arc<VmShared>,
+    t: &Tensor,
+    used: bool,
+    copy_in: bool,
+    copy_out: bool,
+) -> Result<Option<Staged>> {
+    if !used || t.nbytes() == 0 || t.blob().mem.host_ptr().is_some() {
+        return Ok(None);
+    }
+    let copy_stream = |stream_type| -> Result<Stream> {
+        let id = StreamId {
+            device: t.device(),
+            stream_type,
+            thread_id: 0,
+        };
+        Ok(Stream {
+            shared: vm.stream(id)?,
+        })
+    };
+    Ok(Some(Staged {
+        host: staging_tensor(vm, t.nbytes())?,
+        copy_in: copy_in
+            .then(|| copy_stream(StreamType::DeviceToHost))
+            .transpose()?,
+        copy_out: copy_out
+            .then(|| copy_stream(StreamType::HostToDevice))
+            .transpose()?,
+    }))
+}
+
+/// What one run's instructions share: the graph, the critical-section stream, whether
+/// bodies may block, and the blobs and end records of the tensors the graph sees.
+struct Run<'g> {
+    graph: &'g LazyGraph,
+    cs: Arc<StreamShared>,
+    block: bool,
+    in_blobs: Vec<Arc<Blob>>,
+    out_blobs: Vec<Arc<Blob>>,
+    param_blobs: Vec<Arc<Blob>>,
+    in_records: Vec<Arc<SharedEventRecord>>,
+    out_records: Vec<Arc<SharedEventRecord>>,
+}
+
+impl<'g> Run<'g> {
+    fn new(
+        graph: &'g LazyGraph,
+        cs: Arc<StreamShared>,
+        block: bool,
+        inputs: &[&Tensor],
+        outputs: &[&Tensor],
+        parameters: &[&Tensor],
+    ) -> Self {
+        let g = &graph.inner;
+        let blobs =
+            |ts: &[&Tensor]| -> Vec<Arc<Blob>> { ts.iter().map(|t| t.blob().clone()).collect() };
+        let records = |ifaces: &[Interface]| -> Vec<Arc<SharedEventRecord>> {
+            ifaces
+                .iter()
+                .map(|i| {
+                    let r = Arc::new(SharedEventRecord::new());
+                    if !i.valid {
+                        // Invalid interfaces: done at once.
+                        r.try_init(EndEvent::Done);
+                    }
+                    r
+                })
+                .collect()
+        };
+        Self {
+            graph,
+            cs,
+            block,
+            in_blobs: blobs(inputs),
+            out_blobs: blobs(outputs),
+            param_blobs: blobs(parameters),
+            in_records: records(&g.inputs),
+            out_records: records(&g.outputs),
+        }
     }
 }
 
@@ -440,7 +584,7 @@ struct Staged {
 
 /// A zero-filled host tensor of `nbytes` for staging a device-only tensor, homed on the
 /// cpu default stream (its release, like any cpu tensor's, just drops the memory).
-fn staging_tensor(vm: &Arc<crate::runtime::shared::VmShared>, nbytes: usize) -> Result<Tensor> {
+fn staging_tensor(vm: &Arc<VmShared>, nbytes: usize) -> Result<Tensor> {
     let mem = Arc::new(HostMemory::try_zeroed(nbytes)?);
     Ok(Tensor::over(
         vm.clone(),

@@ -128,8 +128,6 @@ fn launch_kind(
 ) -> Result<Outcome, Failure> {
     let st = &instr.stream;
     let dev = &st.dev;
-    let stream: &dyn DeviceStream = &*dev.stream;
-    let err = |e: crate::Error| failure(instr, e.to_string());
     let data = matches!(
         kind,
         Kind::Kernel(_)
@@ -155,6 +153,49 @@ fn launch_kind(
     match kind {
         Kind::Noop => {}
         Kind::Barrier(f) => f(),
+        k @ (Kind::Kernel(_) | Kind::Read(_) | Kind::Write(_)) => {
+            launch_work(instr, k, inputs, outputs)?;
+        }
+        k @ (Kind::SmallRead { .. } | Kind::SmallWrite { .. }) => {
+            launch_small(instr, k, inputs, outputs)?;
+        }
+        k @ (Kind::Copy { .. } | Kind::Free) => launch_memory(instr, k, inputs, outputs)?,
+        k @ (Kind::StreamWait { .. } | Kind::RecordEvent { .. } | Kind::WaitEvent { .. }) => {
+            return launch_sync(instr, k);
+        }
+    }
+    by_policy(instr)
+}
+
+/// How work launched on `instr`'s stream completes, as the stream's policy says: at launch,
+/// or when an event recorded after it completes.
+fn by_policy(instr: &Instruction) -> Result<Outcome, Failure> {
+    let st = &instr.stream;
+    if st.policy.done_at_launch() {
+        Ok(Outcome::AtLaunch)
+    } else {
+        let stream: &dyn DeviceStream = &*st.dev.stream;
+        Ok(Outcome::OnEvent(
+            stream
+                .record_event()
+                .map_err(|e| failure(instr, e.to_string()))?,
+        ))
+    }
+}
+
+/// Data work that runs user code: a kernel (run here on a launcher device, queued in
+/// stream order otherwise) or a read or write callback (queued, through host staging
+/// where the memory is device-only).
+fn launch_work(
+    instr: &Arc<Instruction>,
+    kind: Kind,
+    inputs: &Operands,
+    outputs: &Operands,
+) -> Result<(), Failure> {
+    let dev = &instr.stream.dev;
+    let stream: &dyn DeviceStream = &*dev.stream;
+    let err = |e: crate::Error| failure(instr, e.to_string());
+    match kind {
         Kind::Kernel(f) if dev.mode == KernelMode::Launcher => {
             let ins = inputs.as_slice();
             let outs = outputs.as_slice();
@@ -192,6 +233,22 @@ fn launch_kind(
                 unsafe { stream.copy(&host, 0, dst, 0, host.nbytes()) }.map_err(err)?;
             }
         }
+        _ => unreachable!("ivm: launch_work is given kernels, reads and writes"),
+    }
+    Ok(())
+}
+
+/// A small access: a copy between the tensor and the stream's pinned buffer, and a host
+/// closure in stream order between the pinned buffer and the instruction's `small`.
+fn launch_small(
+    instr: &Arc<Instruction>,
+    kind: Kind,
+    inputs: &Operands,
+    outputs: &Operands,
+) -> Result<(), Failure> {
+    let stream: &dyn DeviceStream = &*instr.stream.dev.stream;
+    let err = |e: crate::Error| failure(instr, e.to_string());
+    match kind {
         Kind::SmallRead { offset, len } => {
             let src = &inputs.as_slice()[0].mem;
             let pinned = stream.pinned_buffer().clone();
@@ -229,6 +286,23 @@ fn launch_kind(
             // tensor (and soft sync after their device work); pinned buffer: stream order.
             unsafe { stream.copy(&pinned, 0, dst, offset, len) }.map_err(err)?;
         }
+        _ => unreachable!("ivm: launch_small is given small reads and writes"),
+    }
+    Ok(())
+}
+
+/// Memory work without user code: a copy between two tensors, or a tensor's release.
+fn launch_memory(
+    instr: &Arc<Instruction>,
+    kind: Kind,
+    inputs: &Operands,
+    outputs: &Operands,
+) -> Result<(), Failure> {
+    let st = &instr.stream;
+    let dev = &st.dev;
+    let stream: &dyn DeviceStream = &*dev.stream;
+    let err = |e: crate::Error| failure(instr, e.to_string());
+    match kind {
         Kind::Copy {
             src_offset,
             dst_offset,
@@ -263,11 +337,22 @@ fn launch_kind(
                 dev.allocator.free_on(&b.mem, stream).map_err(err)?;
             }
         }
-        // Device-side waits complete like the stream's other work: at launch on a compute
-        // stream, when an event recorded after them completes on a copy stream. They write
-        // the tensors they order, so a host-side reader whose last writer is such a wait
-        // must not start before the waited-for work (e.g. a compute-stream copy into a cpu
-        // tensor, then read on a copy stream, then by a cpu kernel).
+        _ => unreachable!("ivm: launch_memory is given copies and frees"),
+    }
+    Ok(())
+}
+
+/// Soft sync's device-side waits and events.
+///
+/// Device-side waits complete like the stream's other work: at launch on a compute
+/// stream, when an event recorded after them completes on a copy stream. They write the
+/// tensors they order, so a host-side reader whose last writer is such a wait must not
+/// start before the waited-for work (e.g. a compute-stream copy into a cpu tensor, then
+/// read on a copy stream, then by a cpu kernel).
+fn launch_sync(instr: &Arc<Instruction>, kind: Kind) -> Result<Outcome, Failure> {
+    let stream: &dyn DeviceStream = &*instr.stream.dev.stream;
+    let err = |e: crate::Error| failure(instr, e.to_string());
+    match kind {
         Kind::StreamWait { from } => {
             let ev = from.dev.stream.record_event().map_err(err)?;
             stream.wait_event(&*ev).map_err(err)?;
@@ -288,12 +373,9 @@ fn launch_kind(
                 .ok_or_else(|| failure(instr, "soft sync: no event was recorded to wait for"))?;
             stream.wait_event(&**ev).map_err(err)?;
         }
+        _ => unreachable!("ivm: launch_sync is given soft sync's waits and events"),
     }
-    if st.policy.done_at_launch() {
-        Ok(Outcome::AtLaunch)
-    } else {
-        Ok(Outcome::OnEvent(stream.record_event().map_err(err)?))
-    }
+    by_policy(instr)
 }
 
 /// Waits (bounded by the timeout period) until the work queued so far on the device
