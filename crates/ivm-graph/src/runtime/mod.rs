@@ -283,7 +283,7 @@ impl Graph {
         let helping = HELPING
             .with(std::cell::Cell::get)
             .and_then(|(graph, t)| (graph == me).then_some(t));
-        // Handle `t` is thread `t`'s (`layout::build` spawns them in order).
+        // Handle `t` is thread `t`'s (`layout::spawn_threads` spawns them in order).
         let handles = std::mem::take(&mut *lock(&self.handles));
         for (t, h) in handles.into_iter().enumerate() {
             if h.thread().id() == std::thread::current().id() || helping == Some(t) {
