@@ -160,7 +160,7 @@ pub(crate) struct Shared {
     /// `iteration * param_kernels + position` of the parameter kernel whose turn it is.
     param_turn: AtomicUsize,
     /// How many (actor, slot) `failed` flags are set: while none is, a firing skips
-    /// looking at its predecessors' flags (see `fire::try_fire`). Read by every firing of
+    /// looking at its predecessors' flags (see `fire::upstream_failure`). Read by every firing of
     /// every thread and written only when a flag changes: on cache lines of its own, away
     /// from `param_turn` and the other fields written per firing.
     failing: CachePadded<AtomicUsize>,
