@@ -31,10 +31,9 @@
 //! | `fused_k24_<ops>_on_vs_channel_bound` | runs of 24 with fusion on over the channel bound measured between them |
 //! | `fused_k1_<ops>_on_vs_off` | single-instruction runs, fusion on over off |
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded};
@@ -42,6 +41,9 @@ use ivm::ivm_std::{Config, Device, Stream, StreamId, Tensor, VirtualMachine};
 
 #[path = "../common/mod.rs"]
 mod common;
+// The counting global allocator, shared with ivm-std's `alloc_counts` test.
+#[path = "../../crates/ivm-std/tests/common/counting_alloc.rs"]
+mod counting_alloc;
 mod device;
 mod fused;
 mod reads;
@@ -49,49 +51,11 @@ mod resources;
 mod throughput;
 
 use common::{FutexBaseline, cpu_between, my_tid, thread_cpu};
+use counting_alloc::allocs_during;
 use fused::fused_runs;
 use reads::{cold_reads, inline_reads, warm_reads};
 use resources::{allocations, cpu_use};
 use throughput::{caller_work, throughput};
-
-// ---- counting allocator ------------------------------------------------------------------
-
-struct Counting;
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to `System`, only counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs_during(f: impl FnOnce()) -> usize {
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
-    f();
-    COUNTING.store(false, Ordering::SeqCst);
-    ALLOCS.load(Ordering::SeqCst)
-}
 
 // ---- helpers -----------------------------------------------------------------------------
 

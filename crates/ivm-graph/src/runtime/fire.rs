@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
 use ivm_std::Error;
-use ivm_std::lazy::{CriticalSectionInstance, JobInstance, TryPop};
+use ivm_std::lazy::{CriticalSectionInstance, JobBuffers, JobInstance, TryPop};
 
-use super::{GraphCtx, KernelBody, Local, LocalActor, Phase, Shared, lock};
+use super::{ActorShared, GraphCtx, KernelBody, Local, LocalActor, Phase, Shared, lock};
 
 /// Pops one item of `buf` into `held` until it holds `n`; whether it does.
 fn fill(
@@ -34,6 +34,28 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
     let me = &s.actors[a.id];
     // Relaxed: only this thread writes our own counter.
     let it = me.done.load(Ordering::Relaxed);
+    if !neighbours_ready(s, me, it) {
+        return false;
+    }
+    // External input, taken only once everything else is ready (so a popped item is
+    // always used at once).
+    let Some(popped) = pop_external(s.lazy.buffers(), &mut a.kind) else {
+        return false;
+    };
+    let slot = it % s.depth;
+    let upstream = upstream_failure(s, me, slot);
+    s.trace(a.id, it, Phase::Start, upstream.is_some());
+    let result = run_actor(s, a, it, upstream, popped, job_cache);
+    let failed = record_failure(s, me, slot, result);
+    s.trace(a.id, it, Phase::End, failed);
+    publish(s, me, it);
+    true
+}
+
+/// Whether `me` may fire iteration `it` as far as its neighbours go: every predecessor
+/// finished it, every successor is less than `depth` iterations behind, and it is this
+/// parameter kernel's turn.
+fn neighbours_ready(s: &Shared, me: &ActorShared, it: usize) -> bool {
     for &p in &me.preds {
         // Acquire: pairs with the predecessor's Release store of `done`; publishes the
         // slot of iteration `it` and its failure.
@@ -56,71 +78,94 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
             return false;
         }
     }
-    let bufs = s.lazy.buffers();
-    // External input, taken only once everything else is ready (so a popped item is
-    // always used at once).
-    let mut job: Option<Arc<JobInstance>> = None;
-    let mut cs: Option<Arc<CriticalSectionInstance>> = None;
-    let ready = match &mut a.kind {
-        Local::SourceTick => match bufs.source_tick.try_pop() {
-            TryPop::Item(j) => {
-                job = Some(j);
-                true
-            }
-            _ => false,
-        },
-        Local::Notifier => match bufs.callback_notifier.try_pop() {
-            TryPop::Item(j) => {
-                job = Some(j);
-                true
-            }
-            _ => false,
-        },
-        Local::Wait { held } => fill(&bufs.wait, held, 2),
-        Local::Callback { held } => fill(&bufs.callback, held, 2),
-        Local::Input { op, .. } => match bufs.inputs[*op].as_ref().map(|b| b.try_pop()) {
-            Some(TryPop::Item(x)) => {
-                cs = Some(x);
-                true
-            }
-            _ => false,
-        },
-        Local::Output { op, .. } => match bufs.outputs[*op].as_ref().map(|b| b.try_pop()) {
-            Some(TryPop::Item(x)) => {
-                cs = Some(x);
-                true
-            }
-            _ => false,
-        },
-        Local::Compute { .. } => true,
-    };
-    if !ready {
-        return false;
+    true
+}
+
+/// What an actor fires with from the VM's buffers: the source tick and the notifier pop a
+/// job instance, an input or output actor a critical section instance.
+enum Popped {
+    Nothing,
+    Job(Arc<JobInstance>),
+    Instance(Arc<CriticalSectionInstance>),
+}
+
+impl Popped {
+    fn job(self) -> Option<Arc<JobInstance>> {
+        match self {
+            Popped::Job(j) => Some(j),
+            _ => None,
+        }
     }
 
-    let slot = it % s.depth;
+    fn instance(self) -> Option<Arc<CriticalSectionInstance>> {
+        match self {
+            Popped::Instance(cs) => Some(cs),
+            _ => None,
+        }
+    }
+}
+
+/// Pops what actor `kind` fires with; `None` if it is not there yet.
+fn pop_external(bufs: &JobBuffers, kind: &mut Local) -> Option<Popped> {
+    match kind {
+        Local::SourceTick => match bufs.source_tick.try_pop() {
+            TryPop::Item(j) => Some(Popped::Job(j)),
+            _ => None,
+        },
+        Local::Notifier => match bufs.callback_notifier.try_pop() {
+            TryPop::Item(j) => Some(Popped::Job(j)),
+            _ => None,
+        },
+        Local::Wait { held } => fill(&bufs.wait, held, 2).then_some(Popped::Nothing),
+        Local::Callback { held } => fill(&bufs.callback, held, 2).then_some(Popped::Nothing),
+        Local::Input { op, .. } => match bufs.inputs[*op].as_ref().map(|b| b.try_pop()) {
+            Some(TryPop::Item(x)) => Some(Popped::Instance(x)),
+            _ => None,
+        },
+        Local::Output { op, .. } => match bufs.outputs[*op].as_ref().map(|b| b.try_pop()) {
+            Some(TryPop::Item(x)) => Some(Popped::Instance(x)),
+            _ => None,
+        },
+        Local::Compute { .. } => Some(Popped::Nothing),
+    }
+}
+
+/// The failure a predecessor of `me` passes on for the iteration using `slot`, if any.
+fn upstream_failure(s: &Shared, me: &ActorShared, slot: usize) -> Option<Error> {
     // Relaxed: a predecessor that failed iteration `it` counted its flag in `failing`
-    // before its Release store of `done`, which our Acquire load above read, so we read
-    // its increment or a later value; it takes the flag out only when it fires iteration
-    // `it + depth` without failing, after we are done with `it`. So zero means no
-    // predecessor failed it.
-    let upstream: Option<Error> = if s.failing.load(Ordering::Relaxed) == 0 {
+    // before its Release store of `done`, which our Acquire load in `neighbours_ready`
+    // read, so we read its increment or a later value; it takes the flag out only when it
+    // fires iteration `it + depth` without failing, after we are done with `it`. So zero
+    // means no predecessor failed it.
+    if s.failing.load(Ordering::Relaxed) == 0 {
         None
     } else {
         me.preds.iter().find_map(|&p| {
             let pred = &s.actors[p];
-            // Relaxed: ordered by the Acquire load of the predecessor's `done` above.
+            // Relaxed: ordered by the Acquire load of the predecessor's `done` in
+            // `neighbours_ready`.
             if pred.failed[slot].load(Ordering::Relaxed) {
                 lock(&pred.failures[slot]).clone()
             } else {
                 None
             }
         })
-    };
-    s.trace(a.id, it, Phase::Start, upstream.is_some());
-    let result: Option<Error> = match &mut a.kind {
+    }
+}
+
+/// What actor `a` does for iteration `it`, given the failure its predecessors pass on and
+/// what it popped; its failure.
+fn run_actor(
+    s: &Shared,
+    a: &mut LocalActor,
+    it: usize,
+    upstream: Option<Error>,
+    popped: Popped,
+    job_cache: &mut JobCache,
+) -> Option<Error> {
+    match &mut a.kind {
         Local::SourceTick => {
-            let j = job.take().expect("source tick fired with a job instance");
+            let j = popped.job().expect("source tick fired with a job instance");
             // A poisoned parameter fails the iteration: no kernel computes from it, the
             // outputs are poisoned with its error, and the run finishes with it.
             let poisoned = j.param_poison();
@@ -132,7 +177,9 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
             upstream
         }
         Local::Input { op, blob } => {
-            let cs = cs.take().expect("input kernel fired with an instance");
+            let cs = popped
+                .instance()
+                .expect("input kernel fired with an instance");
             match upstream {
                 Some(e) => {
                     cs.fail_op(*op, e.clone());
@@ -140,14 +187,16 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
                 }
                 None => {
                     // SAFETY: we produce this blob and fire iteration `it`; every consumer
-                    // finished iteration `it - depth` (checked above).
+                    // finished iteration `it - depth` (checked in `neighbours_ready`).
                     let dst = unsafe { s.blobs[*blob].write(it) };
                     cs.copy_input(*op, dst).err()
                 }
             }
         }
         Local::Output { op, blob } => {
-            let cs = cs.take().expect("output kernel fired with an instance");
+            let cs = popped
+                .instance()
+                .expect("output kernel fired with an instance");
             match upstream {
                 Some(e) => {
                     cs.fail_op(*op, e.clone());
@@ -155,7 +204,8 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
                 }
                 None => {
                     // SAFETY: the producer of this blob published iteration `it` (checked
-                    // above) and cannot overwrite it before our `done` moves on.
+                    // in `neighbours_ready`) and cannot overwrite it before our `done`
+                    // moves on.
                     let src = unsafe { s.blobs[*blob].read(it) };
                     cs.copy_output(*op, src).err()
                 }
@@ -179,41 +229,61 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
             upstream
         }
         Local::Notifier => {
-            let j = job.take().expect("notifier fired with a job instance");
-            let started = lock(&s.jobs).pop_front();
-            debug_assert!(
-                started
-                    .as_ref()
-                    .is_some_and(|(i, sj)| *i == it && Arc::ptr_eq(sj, &j)),
-                "ivm graph: callback notifier out of step with the source tick"
-            );
-            drop(started);
-            // Relaxed: a count (see `Graph::iterations_done`); the job's completion below
-            // happens after it in this thread.
-            s.runs_finished.fetch_add(1, Ordering::Relaxed);
-            j.finish(match &upstream {
-                Some(e) => Err(e.clone()),
-                None => Ok(()),
-            });
-            upstream
+            let j = popped.job().expect("notifier fired with a job instance");
+            finish_run(s, it, j, upstream)
         }
-    };
+    }
+}
+
+/// The callback notifier's firing: finishes job instance `j` of iteration `it`.
+fn finish_run(
+    s: &Shared,
+    it: usize,
+    j: Arc<JobInstance>,
+    upstream: Option<Error>,
+) -> Option<Error> {
+    let started = lock(&s.jobs).pop_front();
+    debug_assert!(
+        started
+            .as_ref()
+            .is_some_and(|(i, sj)| *i == it && Arc::ptr_eq(sj, &j)),
+        "ivm graph: callback notifier out of step with the source tick"
+    );
+    drop(started);
+    // Relaxed: a count (see `Graph::iterations_done`); the job's completion below
+    // happens after it in this thread.
+    s.runs_finished.fetch_add(1, Ordering::Relaxed);
+    j.finish(match &upstream {
+        Some(e) => Err(e.clone()),
+        None => Ok(()),
+    });
+    upstream
+}
+
+/// Records `me`'s failure of the iteration using `slot` (or that it no longer fails it)
+/// for its successors, and counts the flags set in `failing`; whether it failed.
+fn record_failure(s: &Shared, me: &ActorShared, slot: usize, result: Option<Error>) -> bool {
     let failed = result.is_some();
     // Relaxed: only this thread writes our flags; published by the Release store of
-    // `done` below.
+    // `done` in `publish`.
     let was_failed = me.failed[slot].load(Ordering::Relaxed);
     if failed || was_failed {
         *lock(&me.failures[slot]) = result;
         me.failed[slot].store(failed, Ordering::Relaxed);
-        // Relaxed: ordered for our successors by the Release store of `done` below (the
-        // argument is where `failing` is read, above).
+        // Relaxed: ordered for our successors by the Release store of `done` in `publish`
+        // (the argument is in `upstream_failure`, where `failing` is read).
         if failed && !was_failed {
             s.failing.fetch_add(1, Ordering::Relaxed);
         } else if !failed && was_failed {
             s.failing.fetch_sub(1, Ordering::Relaxed);
         }
     }
-    s.trace(a.id, it, Phase::End, failed);
+    failed
+}
+
+/// Ends `me`'s firing of iteration `it`: passes the parameter turn on, publishes `done`,
+/// and notifies the threads of the neighbours.
+fn publish(s: &Shared, me: &ActorShared, it: usize) {
     if me.param.is_some() {
         // Release: publishes our parameter accesses to the next parameter kernel.
         s.param_turn.fetch_add(1, Ordering::Release);
@@ -226,10 +296,12 @@ pub(super) fn try_fire(s: &Shared, a: &mut LocalActor, job_cache: &mut JobCache)
     for &t in &me.remote_threads {
         let _ = s.notifiers[t].notify();
     }
-    true
 }
 
 /// Runs a compute kernel's body for iteration `it`; its failure, if it panicked.
+// Out of line: the kernel path is long and its operand arrays large, and `try_fire`, which
+// every scan runs for every actor (mostly to find it not ready), stays small without it.
+#[inline(never)]
 fn run_kernel(
     s: &Shared,
     id: usize,

@@ -160,7 +160,7 @@ pub(crate) struct Shared {
     /// `iteration * param_kernels + position` of the parameter kernel whose turn it is.
     param_turn: AtomicUsize,
     /// How many (actor, slot) `failed` flags are set: while none is, a firing skips
-    /// looking at its predecessors' flags (see `fire::try_fire`). Read by every firing of
+    /// looking at its predecessors' flags (see `fire::upstream_failure`). Read by every firing of
     /// every thread and written only when a flag changes: on cache lines of its own, away
     /// from `param_turn` and the other fields written per firing.
     failing: CachePadded<AtomicUsize>,
@@ -283,7 +283,7 @@ impl Graph {
         let helping = HELPING
             .with(std::cell::Cell::get)
             .and_then(|(graph, t)| (graph == me).then_some(t));
-        // Handle `t` is thread `t`'s (`layout::build` spawns them in order).
+        // Handle `t` is thread `t`'s (`layout::spawn_threads` spawns them in order).
         let handles = std::mem::take(&mut *lock(&self.handles));
         for (t, h) in handles.into_iter().enumerate() {
             if h.thread().id() == std::thread::current().id() || helping == Some(t) {
