@@ -291,6 +291,7 @@ fn wait_small(
         return Ok(());
     }
     let _hook = shared.core.wait_scope();
+    crate::engine::preemption::sense_caller(&shared.core);
     // Instructions queued to a sleeping worker, the one waited for and those it waits
     // for among them, are run here rather than waited for (`worker::caller_runs`): its
     // own stream's worker first, then the others (what it waits for may be queued on

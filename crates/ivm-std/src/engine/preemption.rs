@@ -27,14 +27,8 @@ use ivm_core::sync::Ordering;
 
 use crate::engine::core::VmCore;
 use crate::model::thread_ctx::ThreadCtx;
+use crate::util::now_us;
 use crate::util::tuning::{CONTENDED_HOLD, PREEMPTED_GAP, STALLED_WORKER_HOLD};
-
-/// Microseconds since this process first asked (the clock of `ThreadCtx::contended_until`).
-fn now_us() -> usize {
-    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(Instant::now);
-    usize::try_from(origin.elapsed().as_micros()).unwrap_or(usize::MAX)
-}
 
 /// Marks the worker of `ctx` contended for `hold` from now.
 pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
@@ -48,6 +42,105 @@ pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
     // Relaxed: a hint (see `mark_contended`).
     let until = ctx.contended_until.load(Ordering::Relaxed);
     until != 0 && now_us() < until
+}
+
+/// The involuntary context switches of the calling thread so far (Linux, not under Miri):
+/// the times the kernel switched it out while it could have run on.
+fn involuntary_switches() -> Option<i64> {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        // SAFETY: `rusage` is plain data; all-zero is a valid value to be overwritten.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid out-pointer; RUSAGE_THREAD is the calling thread.
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+            return None;
+        }
+        // `c_long` is 32 bits on some Linux targets.
+        #[allow(clippy::useless_conversion)]
+        Some(i64::from(ru.ru_nivcsw))
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    None
+}
+
+/// A caller thread's view of whether other threads take its CPU: its involuntary context
+/// switches, counted over windows of at least [`SHARE_WINDOW`] between its calls into a
+/// VM (a sleeping caller is switched out voluntarily, so idle time is no evidence). Two
+/// or more in a window, and at least one per [`SWITCH_SPACING`], mean that a runnable
+/// thread keeps taking turns with it.
+///
+/// Then the VM's own threads are one too many for the CPUs: each worker of the VM is
+/// marked contended (it stops polling, dozes when idle, and hands its queue to a
+/// waiting caller between instructions), and pushes that a caller may run leave a
+/// dozing worker's wake to its deadline (`ThreadCtx::callers_contended_until`). The
+/// caller runs the work at its next wait, as single-thread mode would, and the CPU the
+/// workers leave idle is there for the busy thread, which the OS then tends to move
+/// there.
+#[derive(Debug, Default, Clone, Copy)]
+struct CallerSense {
+    /// The last look: when, and the switches counted then.
+    last: Option<(Instant, i64)>,
+    calls: u32,
+}
+
+/// Within a window, the most time per involuntary switch that still counts as sharing
+/// the CPU (a busy neighbour's scheduler slice is a few milliseconds).
+const SWITCH_SPACING: Duration = Duration::from_millis(10);
+
+thread_local! {
+    static CALLER_SENSE: std::cell::Cell<CallerSense> =
+        const { std::cell::Cell::new(CallerSense { last: None, calls: 0 }) };
+}
+
+/// A caller enters `shared` (a submission, a wait): every 8th call, once a window has
+/// passed, looks at its involuntary switches and marks the VM's workers and their
+/// pushes as above when it shares its CPU (counted as a caller preemption).
+pub(crate) fn sense_caller(shared: &VmCore) {
+    let Ok(mut s) = CALLER_SENSE.try_with(std::cell::Cell::get) else {
+        return;
+    };
+    s.calls = s.calls.wrapping_add(1);
+    if s.last.is_some() && !s.calls.is_multiple_of(8) {
+        let _ = CALLER_SENSE.try_with(|c| c.set(s));
+        return;
+    }
+    let now = Instant::now();
+    let contended = match s.last {
+        Some((since, _)) if now.duration_since(since) < SHARE_WINDOW => false,
+        last => {
+            let n = involuntary_switches();
+            s.last = n.map(|n| (now, n));
+            match (last, n) {
+                (Some((since, n0)), Some(n)) => {
+                    let switches = n.saturating_sub(n0);
+                    let wall = now.duration_since(since);
+                    switches >= 2
+                        && wall
+                            < SWITCH_SPACING
+                                .saturating_mul(u32::try_from(switches).unwrap_or(u32::MAX))
+                }
+                _ => false,
+            }
+        }
+    };
+    let _ = CALLER_SENSE.try_with(|c| c.set(s));
+    if contended {
+        // Relaxed: a statistic.
+        shared
+            .stats()
+            .caller_preempted
+            .fetch_add(1, Ordering::Relaxed);
+        let until = now_us()
+            .saturating_add(usize::try_from(CONTENDED_HOLD.as_micros()).unwrap_or(usize::MAX));
+        shared.with_workers(|all| {
+            for ctx in all {
+                mark_contended(ctx, CONTENDED_HOLD);
+                // Relaxed: a hint (see the field).
+                ctx.callers_contended_until
+                    .fetch_max(until, Ordering::Relaxed);
+            }
+        });
+    }
 }
 
 /// The calling thread (a worker, as it starts) makes its CPU-time clock known (Linux;

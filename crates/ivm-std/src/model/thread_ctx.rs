@@ -36,7 +36,8 @@
 //!
 //! A worker that shares its CPU (`engine/preemption.rs`) sleeps with a deadline
 //! ([`doze`]) while idle: a push that a caller may run, made while a caller waits for the
-//! VM (`hand_over.rs`'s count), then leaves the worker's wake to that deadline
+//! VM (`hand_over.rs`'s count) or while the VM's callers lose their CPU to other threads
+//! (`ThreadCtx::callers_contended`), then leaves the worker's wake to that deadline
 //! ([`leave_wake_to_deadline`]). The wake would cost the pusher a
 //! system call and hand the work to a thread that may not get a CPU for a whole slice; the
 //! caller that waits for the work runs it itself, and work nobody waits for starts by the
@@ -89,6 +90,10 @@ pub(crate) struct ThreadCtx {
     /// Set while the worker sleeps with a deadline (module docs, "A worker that wakes
     /// itself").
     pub(crate) dozing: AtomicBool,
+    /// A hint: until when (`util::now_us`) the VM's callers count as losing their CPU to
+    /// other threads (`engine/preemption.rs`, `CallerSense`): pushes a caller may run
+    /// leave a dozing worker's wake to its deadline even while no caller waits.
+    pub(crate) callers_contended_until: AtomicUsize,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -113,7 +118,15 @@ impl ThreadCtx {
             contended_until: AtomicUsize::new(0),
             hand: HandOver::new(),
             dozing: AtomicBool::new(false),
+            callers_contended_until: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether the VM's callers count as losing their CPU now (see the field).
+    pub(crate) fn callers_contended(&self) -> bool {
+        // Relaxed: a hint; nothing is published through it.
+        let until = self.callers_contended_until.load(Ordering::Relaxed);
+        until != 0 && crate::util::now_us() < until
     }
 
     /// Whether the worker sleeps (or was woken and has not run yet): a hint.
@@ -148,8 +161,14 @@ impl ThreadCtx {
             }
             // Only while a caller waits (`hand_over.rs`'s count): it runs what a parked
             // worker has queued. A chain across streams that nobody waits for yet would
-            // otherwise start each hop at a doze's deadline.
-            if caller_runs && self.hand.has_waiters() && leave_wake_to_deadline(&self.dozing) {
+            // otherwise start each hop at a doze's deadline. Or while the callers lose
+            // their CPU to other threads: a woken worker would be one more thread for
+            // too few CPUs, and the caller runs the queue at its next wait
+            // (`engine/preemption.rs`, `CallerSense`).
+            if caller_runs
+                && (self.hand.has_waiters() || self.callers_contended())
+                && leave_wake_to_deadline(&self.dozing)
+            {
                 return;
             }
             // Err(Closed) only after shutdown closed us, when the engine is idle: the

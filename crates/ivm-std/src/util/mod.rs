@@ -27,6 +27,14 @@ pub(crate) fn deadline_after(d: Duration) -> Instant {
     now.checked_add(d).unwrap_or_else(|| now + FAR)
 }
 
+/// Microseconds since this process first asked: the clock of the contention hints
+/// (`ThreadCtx::contended_until`, `ThreadCtx::callers_contended_until`), one word each.
+pub(crate) fn now_us() -> usize {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    usize::try_from(origin.elapsed().as_micros()).unwrap_or(usize::MAX)
+}
+
 /// Locks `m`, ignoring poisoning: every VM mutex guards data that a panicking holder leaves
 /// consistent (kernels run outside every lock, and their panics are caught).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -27,6 +27,7 @@ impl VirtualMachine {
     /// [`Error::ShutDown`]; whatever `f` returns.
     pub fn run<R>(&self, f: impl FnOnce(&mut InstructionsBuilder<'_>) -> Result<R>) -> Result<R> {
         self.shared.core.check_caller()?;
+        crate::engine::preemption::sense_caller(&self.shared.core);
         let mut b = InstructionsBuilder::new(&self.shared);
         let r = f(&mut b)?;
         b.submit()?;
