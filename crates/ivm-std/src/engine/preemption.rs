@@ -64,10 +64,10 @@ fn involuntary_switches() -> Option<i64> {
 }
 
 /// A caller thread's view of whether other threads take its CPU: its involuntary context
-/// switches, counted over windows of at least [`SHARE_WINDOW`] between its calls into a
-/// VM (a sleeping caller is switched out voluntarily, so idle time is no evidence). Two
-/// or more in a window, and at least one per [`SWITCH_SPACING`], mean that a runnable
-/// thread keeps taking turns with it.
+/// switches, counted over windows of at least [`CALLER_WINDOW`] between its calls into a
+/// VM (a sleeping caller is switched out voluntarily, so idle time is no evidence).
+/// [`MIN_SWITCHES`] or more in a window, and at least one per [`SWITCH_SPACING`], mean
+/// that a runnable thread keeps taking turns with it.
 ///
 /// Then the VM's own threads are one too many for the CPUs: each worker of the VM is
 /// marked contended (it stops polling, dozes when idle, and hands its queue to a
@@ -83,9 +83,16 @@ struct CallerSense {
     calls: u32,
 }
 
+/// The shortest window [`CallerSense`] judges: several of a busy neighbour's scheduler
+/// slices (a few milliseconds each), so that a kernel thread's passing preemption is not
+/// taken for one.
+const CALLER_WINDOW: Duration = Duration::from_millis(10);
+
 /// Within a window, the most time per involuntary switch that still counts as sharing
-/// the CPU (a busy neighbour's scheduler slice is a few milliseconds).
-const SWITCH_SPACING: Duration = Duration::from_millis(10);
+/// the CPU (a busy neighbour's scheduler slice is a few milliseconds), and the fewest
+/// switches that do.
+const SWITCH_SPACING: Duration = Duration::from_millis(4);
+const MIN_SWITCHES: i64 = 3;
 
 thread_local! {
     static CALLER_SENSE: std::cell::Cell<CallerSense> =
@@ -106,7 +113,7 @@ pub(crate) fn sense_caller(shared: &VmCore) {
     }
     let now = Instant::now();
     let contended = match s.last {
-        Some((since, _)) if now.duration_since(since) < SHARE_WINDOW => false,
+        Some((since, _)) if now.duration_since(since) < CALLER_WINDOW => false,
         last => {
             let n = involuntary_switches();
             s.last = n.map(|n| (now, n));
@@ -114,7 +121,7 @@ pub(crate) fn sense_caller(shared: &VmCore) {
                 (Some((since, n0)), Some(n)) => {
                     let switches = n.saturating_sub(n0);
                     let wall = now.duration_since(since);
-                    switches >= 2
+                    switches >= MIN_SWITCHES
                         && wall
                             < SWITCH_SPACING
                                 .saturating_mul(u32::try_from(switches).unwrap_or(u32::MAX))
