@@ -76,7 +76,7 @@ fn involuntary_switches() -> Option<i64> {
 /// caller runs the work at its next wait, as single-thread mode would, and the CPU the
 /// workers leave idle is there for the busy thread, which the OS then tends to move
 /// there.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct CallerSense {
     /// The last look: when, and the switches counted then.
     last: Option<(Instant, i64)>,
@@ -93,6 +93,13 @@ const CALLER_WINDOW: Duration = Duration::from_millis(10);
 /// switches that do.
 const SWITCH_SPACING: Duration = Duration::from_millis(4);
 const MIN_SWITCHES: i64 = 3;
+
+/// Whether `switches` involuntary switches over a window of `wall` mean a runnable thread
+/// keeps taking turns with the caller ([`CallerSense`]).
+fn shares_cpu(switches: i64, wall: Duration) -> bool {
+    switches >= MIN_SWITCHES
+        && wall < SWITCH_SPACING.saturating_mul(u32::try_from(switches).unwrap_or(u32::MAX))
+}
 
 thread_local! {
     static CALLER_SENSE: std::cell::Cell<CallerSense> =
@@ -119,12 +126,7 @@ pub(crate) fn sense_caller(shared: &VmCore) {
             s.last = n.map(|n| (now, n));
             match (last, n) {
                 (Some((since, n0)), Some(n)) => {
-                    let switches = n.saturating_sub(n0);
-                    let wall = now.duration_since(since);
-                    switches >= MIN_SWITCHES
-                        && wall
-                            < SWITCH_SPACING
-                                .saturating_mul(u32::try_from(switches).unwrap_or(u32::MAX))
+                    shares_cpu(n.saturating_sub(n0), now.duration_since(since))
                 }
                 _ => false,
             }
@@ -357,6 +359,20 @@ impl PreemptionSense {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_caller_shares_its_cpu_when_switched_out_often_and_repeatedly() {
+        let ms = Duration::from_millis;
+        // A busy neighbour's slices: a few milliseconds each.
+        assert!(shares_cpu(3, ms(10)));
+        assert!(shares_cpu(30, ms(100)));
+        // Too few switches, whatever the window.
+        assert!(!shares_cpu(2, ms(1)));
+        assert!(!shares_cpu(0, ms(10)));
+        // As many, spread over a long window (a kernel thread now and then).
+        assert!(!shares_cpu(3, ms(12)));
+        assert!(!shares_cpu(30, ms(1_000)));
+    }
 
     #[test]
     fn a_gap_between_looks_marks_the_thread_contended_for_a_while() {
