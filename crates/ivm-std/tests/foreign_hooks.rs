@@ -341,17 +341,24 @@ fn a_drop_sink_gets_the_captures_of_closures_that_never_run() {
     }
 }
 
+/// Without a sink, each capture is dropped once, where the VM drops the closure: on one
+/// of its threads, or on the caller when a waiting caller ran the queued work itself
+/// (`caller_runs`; which of the two is a matter of scheduling, so both are allowed).
 #[test]
-fn without_a_drop_sink_unrun_captures_are_dropped_on_a_vm_thread() {
+fn without_a_drop_sink_unrun_captures_are_dropped_by_the_vm() {
     let vm = VirtualMachine::new(config(Mode::MultiThread)).unwrap();
     let dropped_on = Arc::new(Mutex::new(Vec::new()));
     let n = unrun_closures(&vm, &dropped_on);
     vm.shutdown().unwrap();
     let names = dropped_on.lock().unwrap().clone();
-    assert_eq!(names.len(), n, "{names:?}");
+    assert_eq!(names.len(), n, "every capture dropped once: {names:?}");
+    let me = std::thread::current()
+        .name()
+        .unwrap_or_default()
+        .to_string();
     assert!(
-        names.iter().any(|t| t.starts_with("ivm")),
-        "at least one dropped on a VM thread: {names:?}"
+        names.iter().all(|t| t.starts_with("ivm") || *t == me),
+        "dropped on a VM thread or on the caller ({me}): {names:?}"
     );
 }
 
