@@ -27,21 +27,16 @@ use ivm_core::sync::Ordering;
 
 use crate::engine::core::VmCore;
 use crate::model::thread_ctx::ThreadCtx;
-use crate::util::now_us;
 use crate::util::tuning::{CONTENDED_HOLD, PREEMPTED_GAP, STALLED_WORKER_HOLD};
 
 /// Marks the worker of `ctx` contended for `hold` from now.
 pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
-    let until = now_us().saturating_add(usize::try_from(hold.as_micros()).unwrap_or(usize::MAX));
-    // Relaxed: a hint; nothing is published through it.
-    ctx.contended_until.fetch_max(until, Ordering::Relaxed);
+    ctx.contended_until.hold_for(hold);
 }
 
 /// Whether the worker of `ctx` counts as sharing its CPU now.
 pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
-    // Relaxed: a hint (see `mark_contended`).
-    let until = ctx.contended_until.load(Ordering::Relaxed);
-    until != 0 && now_us() < until
+    ctx.contended_until.holds()
 }
 
 /// The involuntary context switches of the calling thread so far (Linux, not under Miri):
@@ -110,45 +105,49 @@ thread_local! {
 /// passed, looks at its involuntary switches and marks the VM's workers and their
 /// pushes as above when it shares its CPU (counted as a caller preemption).
 pub(crate) fn sense_caller(shared: &VmCore) {
-    let Ok(mut s) = CALLER_SENSE.try_with(std::cell::Cell::get) else {
-        return;
-    };
-    s.calls = s.calls.wrapping_add(1);
-    if s.last.is_some() && !s.calls.is_multiple_of(8) {
-        let _ = CALLER_SENSE.try_with(|c| c.set(s));
-        return;
-    }
-    let now = Instant::now();
-    let contended = match s.last {
-        Some((since, _)) if now.duration_since(since) < CALLER_WINDOW => false,
-        last => {
-            let n = involuntary_switches();
-            s.last = n.map(|n| (now, n));
-            match (last, n) {
-                (Some((since, n0)), Some(n)) => {
-                    shares_cpu(n.saturating_sub(n0), now.duration_since(since))
-                }
-                _ => false,
-            }
-        }
-    };
-    let _ = CALLER_SENSE.try_with(|c| c.set(s));
+    let contended = CALLER_SENSE
+        .try_with(|c| {
+            let mut s = c.get();
+            let contended = s.look();
+            c.set(s);
+            contended
+        })
+        .unwrap_or(false);
     if contended {
         // Relaxed: a statistic.
         shared
             .stats()
             .caller_preempted
             .fetch_add(1, Ordering::Relaxed);
-        let until = now_us()
-            .saturating_add(usize::try_from(CONTENDED_HOLD.as_micros()).unwrap_or(usize::MAX));
         shared.with_workers(|all| {
             for ctx in all {
                 mark_contended(ctx, CONTENDED_HOLD);
-                // Relaxed: a hint (see the field).
-                ctx.callers_contended_until
-                    .fetch_max(until, Ordering::Relaxed);
+                ctx.callers_contended_until.hold_for(CONTENDED_HOLD);
             }
         });
+    }
+}
+
+impl CallerSense {
+    /// One call into a VM: whether this window showed the caller sharing its CPU.
+    fn look(&mut self) -> bool {
+        self.calls = self.calls.wrapping_add(1);
+        if self.last.is_some() && !self.calls.is_multiple_of(8) {
+            return false;
+        }
+        let now = Instant::now();
+        let last = self.last;
+        if last.is_some_and(|(since, _)| now.duration_since(since) < CALLER_WINDOW) {
+            return false;
+        }
+        let n = involuntary_switches();
+        self.last = n.map(|n| (now, n));
+        match (last, n) {
+            (Some((since, n0)), Some(n)) => {
+                shares_cpu(n.saturating_sub(n0), now.duration_since(since))
+            }
+            _ => false,
+        }
     }
 }
 

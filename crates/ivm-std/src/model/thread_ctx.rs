@@ -83,17 +83,17 @@ pub(crate) struct ThreadCtx {
     pub(crate) cpu_clock: AtomicUsize,
     /// A hint: until when (`engine/preemption.rs`'s clock, in microseconds) the worker
     /// counts as sharing its CPU; callers then run its stream's kernels themselves.
-    pub(crate) contended_until: AtomicUsize,
+    pub(crate) contended_until: crate::util::HintUntil,
     /// The callers waiting for this queue, and whether the worker handed it to them
     /// (`hand_over.rs`).
     pub(crate) hand: HandOver,
     /// Set while the worker sleeps with a deadline (module docs, "A worker that wakes
     /// itself").
     pub(crate) dozing: AtomicBool,
-    /// A hint: until when (`util::now_us`) the VM's callers count as losing their CPU to
+    /// A hint: until when the VM's callers count as losing their CPU to
     /// other threads (`engine/preemption.rs`, `CallerSense`): pushes a caller may run
     /// leave a dozing worker's wake to its deadline even while no caller waits.
-    pub(crate) callers_contended_until: AtomicUsize,
+    pub(crate) callers_contended_until: crate::util::HintUntil,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -115,18 +115,16 @@ impl ThreadCtx {
             express: ExpressLane::new(),
             express_served: AtomicUsize::new(0),
             cpu_clock: AtomicUsize::new(0),
-            contended_until: AtomicUsize::new(0),
+            contended_until: crate::util::HintUntil::default(),
             hand: HandOver::new(),
             dozing: AtomicBool::new(false),
-            callers_contended_until: AtomicUsize::new(0),
+            callers_contended_until: crate::util::HintUntil::default(),
         }
     }
 
     /// Whether the VM's callers count as losing their CPU now (see the field).
     pub(crate) fn callers_contended(&self) -> bool {
-        // Relaxed: a hint; nothing is published through it.
-        let until = self.callers_contended_until.load(Ordering::Relaxed);
-        until != 0 && crate::util::now_us() < until
+        self.callers_contended_until.holds()
     }
 
     /// Whether the worker sleeps (or was woken and has not run yet): a hint.

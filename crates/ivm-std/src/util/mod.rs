@@ -27,12 +27,31 @@ pub(crate) fn deadline_after(d: Duration) -> Instant {
     now.checked_add(d).unwrap_or_else(|| now + FAR)
 }
 
-/// Microseconds since this process first asked: the clock of the contention hints
-/// (`ThreadCtx::contended_until`, `ThreadCtx::callers_contended_until`), one word each.
-pub(crate) fn now_us() -> usize {
+/// Microseconds since this process first asked: the clock of [`HintUntil`].
+fn now_us() -> usize {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(Instant::now);
     usize::try_from(origin.elapsed().as_micros()).unwrap_or(usize::MAX)
+}
+
+/// A hint that holds until a moment (one word, microseconds of a process-wide clock;
+/// 0: never set): the contention marks of `ThreadCtx`. Relaxed throughout: nothing is
+/// published through it, and a stale read only delays or prolongs a policy.
+#[derive(Debug, Default)]
+pub(crate) struct HintUntil(ivm_core::sync::AtomicUsize);
+
+impl HintUntil {
+    /// Makes the hint hold for at least `d` from now (never shortens it).
+    pub(crate) fn hold_for(&self, d: Duration) {
+        let until = now_us().saturating_add(usize::try_from(d.as_micros()).unwrap_or(usize::MAX));
+        self.0.fetch_max(until, ivm_core::sync::Ordering::Relaxed);
+    }
+
+    /// Whether the hint holds now.
+    pub(crate) fn holds(&self) -> bool {
+        let until = self.0.load(ivm_core::sync::Ordering::Relaxed);
+        until != 0 && now_us() < until
+    }
 }
 
 /// Locks `m`, ignoring poisoning: every VM mutex guards data that a panicking holder leaves
