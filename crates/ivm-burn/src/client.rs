@@ -99,10 +99,20 @@ impl<M: VmMode> Clone for IvmClient<M> {
     }
 }
 
-/// How many compute streams the client spreads operations over: `IVM_BURN_STREAMS`, 2 by
-/// default.
+/// How many compute streams the client spreads operations over: `IVM_BURN_STREAMS`, else
+/// [`default_stream_count`] of the CPUs this process may use.
 fn stream_count() -> usize {
-    env_count("IVM_BURN_STREAMS", 1..=64, 2)
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    env_count("IVM_BURN_STREAMS", 1..=64, default_stream_count(cpus))
+}
+
+/// One compute stream per CPU but one, at least one: the caller keeps a CPU for what burn
+/// does between ops (autodiff's bookkeeping, the router's shape inference), which is what
+/// the workers' kernels overlap with. One worker per CPU makes three runnable threads on
+/// two CPUs, and a caller that loses its CPU to a worker holds up every op after it
+/// (ARCHITECTURE.md, "ivm-burn").
+fn default_stream_count(cpus: usize) -> usize {
+    cpus.saturating_sub(1).clamp(1, 64)
 }
 
 /// How many operations the client collects before it hands them to the VM in one `run`:
@@ -450,5 +460,20 @@ impl<M: VmMode> IvmClient<M> {
         dtype: DType,
     ) -> RouterTensor<Self> {
         self.register_value(handle, shape, dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_stream_count;
+
+    #[test]
+    fn one_stream_per_cpu_but_one_and_at_least_one() {
+        assert_eq!(default_stream_count(0), 1);
+        assert_eq!(default_stream_count(1), 1);
+        assert_eq!(default_stream_count(2), 1);
+        assert_eq!(default_stream_count(3), 2);
+        assert_eq!(default_stream_count(16), 15);
+        assert_eq!(default_stream_count(1000), 64);
     }
 }
