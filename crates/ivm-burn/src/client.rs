@@ -99,9 +99,13 @@ impl<M: VmMode> Clone for IvmClient<M> {
     }
 }
 
-/// How many compute streams the client spreads operations over: `IVM_BURN_STREAMS`, else
-/// [`default_stream_count`] of the CPUs this process may use.
-fn stream_count() -> usize {
+/// How many compute streams the client of mode `M` spreads operations over: the mode's
+/// own count ([`VmMode::STREAMS`]), else `IVM_BURN_STREAMS`, else [`default_stream_count`]
+/// of the CPUs this process may use.
+fn stream_count<M: VmMode>() -> usize {
+    if let Some(n) = M::STREAMS {
+        return n.clamp(1, 64);
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     env_count("IVM_BURN_STREAMS", 1..=64, default_stream_count(cpus))
 }
@@ -138,7 +142,7 @@ impl<M: VmMode> IvmClient<M> {
         let config = Config::default().with_mode(M::MODE);
         let vm = VirtualMachine::new(config)
             .unwrap_or_else(|e| panic!("ivm-burn: cannot start the VM: {e}"));
-        let n = stream_count();
+        let n = stream_count::<M>();
         let streams = (0..n)
             .map(|i| {
                 vm.stream(StreamId::compute(Device::CPU, i as u32))

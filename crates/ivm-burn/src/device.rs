@@ -14,6 +14,26 @@ pub trait VmMode: Clone + Copy + Default + Debug + PartialEq + Send + Sync + 'st
     const MODE: Mode;
     /// Distinguishes the devices of the two modes in burn's client registry.
     const INDEX: u32;
+    /// How many compute streams the mode's client spreads operations over; `None` (the
+    /// default): `IVM_BURN_STREAMS`, else one per CPU but one.
+    ///
+    /// A mode that fixes it keeps that count on every machine, e.g. to test ordering
+    /// across streams where the default would be one:
+    ///
+    /// ```
+    /// use ivm_burn::VmMode;
+    ///
+    /// #[derive(Clone, Copy, Default, Debug, PartialEq)]
+    /// struct TwoStreams;
+    ///
+    /// impl VmMode for TwoStreams {
+    ///     const MODE: ivm_std::Mode = ivm_std::Mode::MultiThread;
+    ///     const INDEX: u32 = 2;
+    ///     const STREAMS: Option<usize> = Some(2);
+    /// }
+    /// type Backend = ivm_burn::IvmBackend<TwoStreams>;
+    /// ```
+    const STREAMS: Option<usize> = None;
 }
 
 /// The VM's multi-thread mode: a scheduler and a worker thread per stream.
