@@ -39,8 +39,8 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     crate::engine::preemption::register_cpu_clock(&ctx);
     let mut w = Worker::new(&ctx, &shared);
     let closing = loop {
-        let Some(mut consumer) = ctx.take_role() else {
-            // A caller runs our queue; its `let_go` wakes us if anything is left.
+        let Some(mut consumer) = w.take_role_or_poll() else {
+            // A caller still runs our queue; its `let_go` wakes us if anything is left.
             match w.park(false) {
                 Ok(()) => continue,
                 Err(closed) => break closed,
@@ -319,6 +319,29 @@ impl<'a> Worker<'a> {
             self.backoff.snooze();
         }
         true
+    }
+
+    /// Takes the queue's consumer role; while a caller holds it (it runs our queue), polls
+    /// for it for the poll window ([`poll_window`]: not at all while this worker shares
+    /// its CPU) before giving up. A woken worker that parked again at once would stay
+    /// parked after the caller let go with nothing left, and at the next submission the
+    /// caller, reaching its wait before the woken worker runs, would take the role again:
+    /// on a quiet machine every step's kernels ran on the caller (ARCHITECTURE.md, "Who
+    /// may drive the engine").
+    fn take_role_or_poll(&mut self) -> Option<Consumer<'a, Instruction, WorkerTag>> {
+        let window = poll_window(self.ctx, self.poll);
+        let start = Instant::now();
+        loop {
+            if let Some(c) = self.ctx.take_role() {
+                self.backoff.reset();
+                return Some(c);
+            }
+            if start.elapsed() >= window {
+                self.backoff.reset();
+                return None;
+            }
+            self.backoff.snooze();
+        }
     }
 
     /// Work ran, or the worker woke: a new idle stretch starts from nothing.
