@@ -91,10 +91,6 @@ struct Worker<'a> {
     share: crate::engine::preemption::CpuShare,
     /// Polling backs off to `yield_now` (few cores: do not starve the caller).
     backoff: ivm_core::sync::Backoff,
-    /// Whether the worker just woke: a wake that finds the queue empty was for
-    /// instructions a waiting caller ran meanwhile (`caller_runs`), so the worker sleeps
-    /// again at once instead of polling beside that caller.
-    just_woken: bool,
 }
 
 impl<'a> Worker<'a> {
@@ -114,7 +110,6 @@ impl<'a> Worker<'a> {
             preemption: crate::engine::preemption::PreemptionSense::default(),
             share: crate::engine::preemption::CpuShare::default(),
             backoff: ivm_core::sync::Backoff::new(),
-            just_woken: false,
         }
     }
 
@@ -230,7 +225,6 @@ impl<'a> Worker<'a> {
                 ran = true;
             }
             if ran {
-                self.just_woken = false;
                 self.restart_idle();
                 continue;
             }
@@ -240,9 +234,10 @@ impl<'a> Worker<'a> {
                 continue;
             }
             self.owed.settle(self.shared, false);
-            if self.just_woken && !self.owed.is_owed() {
-                return false;
-            }
+            // Polls even right after a wake that found nothing (a caller ran it): a
+            // worker that slept again at once would be asleep at the next submission,
+            // which its caller, reaching its wait before the woken worker runs, would
+            // then run itself again, step after step (as in `take_role_or_poll`).
             if self.poll_once() {
                 continue;
             }
@@ -385,7 +380,6 @@ impl<'a> Worker<'a> {
         }
         let doze = !hand_over && crate::engine::preemption::is_contended(ctx);
         self.park(doze)?;
-        self.just_woken = true;
         self.restart_idle();
         Ok(())
     }

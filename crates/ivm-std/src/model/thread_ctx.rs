@@ -12,7 +12,8 @@
 //! after a wake; a caller lets go through [`let_go`](ThreadCtx::let_go), which wakes the
 //! worker if anything is left queued. No wake is lost (the loom model
 //! `tests/loom_caller_runs.rs`): a push that finds the queue empty notifies the worker;
-//! if that worker then finds the role taken it sleeps again, and of the caller's re-check
+//! if that worker then finds the role taken it sleeps again (after polling for it for its
+//! poll window: retrying is what a spurious wake does), and of the caller's re-check
 //! after letting go and the worker's retry after its wake, at least one sees the other
 //! (a SeqCst fence on each side, the store-buffering pattern): either the worker takes
 //! the role, or the caller sees the queue non-empty and notifies.
@@ -134,8 +135,8 @@ impl ThreadCtx {
     }
 
     /// Worker, after a wake: takes the consumer role back, or `None` while a caller holds
-    /// it (then the worker sleeps again: the caller's [`let_go`](Self::let_go) wakes it
-    /// if anything is left).
+    /// it (then the worker retries for its poll window and sleeps again: the caller's
+    /// [`let_go`](Self::let_go) wakes it if anything is left).
     pub(crate) fn take_role(&self) -> Option<Consumer<'_, Instruction, WorkerTag>> {
         take_role(&self.queue)
     }
