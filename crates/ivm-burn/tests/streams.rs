@@ -2,11 +2,12 @@
 //! stream of its first input; a chain's first op goes round robin), and the results are
 //! burn-ndarray's, bit for bit.
 //!
-//! Two streams whatever the machine (the default is one per CPU but one): this binary
-//! has its own `main` (`harness = false`), which sets `IVM_BURN_STREAMS` before any
-//! thread exists.
+//! Two streams whatever the machine (`common::TwoStreams`).
+
+mod common;
 
 use burn_tensor::Tensor;
+use common::TwoStreams;
 use ivm_burn::{Inner, IvmBackend, IvmChannel, MultiThread, SingleThread, VmMode};
 
 fn chains<B: burn_tensor::backend::Backend>(seed: f32) -> Vec<Vec<f32>> {
@@ -27,7 +28,7 @@ fn chains<B: burn_tensor::backend::Backend>(seed: f32) -> Vec<Vec<f32>> {
 fn spreads_and_agrees<M: VmMode>() {
     let client = burn_router::get_client::<IvmChannel<M>>(&Default::default());
     let before = client.ops_per_stream();
-    assert_eq!(before.len(), 2, "two compute streams (IVM_BURN_STREAMS=2)");
+    assert_eq!(before.len(), 2, "two compute streams (TwoStreams)");
     let got = chains::<IvmBackend<M>>(0.5);
     let after = client.ops_per_stream();
     for (s, (b, a)) in before.iter().zip(&after).enumerate() {
@@ -49,12 +50,12 @@ fn spreads_and_agrees<M: VmMode>() {
     );
 }
 
-fn main() {
-    // SAFETY: the first thing `main` does, while this is the process's only thread: no
-    // other thread reads or writes the environment meanwhile.
-    unsafe { std::env::set_var("IVM_BURN_STREAMS", "2") };
-    spreads_and_agrees::<MultiThread>();
-    println!("independent ops use both streams, multi-thread mode: ok");
-    spreads_and_agrees::<SingleThread>();
-    println!("independent ops use both streams, single-thread mode: ok");
+#[test]
+fn independent_ops_use_both_streams_multi_thread() {
+    spreads_and_agrees::<TwoStreams<MultiThread>>();
+}
+
+#[test]
+fn independent_ops_use_both_streams_single_thread() {
+    spreads_and_agrees::<TwoStreams<SingleThread>>();
 }
