@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 
 use crate::device::{IvmDevice, VmMode};
 use crate::dispatch::{self, Inner, Operands, Slot};
+use crate::job::{JobBox, Ticket, Yard};
 
 /// One burn tensor as the client knows it: the ivm tensor that carries its dependences
 /// and the slot that holds its value.
@@ -58,7 +59,9 @@ struct Table {
     /// Operations turned into instructions and not yet handed to the VM, in order
     /// (`flush`), and their kernels (`kernels[k]` is `batch[k]`'s).
     batch: Vec<Pending>,
-    kernels: Vec<(OperationIr, Operands)>,
+    kernels: Vec<Ticket>,
+    /// Boxes for the next operations, back from their kernels (`job.rs`).
+    spare: Vec<JobBox>,
     /// Tensors whose last handle burn dropped since the last `flush`.
     dropped: Vec<TensorId>,
 }
@@ -80,6 +83,8 @@ struct Shared {
     /// receives the operations in the order their tensors were created in the table: an op
     /// another thread registers on a tensor this thread just made is submitted after it.
     table: Mutex<Table>,
+    /// Where kernels hand their operations' boxes back.
+    yard: Arc<Yard>,
     /// How many operations one `run` hands to the VM at most (`IVM_BURN_BATCH`).
     batch_limit: usize,
 }
@@ -160,8 +165,10 @@ impl<M: VmMode> IvmClient<M> {
                     ops: vec![0; n],
                     batch: Vec::new(),
                     kernels: Vec::new(),
+                    spare: Vec::new(),
                     dropped: Vec::new(),
                 }),
+                yard: Arc::default(),
                 batch_limit: batch_limit(),
             }),
             mode: PhantomData,
@@ -261,13 +268,11 @@ impl<M: VmMode> IvmClient<M> {
         let (batch, kernels) = (&t.batch, &mut t.kernels);
         let mut refs: Vec<&Tensor> = Vec::new();
         let r = self.shared.vm.run(|b| {
-            for (p, (op, operands)) in batch.iter().zip(kernels.drain(..)) {
+            for (p, job) in batch.iter().zip(kernels.drain(..)) {
                 refs.clear();
                 refs.extend(&p.tensors);
                 let (ins, outs) = refs.split_at(p.inputs);
-                b.call_named("burn", &streams[p.stream], ins, outs, move |_| {
-                    dispatch::run(&op, &operands)
-                })?;
+                b.call_named("burn", &streams[p.stream], ins, outs, move |_| job.run())?;
             }
             Ok(())
         });
@@ -275,6 +280,9 @@ impl<M: VmMode> IvmClient<M> {
         // whose release then follows the instructions that use it.
         t.batch.clear();
         t.kernels.clear();
+        // Boxes for the next batches: up to four batches' worth.
+        let cap = 4 * self.shared.batch_limit;
+        self.shared.yard.collect(&mut t.spare, cap);
         r
     }
 }
@@ -394,7 +402,8 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
             tensors,
             inputs: reads,
         });
-        t.kernels.push((op, Operands { slots }));
+        let job = Ticket::new(&mut t.spare, &self.shared.yard, op, Operands { slots });
+        t.kernels.push(job);
         if t.batch.len() >= self.shared.batch_limit {
             self.flush(&mut t);
         }

@@ -58,6 +58,7 @@ impl Slot {
 /// The slots of one operation's operands, by burn's tensor id. Inline up to four (most
 /// ops): the kernel is built on the caller's thread and dropped on a worker's, and a heap
 /// block freed on another thread than its own costs glibc's arena lock on both sides.
+#[derive(Default)]
 pub(crate) struct Operands {
     pub(crate) slots: SmallVec<[(TensorId, Arc<Slot>); 4]>,
 }
