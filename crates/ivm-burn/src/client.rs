@@ -144,7 +144,9 @@ fn env_count(name: &str, range: std::ops::RangeInclusive<usize>, default: usize)
 
 impl<M: VmMode> IvmClient<M> {
     pub(crate) fn new() -> Self {
-        let config = Config::default().with_mode(M::MODE);
+        let config = Config::from_env()
+            .unwrap_or_else(|e| panic!("ivm-burn: {e}"))
+            .with_mode(M::MODE);
         let vm = VirtualMachine::new(config)
             .unwrap_or_else(|e| panic!("ivm-burn: cannot start the VM: {e}"));
         let n = stream_count::<M>();
