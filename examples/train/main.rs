@@ -44,8 +44,8 @@
 //! them, the graph runtime's actors, the caller's submit and loss read) and written as one
 //! Chrome/Perfetto trace, with a per-step breakdown of where the time went.
 //! VM settings come from the `IVM_*` environment variables (`Config::from_env`);
-//! `IVM_GRAPH_ON_CALLER=1` makes the lazy mode's graph run on the caller that waits for its
-//! loss (`GraphBuilder::run_on_caller`).
+//! The lazy mode's caller runs the graph's ready work while it waits for the loss
+//! (`GraphBuilder::run_on_caller`); `IVM_GRAPH_ON_CALLER=0` leaves it to the graph's thread.
 
 mod args;
 mod data;

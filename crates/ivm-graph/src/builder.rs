@@ -207,10 +207,12 @@ impl GraphBuilder {
     /// For graphs of short kernels on few cores: a run then costs no hand-over to the
     /// graph's thread while the caller would only wait. An actor still fires once per
     /// iteration and never on two threads at once (each graph thread's actors are behind
-    /// one lock, held for a scan). Kernels run on the caller's thread then, inside its VM
-    /// call: a kernel that calls into the VM gets [`Error::Reentrant`]. In single-thread
-    /// mode the caller runs them whenever the VM's engine has nothing left to do, before
-    /// it sleeps.
+    /// one lock, held for a scan). The caller stops after a kernel whose outputs were
+    /// copied out, or once its wait is over, and leaves the rest to the graph's thread,
+    /// so what follows an output (a backward pass) overlaps what the caller does next.
+    /// Kernels run on the caller's thread then, inside its VM call: a kernel that calls
+    /// into the VM gets [`Error::Reentrant`]. In single-thread mode the caller runs them
+    /// whenever the VM's engine has nothing left to do, before it sleeps.
     pub fn run_on_caller(&mut self, on: bool) -> &mut Self {
         self.on_caller = on;
         self

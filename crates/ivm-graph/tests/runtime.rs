@@ -473,6 +473,66 @@ fn a_waiting_caller_runs_an_on_caller_graph() {
     }
 }
 
+/// A helping caller stops once the output it waits for is out: the kernels after it (a
+/// backward pass, say) are left to the graph's thread, overlapping what the caller does
+/// next. Without the stop, a caller that fired `fwd` ran the whole chain after it in the
+/// same scan, every run. A few may still run there (a caller whose read a worker took
+/// looks at the graph again while the read runs), so the bound is loose.
+#[test]
+fn a_helping_caller_leaves_the_work_after_its_output_to_the_graph() {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    const POST: usize = 16;
+    const RUNS: u64 = 40;
+    let caller = std::thread::current().id();
+    let fwd_here = Arc::new(AtomicUsize::new(0));
+    let post_here = Arc::new(AtomicUsize::new(0));
+    let mut g = GraphBuilder::new("stop_at_output");
+    let x = g.input("x", 8);
+    let y = g.blob("y", 8);
+    let f = fwd_here.clone();
+    g.kernel("fwd", &[x], &[y], move |k| {
+        if std::thread::current().id() == caller {
+            f.fetch_add(1, Relaxed);
+        }
+        k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+    });
+    g.output("y", y);
+    let mut prev = y;
+    for i in 0..POST {
+        let b = g.blob(format!("post{i}"), 8);
+        let p = post_here.clone();
+        g.kernel(format!("post{i}"), &[prev], &[b], move |k| {
+            if std::thread::current().id() == caller {
+                p.fetch_add(1, Relaxed);
+            }
+            k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+        });
+        prev = b;
+    }
+    g.threads(1).poll_window(Duration::ZERO).run_on_caller(true);
+    let graph = g.build().unwrap();
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let (xt, yt) = (tensor(&vm, &[0; 8]), tensor(&vm, &[0; 8]));
+    for run in 0..RUNS {
+        vm.write_small(&xt, 0, &run.to_ne_bytes()).unwrap();
+        launch(&vm, &graph, &[&xt], &[&yt], &[]);
+        assert_eq!(u64_of(&vm, &yt).unwrap(), run + 1);
+        // Time for the graph's thread to run the chain: the next wait would find what is
+        // left of it ready and rightly run it (the next run depends on it in a real graph).
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (fwd, post) = (fwd_here.load(Relaxed), post_here.load(Relaxed));
+    assert!(
+        post <= 4 * fwd.max(1),
+        "the caller ran fwd {fwd} times and {post} of the kernels after the output \
+         (at most {} expected)",
+        4 * fwd.max(1)
+    );
+    drop((xt, yt));
+    drop(graph);
+    assert_drained(vm);
+}
+
 /// A graph dropped from one of its own kernels while that kernel runs on a helping caller
 /// (`run_on_caller`): the drop does not wait for the graph's thread (which waits for the
 /// actors the caller is scanning), the waiting read returns, and the VM goes on. A

@@ -33,14 +33,12 @@ pub fn compile(prog: &Program, single_thread: bool) -> Result<Graph> {
     // every activation would only double the working set (out of the L2 cache).
     g.pipeline_depth(1);
     // The caller waiting for the loss runs the graph's ready work itself
-    // (`GraphBuilder::run_on_caller`) instead of waiting for the graph's thread: always in
-    // single-thread mode, where the caller has nothing else to do (a graph thread that
-    // shares its CPU would keep it waiting); with `IVM_GRAPH_ON_CALLER=1` (or `0`) as asked.
-    let on_caller = match std::env::var("IVM_GRAPH_ON_CALLER").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => single_thread,
-    };
+    // (`GraphBuilder::run_on_caller`) rather than waiting for the graph's thread, which
+    // may not have a CPU (a busy machine): it stops once the loss is out, and the graph's
+    // thread does the rest of the step while the caller goes on. `IVM_GRAPH_ON_CALLER=0`
+    // leaves every firing to the graph's thread (multi-thread mode; single-thread mode
+    // has no other thread to leave it to).
+    let on_caller = single_thread || std::env::var("IVM_GRAPH_ON_CALLER").as_deref() != Ok("0");
     g.run_on_caller(on_caller);
     g.trace(trace::graph_event);
     let slots: Vec<Slot> = prog

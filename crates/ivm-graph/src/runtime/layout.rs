@@ -491,9 +491,9 @@ fn connect_to_vm(shared: &Arc<Shared>, on_caller: bool) {
         // A weak reference: the VM keeps the helper as long as it lives, the graph's
         // state goes with the graph.
         let weak = Arc::downgrade(shared);
-        shared
-            .lazy
-            .set_caller_helper(move || weak.upgrade().is_some_and(|s| s.help()));
+        shared.lazy.set_caller_helper_until(move |wait_over| {
+            weak.upgrade().is_some_and(|s| s.help(wait_over))
+        });
     }
     // The VM's waiting callers see the graph compute (its threads' productive scans) and
     // keep spinning through a run instead of sleeping until its output ends. The probe

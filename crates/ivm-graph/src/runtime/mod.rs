@@ -58,6 +58,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// [`lock`] if nobody holds `m` now, else `None`.
+fn try_lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// The part of an actor every thread sees.
 struct ActorShared {
     name: Arc<str>,
@@ -322,14 +331,23 @@ fn thread_loop(s: &Shared, t: usize) {
         if s.stop.load(Ordering::Acquire) {
             break;
         }
-        let any = {
-            let mut actors = lock(&s.threads[t]);
-            let any = scan(s, t, &mut actors);
-            if !any {
-                // Idle: let go of the last job instance (its parameter tensors) meanwhile.
-                actors.job = None;
+        // A helping caller (`Shared::help`) that holds our actors scans until nothing is
+        // ready or notifies us when it stops with work left, so we poll and sleep as if
+        // idle instead of blocking on the lock: a thread blocked there made every
+        // helper's unlock a futex wake on the caller's path, and, woken, took the
+        // actors back from a caller that was running the graph on a CPU of its own
+        // (ARCHITECTURE.md, "ivm-graph").
+        let any = match try_lock(&s.threads[t]) {
+            Some(mut actors) => {
+                let any = scan(s, t, &mut actors);
+                if !any {
+                    // Idle: let go of the last job instance (its parameter tensors)
+                    // meanwhile.
+                    actors.job = None;
+                }
+                any
             }
-            any
+            None => false,
         };
         if any {
             idle_since = None;
@@ -362,6 +380,19 @@ fn thread_loop(s: &Shared, t: usize) {
 /// One scan of graph thread `t`'s actors (by the thread, or by a VM caller running the
 /// graph): fires every ready actor once or more; whether any fired.
 fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
+    scan_until(s, t, st, None).0
+}
+
+/// [`scan`] for a helping caller (`stop` given): it stops after a kernel whose protocol
+/// successors fired (an output copied out may end the caller's wait: the caller looks
+/// before it scans on) or at which `stop()` turns true. Whether any actor fired, and
+/// whether the scan stopped early.
+fn scan_until(
+    s: &Shared,
+    t: usize,
+    st: &mut ThreadActors,
+    stop: Option<&dyn Fn() -> bool>,
+) -> (bool, bool) {
     let notifier = &s.notifiers[t];
     let ThreadActors {
         compute,
@@ -379,8 +410,9 @@ fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
             // run); and if anything was pushed to the job's buffers (their listeners
             // notify this thread), the next run's actors get their turn before more
             // kernels.
+            let mut handed_out = false;
             for &p in succs {
-                try_fire(s, &mut protocol[p], job);
+                handed_out |= try_fire(s, &mut protocol[p], job);
             }
             if notifier.pending() > 0 {
                 // Consumes the notifications: the Acquire fence after the clearing RMW
@@ -394,6 +426,11 @@ fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
                     try_fire(s, p, job);
                 }
             }
+            if let Some(stop) = stop
+                && (handed_out || stop())
+            {
+                return (true, true);
+            }
         }
     }
     for p in protocol.iter_mut() {
@@ -404,7 +441,7 @@ fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
     if any {
         s.progress.fired(t);
     }
-    any
+    (any, false)
 }
 
 /// Marks this thread as scanning graph thread `t`'s actors (see [`HELPING`]) until dropped.
@@ -427,25 +464,32 @@ impl Shared {
     /// thread whose actors nobody is scanning now until a scan finds nothing ready — the
     /// thread's own condition for sleeping, so no actor made ready by a notification the
     /// scans consumed is left for a thread that sleeps. Never waits for a lock.
-    fn help(&self) -> bool {
+    fn help(&self, wait_over: &dyn Fn() -> bool) -> bool {
         let mut any = false;
         for (t, actors) in self.threads.iter().enumerate() {
             // Acquire: as in `thread_loop`; a stopped graph's actors are gone or going.
             if self.stop.load(Ordering::Acquire) {
                 break;
             }
-            let mut actors = match actors.try_lock() {
-                Ok(a) => a,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => continue,
+            let Some(mut actors) = try_lock(actors) else {
+                continue;
             };
             // At most `HELP_SCANS` scans: a caller whose wait is over must not stay here
             // while other threads keep feeding the graph. Stopping with work still ready
             // hands it to the graph's thread, which a notification wakes.
             let mut scans = 0;
             let _helping = HelpingMark::enter(self, t);
-            while scan(self, t, &mut actors) {
+            loop {
+                let (fired, stopped) = scan_until(self, t, &mut actors, Some(wait_over));
+                if !fired {
+                    break;
+                }
                 any = true;
+                if stopped {
+                    // The caller's wait is over: what is still ready is the thread's.
+                    let _ = self.notifiers[t].notify();
+                    break;
+                }
                 scans += 1;
                 if scans == HELP_SCANS {
                     let _ = self.notifiers[t].notify();

@@ -324,7 +324,7 @@ impl<T> Completion<T> {
             self.vm.core.drive_until_helping(
                 |_| slot.is_done(),
                 deadline,
-                || progress && crate::doors::sync_access::graph_help(vm),
+                || progress && crate::doors::sync_access::graph_help(vm, &|| slot.is_done()),
             )?;
             return self.take();
         }

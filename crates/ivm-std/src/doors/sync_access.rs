@@ -283,7 +283,11 @@ fn wait_small(
         // the caller waits for completes (its completion unparks us).
         return shared
             .core
-            .drive_until_helping(|_| waiter.btb.is_done(), None, || graph_help(shared))
+            .drive_until_helping(
+                |_| waiter.btb.is_done(),
+                None,
+                || graph_help(shared, &|| waiter.btb.is_done()),
+            )
             .map_err(|e| name_device_work(e, instr));
     }
     if waiter.btb.is_done() {
@@ -306,7 +310,7 @@ fn wait_small(
         let ran = waiting.run(&shared.core, instr.stream.thread.as_deref(), finished);
         // Lazy graphs that run on their caller (`LazyGraph::set_caller_helper`) do their
         // ready work here rather than on their own thread.
-        (ran | help_graphs(shared)) && finished()
+        (ran | help_graphs(shared, &finished)) && finished()
     };
     if done() {
         return Ok(());
@@ -363,10 +367,10 @@ fn wait_small(
 /// Runs the caller helpers of the lazy graphs this VM launched, as user code runs on a
 /// worker (a call into this VM from them is refused), and has the engine take what they
 /// completed (driving here when nobody holds it). Whether they ran anything.
-fn help_graphs(shared: &VmShared) -> bool {
+fn help_graphs(shared: &VmShared, wait_over: &dyn Fn() -> bool) -> bool {
     let ran = {
         let _reentry = crate::engine::core::ReentryGuard::enter(shared.id);
-        graph_help(shared)
+        graph_help(shared, wait_over)
     };
     if ran {
         shared
@@ -378,13 +382,13 @@ fn help_graphs(shared: &VmShared) -> bool {
 
 /// The caller helpers of the lazy graphs this VM launched (`LazyGraph::set_caller_helper`),
 /// run on a caller that already refuses calls into this VM (a worker's guard, or
-/// single-thread mode's drive); whether they ran anything. Called on every look of a
-/// waiting caller: nothing but a load when no graph offered a helper.
-pub(crate) fn graph_help(shared: &VmShared) -> bool {
+/// single-thread mode's drive), until `wait_over`; whether they ran anything. Called on
+/// every look of a waiting caller: nothing but a load when no graph offered a helper.
+pub(crate) fn graph_help(shared: &VmShared, wait_over: &dyn Fn() -> bool) -> bool {
     shared
         .lazy_if_used()
         .filter(|l| l.has_helpers())
-        .is_some_and(|l| l.help())
+        .is_some_and(|l| l.help(wait_over))
 }
 
 /// A wait for `instr` that timed out: if it was launched on an asynchronous device, the

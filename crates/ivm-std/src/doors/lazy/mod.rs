@@ -165,8 +165,9 @@ pub(crate) struct LazyInner {
 }
 
 /// A graph runtime's offer to make progress on a thread of the VM's caller: runs what of
-/// the graph is ready, returns whether anything ran.
-pub type CallerHelper = Arc<dyn Fn() -> bool + Send + Sync>;
+/// the graph is ready until the caller's wait is over (its argument turns `true`),
+/// returns whether anything ran.
+pub type CallerHelper = Arc<dyn Fn(&dyn Fn() -> bool) -> bool + Send + Sync>;
 
 /// A graph runtime's progress count: any number that grows while the graph does work
 /// (kernels fired, say) and stays put while it waits.
@@ -270,6 +271,42 @@ impl LazyGraph {
     /// when a helper was set before or the graph was launched already. An offer racing the
     /// first launch is either registered by it (`true`) or refused (`false`), never lost.
     pub fn set_caller_helper(&self, helper: impl Fn() -> bool + Send + Sync + 'static) -> bool {
+        self.set_caller_helper_until(move |_| helper())
+    }
+
+    /// Like [`set_caller_helper`](Self::set_caller_helper), for a helper that can stop
+    /// early: `helper(wait_over)` checks `wait_over()` between units of its work (an actor
+    /// firing, say) and returns soon after it turns `true`, leaving the rest to the
+    /// graph's own threads (waking them if it leaves ready work behind). The caller then
+    /// returns from its wait at once, and what the graph does next overlaps whatever the
+    /// caller does next, as it would if no caller had helped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use ivm_std::lazy::LazyGraph;
+    ///
+    /// let g = LazyGraph::builder("step").output("loss", 4).build()?;
+    /// let ready = Arc::new(AtomicUsize::new(0)); // the runtime's ready actors
+    /// let r = ready.clone();
+    /// assert!(g.set_caller_helper_until(move |wait_over| {
+    ///     let mut ran = false;
+    ///     // One actor at a time, looking at `wait_over` between firings.
+    ///     while !wait_over() && r.load(Ordering::Relaxed) > 0 {
+    ///         r.fetch_sub(1, Ordering::Relaxed); // fire it
+    ///         ran = true;
+    ///     }
+    ///     ran
+    /// }));
+    /// assert!(!g.set_caller_helper(|| false)); // set once
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    pub fn set_caller_helper_until(
+        &self,
+        helper: impl Fn(&dyn Fn() -> bool) -> bool + Send + Sync + 'static,
+    ) -> bool {
         // Relaxed: a check that the VM has not bound (and so registered) the graph yet.
         if self.inner.vm.load(Ordering::Relaxed) != 0 {
             return false;

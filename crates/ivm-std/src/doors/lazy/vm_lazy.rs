@@ -96,14 +96,17 @@ impl VmLazy {
         self.has_helpers.load(Ordering::Relaxed)
     }
 
-    /// Runs the caller helpers (a caller about to wait, outside the engine): whether any
-    /// ran something. Allocates nothing; the helpers run without the lock.
-    pub(crate) fn help(&self) -> bool {
+    /// Runs the caller helpers (a caller about to wait, outside the engine) until
+    /// `wait_over`: whether any ran something. Allocates nothing; the helpers run without
+    /// the lock.
+    pub(crate) fn help(&self, wait_over: &dyn Fn() -> bool) -> bool {
         self.live_offers()
             .filter_map(|o| o.helper)
             // A helper that panics ran nothing this caller can count on; the graph's own
             // launch reports its failure (the helper is the graph runtime's code).
-            .fold(false, |any, h| catch(|| h()).unwrap_or(false) | any)
+            .fold(false, |any, h| {
+                (!wait_over() && catch(|| h(wait_over)).unwrap_or(false)) | any
+            })
     }
 
     /// The offers of the graphs still alive, copied out of the lock (nothing allocated:
