@@ -34,7 +34,8 @@ impl LaunchGraphs for FuzzGraphs {
     }
 }
 
-/// Builds the fuzzer's two lazy graphs (`fuzz_a`, `fuzz_b`; see `LaunchOp`).
+/// Builds the fuzzer's two lazy graphs (`fuzz_a`, `fuzz_b`; see `LaunchOp`); `fuzz_a`'s
+/// ready work also runs on the VM's waiting callers ([`GraphBuilder::run_on_caller`]).
 ///
 /// # Errors
 /// The graph runtime's build errors (threads that cannot start).
@@ -65,6 +66,10 @@ fn build() -> Result<[Graph; 2]> {
     });
     a.output("o0", o0);
     a.output("o1", o1);
+    // `fuzz_a` runs on its waiting callers (`run_on_caller`), `fuzz_b` on its thread only:
+    // a caller that fires `fwd` and `out` stops once the outputs are out and leaves `upd`
+    // to the graph's thread, which must not block on the actors the caller holds.
+    a.run_on_caller(true);
 
     let mut b = GraphBuilder::new("fuzz_b");
     let b0 = b.input("b0", 8);
