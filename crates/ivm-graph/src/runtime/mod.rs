@@ -486,7 +486,8 @@ impl Shared {
                 }
                 any = true;
                 if stopped {
-                    // The caller's wait is over: what is still ready is the thread's.
+                    // An output went out or the caller's wait is over: the caller looks
+                    // before it helps again, and what is still ready is the thread's.
                     let _ = self.notifiers[t].notify();
                     break;
                 }
