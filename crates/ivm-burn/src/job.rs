@@ -22,7 +22,7 @@ use crate::dispatch::{self, Operands};
 pub(crate) struct Job {
     /// The operation: the next one while the job is on its way, the spent one (dropped
     /// when the box is reused) once it came back.
-    op: Option<OperationIr>,
+    op: OperationIr,
     operands: Operands,
 }
 
@@ -74,14 +74,11 @@ impl Ticket {
     ) -> Self {
         let job = match spare.pop() {
             Some(JobBox(mut job)) => {
-                job.op = Some(op);
+                job.op = op;
                 job.operands = operands;
                 JobBox(job)
             }
-            None => JobBox(Box::new(Job {
-                op: Some(op),
-                operands,
-            })),
+            None => JobBox(Box::new(Job { op, operands })),
         };
         Self {
             job: Some(job),
@@ -91,13 +88,8 @@ impl Ticket {
 
     /// Runs the operation on the inner backend (see [`dispatch::run`]).
     pub(crate) fn run(self) {
-        if let Some(JobBox(job)) = &self.job
-            && let Job {
-                op: Some(op),
-                operands,
-            } = &**job
-        {
-            dispatch::run(op, operands);
+        if let Some(JobBox(job)) = &self.job {
+            dispatch::run(&job.op, &job.operands);
         }
     }
 }

@@ -485,14 +485,11 @@ impl Shared {
                     break;
                 }
                 any = true;
-                if stopped {
-                    // An output went out or the caller's wait is over: the caller looks
-                    // before it helps again, and what is still ready is the thread's.
-                    let _ = self.notifiers[t].notify();
-                    break;
-                }
                 scans += 1;
-                if scans == HELP_SCANS {
+                // Stopped early (an output went out or the caller's wait is over: the
+                // caller looks before it helps again) or out of scans: what may still be
+                // ready is the thread's.
+                if stopped || scans == HELP_SCANS {
                     let _ = self.notifiers[t].notify();
                     break;
                 }
