@@ -386,8 +386,14 @@ fn host_kernel<F>(k: &mut ivm::KernelCtx<'_>, n: usize, f: F)
 where
     F: FnOnce(&[&[u8]], &mut [u8]) + Send + 'static,
 {
-    use ivm::ivm_std::{DeviceMemory, HostMemory};
-    let Some(stream) = k.device_stream() else {
+    use ivm::ivm_std::{DeviceMemory, HostMemory, KernelMode};
+    // The cpu's kernels have a device stream too (a synchronous one): only a launcher's
+    // needs the copies and the enqueued host function (an allocation and an `Arc` clone
+    // per operand, per kernel).
+    let launcher = k
+        .device_stream()
+        .filter(|s| s.kernel_mode() == KernelMode::Launcher);
+    let Some(stream) = launcher else {
         let mut reads: [&[u8]; 4] = [&[]; 4];
         for (j, r) in reads.iter_mut().enumerate().take(n) {
             *r = k.input(j);

@@ -97,7 +97,8 @@ impl<'a> KernelCtx<'a> {
 
     /// The device stream the kernel runs on. On a [`KernelMode::Launcher`] device (cuda)
     /// the kernel enqueues its device work here; it is `None` for kernels that run inside
-    /// the device queue ([`KernelMode::Queued`], the sim).
+    /// the device queue ([`KernelMode::Queued`], the sim). On the cpu's synchronous
+    /// streams it is `Some` too: check [`DeviceStream::kernel_mode`] before enqueueing.
     ///
     /// [`KernelMode::Launcher`]: crate::KernelMode::Launcher
     /// [`KernelMode::Queued`]: crate::KernelMode::Queued
