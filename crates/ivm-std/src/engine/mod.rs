@@ -429,7 +429,8 @@ impl Executor<Job> for Exec<'_> {
                 if ctx.run_index() > 0 || ctx.run_continues() {
                     self.collect_run(instr, defer, caller_runs, ctx.run_continues());
                 } else {
-                    thread.submit(instr, defer, caller_runs);
+                    let by_caller = matches!(self.driver, Driver::Caller(_));
+                    thread.submit(instr, defer, caller_runs, by_caller);
                 }
             }
             // Single-thread mode, or a stream that lives on the scheduler.
@@ -530,7 +531,12 @@ impl Exec<'_> {
         }
         drop(run.tail);
         match &run.head.stream.thread {
-            Some(thread) => thread.submit(&run.head, run.defer, run.caller_runs),
+            Some(thread) => thread.submit(
+                &run.head,
+                run.defer,
+                run.caller_runs,
+                matches!(self.driver, Driver::Caller(_)),
+            ),
             // Only members bound for a worker are collected.
             None => unreachable!("ivm: a fused run without a worker"),
         }

@@ -384,3 +384,106 @@ fn a_contended_worker_still_runs_kernels_after_run_returns() {
     }
     vm.shutdown().unwrap();
 }
+
+/// A VM whose default stream's worker has run work (a new VM's worker sleeps without a
+/// deadline until it is first woken), its stream, the worker and a tensor.
+fn vm_with_a_worker_that_ran() -> (
+    crate::VirtualMachine,
+    crate::Stream,
+    Arc<crate::model::thread_ctx::ThreadCtx>,
+    crate::Tensor,
+) {
+    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+    let s = vm.default_stream();
+    let worker = s.shared.thread.clone().expect("a worker");
+    let t = vm.new_tensor(8).unwrap();
+    vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+        .unwrap();
+    vm.sync().unwrap();
+    (vm, s, worker, t)
+}
+
+/// Waits (up to 10 s) until the worker of `worker` sleeps in an idle doze. A worker that
+/// sleeps without a deadline (its idle dozes used up, or off after a push that waited
+/// for one) dozes again after it is woken: a kernel on `s`, run to completion, wakes it.
+fn until_idle_doze(
+    vm: &crate::VirtualMachine,
+    s: &crate::Stream,
+    worker: &crate::model::thread_ctx::ThreadCtx,
+) {
+    let start = std::time::Instant::now();
+    let mut since = start;
+    while !worker.idle_doze.load(ivm_core::sync::Ordering::Relaxed) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "the idle worker never dozed"
+        );
+        if since.elapsed() > std::time::Duration::from_millis(200) {
+            vm.run(|b| b.call(s, &[], &[], |_| {})).unwrap();
+            vm.sync().unwrap();
+            since = std::time::Instant::now();
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+// Waits in real time for the worker's idle states (minutes under Miri, which covers the
+// VM's unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn a_caller_runs_what_it_pushed_to_an_idle_dozing_worker_without_waking_it() {
+    // The worker dozes after its poll window; an op pushed then is left to its deadline,
+    // and the caller's read runs it (ARCHITECTURE.md, "An idle worker dozes first").
+    let (vm, s, worker, t) = vm_with_a_worker_that_ran();
+    for round in 0..20u64 {
+        until_idle_doze(&vm, &s, &worker);
+        vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
+            .unwrap();
+        let mut out = [0u8; 8];
+        vm.read_small(&t, 0, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), round);
+    }
+    // Relaxed: a count, read after the reads that followed every push.
+    let left = worker
+        .left_to_idle_doze
+        .load(ivm_core::sync::Ordering::Relaxed);
+    assert!(
+        left > 0,
+        "no push left its wake to an idle doze in 20 rounds"
+    );
+    assert!(vm.stats().unwrap().caller_ran > 0);
+    vm.shutdown().unwrap();
+}
+
+#[test]
+// Waits in real time for the worker's idle states (minutes under Miri, which covers the
+// VM's unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn work_left_to_an_idle_doze_starts_by_its_deadline_when_nobody_waits() {
+    use std::sync::atomic::{AtomicBool, Ordering as O};
+    let (vm, s, worker, t) = vm_with_a_worker_that_ran();
+    // Five rounds: after a push that had to wait for the deadline, the worker dozes no more
+    // for `IDLE_DOZE_OFF`.
+    for _ in 0..5 {
+        until_idle_doze(&vm, &s, &worker);
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        vm.run(|b| b.call(&s, &[], &[&t], move |_| r.store(true, O::Release)))
+            .unwrap();
+        // Nobody calls into the VM now: only the doze's deadline (or a wake) runs it.
+        let start = std::time::Instant::now();
+        while !ran.load(O::Acquire) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "a push left to an idle doze's deadline never ran"
+            );
+            std::thread::yield_now();
+        }
+    }
+    // Relaxed: a count, read after every kernel ran.
+    let left = worker
+        .left_to_idle_doze
+        .load(ivm_core::sync::Ordering::Relaxed);
+    assert!(left > 0, "no push left its wake to an idle doze");
+    vm.shutdown().unwrap();
+}

@@ -41,8 +41,8 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let closing = loop {
         let Some(mut consumer) = w.take_role_or_poll() else {
             // A caller still runs our queue; its `let_go` wakes us if anything is left.
-            match w.park(false) {
-                Ok(()) => continue,
+            match w.park(None, false) {
+                Ok(_) => continue,
                 Err(closed) => break closed,
             }
         };
@@ -91,6 +91,17 @@ struct Worker<'a> {
     share: crate::engine::preemption::CpuShare,
     /// Polling backs off to `yield_now` (few cores: do not starve the caller).
     backoff: ivm_core::sync::Backoff,
+    /// Idle dozes left before the worker sleeps without a deadline (ARCHITECTURE.md, "An
+    /// idle worker dozes first"): refilled when work runs.
+    idle_dozes_left: u32,
+    /// The last sleep was an idle doze that ended at its deadline: an idle stretch that
+    /// finds nothing then dozes again at once, without polling.
+    idle_doze_timed_out: bool,
+    /// Until when the worker dozes no more when idle: a push left to an idle doze's
+    /// deadline waited for it (nobody ran it meanwhile), so pushes wake it again.
+    idle_dozes_off_until: Option<Instant>,
+    /// `ThreadCtx::left_to_idle_doze` at the last look.
+    left_seen: usize,
 }
 
 impl<'a> Worker<'a> {
@@ -110,6 +121,10 @@ impl<'a> Worker<'a> {
             preemption: crate::engine::preemption::PreemptionSense::default(),
             share: crate::engine::preemption::CpuShare::default(),
             backoff: ivm_core::sync::Backoff::new(),
+            idle_dozes_left: 0,
+            idle_doze_timed_out: false,
+            idle_dozes_off_until: None,
+            left_seen: 0,
         }
     }
 
@@ -225,6 +240,13 @@ impl<'a> Worker<'a> {
                 ran = true;
             }
             if ran {
+                if std::mem::take(&mut self.idle_doze_timed_out) && !self.ctx.hand.has_waiters() {
+                    // A push waited for our deadline and no caller waits for it: its
+                    // caller did not wait for it. Wake-ups on push for a while.
+                    self.idle_dozes_off_until =
+                        Some(Instant::now() + crate::util::tuning::IDLE_DOZE_OFF);
+                }
+                self.idle_dozes_left = self.idle_dozes();
                 self.restart_idle();
                 continue;
             }
@@ -305,7 +327,7 @@ impl<'a> Worker<'a> {
             self.idle_for = now.duration_since(since);
             self.poll_now = poll_window(self.ctx, self.poll);
         }
-        if self.idle_for >= self.poll_now {
+        if self.idle_for >= self.poll_now || self.idle_doze_timed_out {
             return false;
         }
         if self.idle_for < crate::util::tuning::WORKER_PURE_SPIN {
@@ -326,11 +348,20 @@ impl<'a> Worker<'a> {
     fn take_role_or_poll(&mut self) -> Option<Consumer<'a, Instruction, WorkerTag>> {
         let window = poll_window(self.ctx, self.poll);
         let start = Instant::now();
+        let mut held = false;
         loop {
             if let Some(c) = self.ctx.take_role() {
+                if held {
+                    // A caller ran our queue: work goes on, so poll as after work (else
+                    // the caller, having run everything, would find us dozing at its
+                    // next submission, and run that too, step after step).
+                    self.idle_doze_timed_out = false;
+                    self.idle_dozes_left = self.idle_dozes();
+                }
                 self.backoff.reset();
                 return Some(c);
             }
+            held = true;
             if start.elapsed() >= window {
                 self.backoff.reset();
                 return None;
@@ -378,33 +409,69 @@ impl<'a> Worker<'a> {
             // leaves the wake to our deadline).
             drop(consumer);
         }
-        let doze = !hand_over && crate::engine::preemption::is_contended(ctx);
-        self.park(doze)?;
+        let doze = if hand_over {
+            None
+        } else if crate::engine::preemption::is_contended(ctx) {
+            Some(crate::util::tuning::WORKER_DOZE)
+        } else if self.idle_dozes_left > 0
+            && self
+                .idle_dozes_off_until
+                .is_none_or(|until| Instant::now() >= until)
+        {
+            self.idle_dozes_left -= 1;
+            Some(crate::util::tuning::IDLE_DOZE)
+        } else {
+            None
+        };
+        let idle_doze = doze == Some(crate::util::tuning::IDLE_DOZE);
+        let notified = self.park(doze, idle_doze)?;
         self.restart_idle();
+        self.idle_doze_timed_out = idle_doze && !notified;
+        // Relaxed: a hint (see the field).
+        let left = ctx.left_to_idle_doze.load(Ordering::Relaxed);
+        if notified || left != self.left_seen {
+            // Woken for work, or callers pushed (and ran) work meanwhile: the VM is in
+            // use, so the next idle stretches doze first again.
+            self.left_seen = left;
+            self.idle_dozes_left = self.idle_dozes();
+        }
         Ok(())
     }
 
-    /// Sleeps on the notifier (the role let go); `Err` once shutdown closed it. `doze`:
-    /// idle while sharing its CPU, it sleeps for `WORKER_DOZE` at most, and pushes that a
-    /// caller may run leave its wake to that deadline (`thread_ctx.rs`, "A worker that
-    /// wakes itself").
-    fn park(&self, doze: bool) -> Result<(), Closed> {
+    /// How many idle dozes an idle stretch gets: none when the worker does not poll (a
+    /// configuration that asks for no CPU use while idle).
+    fn idle_dozes(&self) -> u32 {
+        if self.poll.is_zero() {
+            0
+        } else {
+            crate::util::tuning::IDLE_DOZES
+        }
+    }
+
+    /// Sleeps on the notifier (the role let go): whether a notification (not a deadline)
+    /// woke it; `Err` once shutdown closed it. `doze`: it sleeps that long at most, and
+    /// pushes that a caller may run may leave its wake to that deadline (`thread_ctx.rs`,
+    /// "A worker that wakes itself"); `idle_doze`: the doze of a worker that is idle, not
+    /// one that shares its CPU (then only a caller's own pushes leave the wake).
+    fn park(&self, doze: Option<Duration>, idle_doze: bool) -> Result<bool, Closed> {
         let ctx = self.ctx;
-        // Relaxed: hints (see `ThreadCtx::parked`).
+        // Relaxed: hints (see `ThreadCtx::parked`, `ThreadCtx::idle_doze`).
         ctx.parked.store(true, Ordering::Relaxed);
-        let woken = if doze {
+        ctx.idle_doze.store(idle_doze, Ordering::Relaxed);
+        let woken = if let Some(d) = doze {
             crate::model::thread_ctx::doze(&ctx.dozing);
-            let deadline = <crate::util::futex::FutexWait as ivm_core::wait::Wait>::now()
-                .saturating_add(crate::util::tuning::WORKER_DOZE);
+            let deadline =
+                <crate::util::futex::FutexWait as ivm_core::wait::Wait>::now().saturating_add(d);
             let r = ctx.notifier.timed_wait_and_clear(deadline);
             crate::model::thread_ctx::wake_from_doze(&ctx.dozing);
             r.map(|t| t == ivm_core::notifier::Timed::Notified)
         } else {
             ctx.notifier.wait_and_clear().map(|()| true)
         };
+        ctx.idle_doze.store(false, Ordering::Relaxed);
         ctx.parked.store(false, Ordering::Relaxed);
         self.counters.record(true, matches!(woken, Ok(true)));
-        woken.map(|_| ())
+        woken
     }
 }
 

@@ -91,6 +91,13 @@ pub(crate) struct ThreadCtx {
     /// Set while the worker sleeps with a deadline (module docs, "A worker that wakes
     /// itself").
     pub(crate) dozing: AtomicBool,
+    /// A hint, not part of any protocol: the worker's doze is an idle one (it does not
+    /// share its CPU): a caller's own pushes leave its wake to the deadline.
+    pub(crate) idle_doze: AtomicBool,
+    /// A hint, not part of any protocol: how many pushes left their wake to an idle
+    /// doze's deadline. The worker keeps dozing (not sleeping for good) while it grows:
+    /// its callers are active although they run its work themselves.
+    pub(crate) left_to_idle_doze: AtomicUsize,
     /// A hint: until when the VM's callers count as losing their CPU to
     /// other threads (`engine/preemption.rs`, `CallerSense`): pushes a caller may run
     /// leave a dozing worker's wake to its deadline even while no caller waits.
@@ -119,6 +126,8 @@ impl ThreadCtx {
             contended_until: crate::util::HintUntil::default(),
             hand: HandOver::new(),
             dozing: AtomicBool::new(false),
+            idle_doze: AtomicBool::new(false),
+            left_to_idle_doze: AtomicUsize::new(0),
             callers_contended_until: crate::util::HintUntil::default(),
         }
     }
@@ -151,9 +160,17 @@ impl ThreadCtx {
     /// empty-to-non-empty edge (a worker that is draining or polling reaches it anyway),
     /// and not then either when a caller may run the instruction (`caller_runs`: its
     /// stream allows it and its body is not deferred) and either its waiting caller took
-    /// the wake on itself (`may_defer`, [`skip_wake`]) or a caller waits and the worker
-    /// dozes ([`leave_wake_to_deadline`]).
-    pub(crate) fn submit(&self, instr: &Arc<Instruction>, may_defer: bool, caller_runs: bool) {
+    /// the wake on itself (`may_defer`, [`skip_wake`]) or the worker dozes and a caller
+    /// waits, or the pusher is a caller submitting to an idle worker
+    /// ([`leave_wake_to_deadline`]). `by_caller`: the pushing thread is a caller
+    /// (`Driver::Caller`), not a worker or the scheduler.
+    pub(crate) fn submit(
+        &self,
+        instr: &Arc<Instruction>,
+        may_defer: bool,
+        caller_runs: bool,
+        by_caller: bool,
+    ) {
         if self.queue.push(instr.clone()) {
             if may_defer && skip_wake(&instr.status) {
                 return;
@@ -163,11 +180,20 @@ impl ThreadCtx {
             // otherwise start each hop at a doze's deadline. Or while the callers lose
             // their CPU to other threads: a woken worker would be one more thread for
             // too few CPUs, and the caller runs the queue at its next wait
-            // (`engine/preemption.rs`, `CallerSense`).
+            // (`engine/preemption.rs`, `CallerSense`). Or when a caller submits to a
+            // worker in an idle doze (ARCHITECTURE.md, "An idle worker dozes first"):
+            // a caller that waits for the work next runs it itself, without paying a
+            // wake first; work nobody waits for starts by the doze's deadline.
+            // Relaxed: `idle_doze` is a hint; `leave_wake_to_deadline` decides.
+            let idle = by_caller && self.idle_doze.load(Ordering::Relaxed);
             if caller_runs
-                && (self.hand.has_waiters() || self.callers_contended())
+                && (self.hand.has_waiters() || self.callers_contended() || idle)
                 && leave_wake_to_deadline(&self.dozing)
             {
+                if idle {
+                    // Relaxed: a hint (see the field).
+                    self.left_to_idle_doze.fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
             // Err(Closed) only after shutdown closed us, when the engine is idle: the

@@ -81,6 +81,22 @@ pub(crate) const STALLED_WORKER_HOLD: Duration = Duration::from_millis(100);
 /// dozing worker costs a few thousand wakes a second while contention lasts.
 pub(crate) const WORKER_DOZE: Duration = Duration::from_micros(500);
 
+/// How long an idle worker (one that does not share its CPU) sleeps per doze after its
+/// poll window, before it looks at its queue on its own (ARCHITECTURE.md, "An idle worker
+/// dozes first"): the longest a caller's push nobody waits for may wait to start in that
+/// stretch. Comparable to what a wake-up of a sleeping thread takes to reach it on a small
+/// VM (tens of microseconds), long against the wake's own cost to the pusher.
+pub(crate) const IDLE_DOZE: Duration = Duration::from_micros(100);
+
+/// How many idle dozes a worker takes after its poll window before it sleeps without a
+/// deadline: `IDLE_DOZES * IDLE_DOZE` of idle after its last work, at a few timer
+/// wake-ups per millisecond; after that, an idle VM costs nothing.
+pub(crate) const IDLE_DOZES: u32 = 20;
+
+/// How long a worker dozes no more when idle after a push left to its deadline had to
+/// wait for it (its caller did not wait for it): pushes wake the worker meanwhile.
+pub(crate) const IDLE_DOZE_OFF: Duration = Duration::from_millis(100);
+
 // The instruction pool (`pool.rs`).
 /// Most released instructions a VM keeps for reuse.
 pub(crate) const POOL_MAX: usize = 4096;
