@@ -364,15 +364,11 @@ fn a_contended_worker_still_runs_kernels_after_run_returns() {
         let g = gate.clone();
         vm.run(|b| {
             b.call(&s, &[], &[&t], move |ctx| {
-                let start = std::time::Instant::now();
-                while !g.load(O::Acquire) {
-                    // Fails the kernel instead of hanging the test.
-                    assert!(
-                        start.elapsed() < std::time::Duration::from_secs(10),
-                        "the gate was never opened: the kernel ran inside `run`"
-                    );
-                    std::thread::yield_now();
-                }
+                // Fails the kernel instead of hanging the test.
+                spin_until(
+                    "the gate was never opened: the kernel ran inside `run`",
+                    || g.load(O::Acquire),
+                );
                 ctx.output_u64(0)[0] = round;
             })
         })
@@ -383,6 +379,18 @@ fn a_contended_worker_still_runs_kernels_after_run_returns() {
         assert_eq!(u64::from_ne_bytes(out), round);
     }
     vm.shutdown().unwrap();
+}
+
+/// Yields until `done`, for 10 s at most (then panics with `what`).
+fn spin_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "{what}"
+        );
+        std::thread::yield_now();
+    }
 }
 
 /// A VM whose default stream's worker has run work (a new VM's worker sleeps without a
@@ -471,14 +479,9 @@ fn work_left_to_an_idle_doze_starts_by_its_deadline_when_nobody_waits() {
         vm.run(|b| b.call(&s, &[], &[&t], move |_| r.store(true, O::Release)))
             .unwrap();
         // Nobody calls into the VM now: only the doze's deadline (or a wake) runs it.
-        let start = std::time::Instant::now();
-        while !ran.load(O::Acquire) {
-            assert!(
-                start.elapsed() < std::time::Duration::from_secs(10),
-                "a push left to an idle doze's deadline never ran"
-            );
-            std::thread::yield_now();
-        }
+        spin_until("a push left to an idle doze's deadline never ran", || {
+            ran.load(O::Acquire)
+        });
     }
     // Relaxed: a count, read after every kernel ran.
     let left = worker
