@@ -16,6 +16,7 @@
 //! | `warm_read_p99_us` | p99 of those reads |
 //! | `warm_read_vs_channel_polling` | (extra) the same p50 over a crossbeam request/response round trip with a polling worker, same chunks |
 //! | `cold_read_vs_futex_wake` | p50 of a read after the VM sat idle 10 ms (every VM thread parked; default config: nothing is in flight, so the caller runs the read itself, no wake), over the p50 of a futex wake (from just before the wake call to the woken thread running) after 10 ms asleep; 200 interleaved samples each. `cold_read_worker_vs_futex_wake` reports the same with `inline_sync_access` off (the worker path: the read is queued to the sleeping worker, and its caller runs it without waking it) |
+//! | `op_read_p50_us`, `op_read_vs_single_thread` | p50 of one op (a kernel writing a tensor) then a read of it, back to back, default config; over the same in single-thread mode; interleaved chunks. With `_hog1`: target ≤ 3 µs |
 //! | `idle_op_read_vs_single_thread` | p50 of one op (a kernel writing a tensor) then a read of it, after the VM sat idle 1 ms, default config, over the same in single-thread mode; 400 interleaved samples each. `idle_op_read_p50_us` is the default config's p50 |
 //! | `inline_read_ns` | p50 of back-to-back reads with nothing in flight, run inline by the caller (default config) |
 //! | `instr_per_s` | instructions each reading one and writing another of 8 tensors on one stream, `run` batches of 64, until `sync()` returns |
@@ -269,6 +270,7 @@ fn contended(rep: &mut Report) {
                 (1, "warm_read_p99_us") => ("≤ 50", Some(r.value <= 50.0)),
                 (1, "instr_per_s") => ("≥ 1.5 M", Some(r.value >= 1.5e6)),
                 (1, "caller_work_ratio") => ("≥ 0.8", Some(r.value >= 0.8)),
+                (1, "op_read_p50_us") => ("≤ 3", Some(r.value <= 3.0)),
                 _ => ("(report)", None),
             };
             let name: &'static str = Box::leak(format!("{}_hog{n}", r.name).into_boxed_str());

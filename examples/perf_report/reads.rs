@@ -90,6 +90,55 @@ pub(super) fn warm_reads(rep: &mut Report, quick: bool) {
     rep.figure("spin_pingpong_p50_us", us(spin50), "µs", "(baseline)", None);
     let rc = warm50.as_secs_f64() / chan50.as_secs_f64();
     rep.ratio("warm_read_vs_channel_polling", rc, "(report)", rc <= 2.5);
+    op_then_read(rep, quick);
+}
+
+/// One op (a kernel writing a tensor) then a read of that tensor, timed from before the
+/// op's `run` to after the read.
+fn op_read(vm: &VirtualMachine, t: &Tensor, v: u64) -> Duration {
+    let s = vm.default_stream();
+    let start = Instant::now();
+    vm.run(|b| b.call(&s, &[], &[t], move |k| k.output_u64(0)[0] = v))
+        .expect("run");
+    let got = read8(vm, t);
+    let d = start.elapsed();
+    assert_eq!(got, v);
+    d
+}
+
+/// One op then a read, back to back: the default configuration against single-thread
+/// mode, in interleaved chunks. Beside a busy thread (`contended`) this is the issue's
+/// "op + read" of a front end that reads a scalar after each op.
+fn op_then_read(rep: &mut Report, quick: bool) {
+    let (chunk, chunks) = if quick { (250, 4) } else { (1_000, 5) };
+    let (multi_vm, multi_t) = vm_with_value(config(), 1);
+    let (single_vm, single_t) = vm_with_value(config().with_mode(ivm_std::Mode::SingleThread), 1);
+    let (mut multi, mut single) = (Vec::new(), Vec::new());
+    let mut v = 0u64;
+    for _ in 0..chunks {
+        for _ in 0..chunk {
+            v += 1;
+            multi.push(op_read(&multi_vm, &multi_t, v));
+        }
+        for _ in 0..chunk {
+            v += 1;
+            single.push(op_read(&single_vm, &single_t, v));
+        }
+    }
+    multi_vm.shutdown().expect("shutdown");
+    single_vm.shutdown().expect("shutdown");
+    let (m50, s50) = (pct(&mut multi, 0.5), pct(&mut single, 0.5));
+    println!(
+        "op then read, back to back: default config p50 {:.2} µs (p90 {:.2}); single-thread mode p50 {:.2} µs (p90 {:.2}); {} samples each, in interleaved chunks of {chunk}",
+        us(m50),
+        us(pct(&mut multi, 0.9)),
+        us(s50),
+        us(pct(&mut single, 0.9)),
+        multi.len(),
+    );
+    rep.figure("op_read_p50_us", us(m50), "µs", "(report)", None);
+    let r = m50.as_secs_f64() / s50.as_secs_f64();
+    rep.figure("op_read_vs_single_thread", r, "", "(report)", None);
 }
 
 /// `n` request/response round trips over two crossbeam channels with a worker that polls
@@ -192,16 +241,6 @@ fn idle_op_then_read(rep: &mut Report, quick: bool) {
     let (multi_vm, multi_t) = vm_with_value(config(), 1);
     let (single_vm, single_t) = vm_with_value(single, 1);
     let ran0 = multi_vm.stats().map_or(0, |s| s.caller_ran);
-    let op_read = |vm: &VirtualMachine, t: &Tensor, v: u64| {
-        let s = vm.default_stream();
-        let start = Instant::now();
-        vm.run(|b| b.call(&s, &[], &[t], move |k| k.output_u64(0)[0] = v))
-            .expect("run");
-        let got = read8(vm, t);
-        let d = start.elapsed();
-        assert_eq!(got, v);
-        d
-    };
     let (mut multi, mut single) = (Vec::new(), Vec::new());
     for k in 0..n as u64 {
         std::thread::sleep(idle);
