@@ -409,21 +409,21 @@ impl<'a> Worker<'a> {
             // leaves the wake to our deadline).
             drop(consumer);
         }
-        let doze = if hand_over {
-            None
+        // How long it sleeps at most (`None`: until woken), and whether that is an idle doze.
+        let (doze, idle_doze) = if hand_over {
+            (None, false)
         } else if crate::engine::preemption::is_contended(ctx) {
-            Some(crate::util::tuning::WORKER_DOZE)
+            (Some(crate::util::tuning::WORKER_DOZE), false)
         } else if self.idle_dozes_left > 0
             && self
                 .idle_dozes_off_until
                 .is_none_or(|until| Instant::now() >= until)
         {
             self.idle_dozes_left -= 1;
-            Some(crate::util::tuning::IDLE_DOZE)
+            (Some(crate::util::tuning::IDLE_DOZE), true)
         } else {
-            None
+            (None, false)
         };
-        let idle_doze = doze == Some(crate::util::tuning::IDLE_DOZE);
         let notified = self.park(doze, idle_doze)?;
         self.restart_idle();
         self.idle_doze_timed_out = idle_doze && !notified;
