@@ -429,8 +429,7 @@ impl Executor<Job> for Exec<'_> {
                 if ctx.run_index() > 0 || ctx.run_continues() {
                     self.collect_run(instr, defer, caller_runs, ctx.run_continues());
                 } else {
-                    let by_caller = matches!(self.driver, Driver::Caller(_));
-                    thread.submit(instr, defer, caller_runs, by_caller);
+                    thread.submit(instr, defer, caller_runs, self.driver.is_caller());
                 }
             }
             // Single-thread mode, or a stream that lives on the scheduler.
@@ -535,7 +534,7 @@ impl Exec<'_> {
                 &run.head,
                 run.defer,
                 run.caller_runs,
-                matches!(self.driver, Driver::Caller(_)),
+                self.driver.is_caller(),
             ),
             // Only members bound for a worker are collected.
             None => unreachable!("ivm: a fused run without a worker"),

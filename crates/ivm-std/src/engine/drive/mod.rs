@@ -68,6 +68,11 @@ pub(crate) enum Driver {
 impl Driver {
     /// A caller that will run nothing the engine hands it.
     pub(crate) const CALLER: Driver = Driver::Caller(Claim::NONE);
+
+    /// Whether the driving thread is a caller (not a worker or the scheduler).
+    pub(crate) fn is_caller(self) -> bool {
+        matches!(self, Driver::Caller(_))
+    }
 }
 
 /// The sync callback a caller is submitting, passed down its submission's drive: the only
