@@ -441,6 +441,13 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
         ccl.global_sync(&dp.vm)?;
     }
 
+    if rank == 0 && !args.quiet {
+        // Where rank 0's VM met contention (six threads on two cores, for 2 ranks there).
+        println!(
+            "data parallel, rank 0: {}",
+            crate::runs::Counters::of(&dp.vm.stats()?)
+        );
+    }
     // Every rank's losses and final state, bit for bit, against rank 0's.
     let dp_state = dp.state()?;
     let lf = fingerprint(dp_losses.iter().flat_map(|x| x.to_bits().to_ne_bytes()));

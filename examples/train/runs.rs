@@ -234,7 +234,7 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn of(s: &ivm::ivm_std::VmStats) -> Self {
+    pub fn of(s: &ivm::ivm_std::VmStats) -> Self {
         let sum = |f: fn(&ivm::ivm_std::ThreadStats) -> usize| s.threads.iter().map(f).sum();
         Self {
             runs: s.fused_runs,

@@ -490,3 +490,70 @@ fn work_left_to_an_idle_doze_starts_by_its_deadline_when_nobody_waits() {
     assert!(left > 0, "no push left its wake to an idle doze");
     vm.shutdown().unwrap();
 }
+
+/// A worker marked contended hands its queue to a waiting caller only when the caller may
+/// run what is queued next: a collective stream's thread that handed its queue over would
+/// be woken straight back by the caller, which may not run its instructions (a futex wake
+/// and a context switch per instruction, found in the data-parallel demo on two cores).
+#[test]
+fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
+    use std::sync::atomic::{AtomicUsize, Ordering as O};
+    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+    let s = vm
+        .stream(StreamId {
+            device: Device::CPU,
+            stream_type: StreamType::Collective,
+            thread_id: 0,
+        })
+        .unwrap();
+    assert!(!s.shared.policy.caller_may_run());
+    let worker = s
+        .shared
+        .thread
+        .clone()
+        .expect("a collective stream has a thread");
+    crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
+    let t = vm.new_tensor(8).unwrap();
+    // Rounds whose first kernel ended with the caller waiting and two more queued behind
+    // it. A caller may also be held before its wait (a submitting caller can be left the
+    // release of a kernel the clock sampled as long): such a round is not counted.
+    let seen = Arc::new(AtomicUsize::new(0));
+    for round in 0..20u64 {
+        let w = worker.clone();
+        let sn = seen.clone();
+        vm.run(|b| {
+            b.call(&s, &[], &[&t], move |_| {
+                let start = std::time::Instant::now();
+                while start.elapsed() < std::time::Duration::from_millis(200) {
+                    if w.hand.has_waiters() {
+                        sn.fetch_add(1, O::Relaxed);
+                        return;
+                    }
+                    std::thread::yield_now();
+                }
+            })?;
+            b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = u64::MAX)?;
+            b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round)
+        })
+        .unwrap();
+        let mut out = [0u8; 8];
+        vm.read_small(&t, 0, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), round);
+        if seen.load(O::Relaxed) >= 3 {
+            break;
+        }
+    }
+    assert!(seen.load(O::Relaxed) > 0, "no round had a caller waiting");
+    let handed: usize = vm
+        .stats()
+        .unwrap()
+        .threads
+        .iter()
+        .map(|t| t.handed_over)
+        .sum();
+    assert_eq!(
+        handed, 0,
+        "a queue no caller may run was handed to the callers"
+    );
+    vm.shutdown().unwrap();
+}

@@ -288,7 +288,7 @@ impl<'a> Worker<'a> {
                         // Relaxed: a statistic.
                         self.counters.cpu_shared.fetch_add(1, Ordering::Relaxed);
                     }
-                    if hand_to_callers(self.ctx) {
+                    if hand_to_callers(self.ctx, consumer) {
                         return None;
                     }
                 }
@@ -487,10 +487,15 @@ fn poll_window(ctx: &ThreadCtx, window: std::time::Duration) -> std::time::Durat
 }
 
 /// Whether the worker of `ctx`, between two instructions, hands its queue to the callers
-/// waiting for it (`model/hand_over.rs`): instructions are queued, a caller waits, and
-/// the worker counts as sharing its CPU (`preemption.rs`).
-fn hand_to_callers(ctx: &ThreadCtx) -> bool {
-    ctx.hand.has_waiters() && !ctx.queue.is_empty() && crate::engine::preemption::is_contended(ctx)
+/// waiting for it (`model/hand_over.rs`): a caller waits, the worker counts as sharing its
+/// CPU (`preemption.rs`), and the next queued instruction is one a caller may run
+/// ([`caller_may_run`]). A head no caller may run (a collective, a deferred body) would
+/// come straight back: the caller that took the role would let go and wake us, a futex
+/// wake and a context switch per instruction on a machine short of CPUs.
+fn hand_to_callers(ctx: &ThreadCtx, consumer: &Consumer<'_, Instruction, WorkerTag>) -> bool {
+    ctx.hand.has_waiters()
+        && crate::engine::preemption::is_contended(ctx)
+        && consumer.peek().is_some_and(queued_caller_may_run)
 }
 
 /// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]), whose
@@ -501,10 +506,11 @@ pub(crate) fn caller_may_run(instr: &Instruction, body: &Body) -> bool {
     instr.stream.policy.caller_may_run() && body.deferred.is_none()
 }
 
-/// [`caller_may_run`] for the head of a queue whose consumer role the caller holds.
+/// [`caller_may_run`] for the head of a queue whose consumer role the calling thread (a
+/// caller running the queue, or its worker) holds.
 fn queued_caller_may_run(instr: &Instruction) -> bool {
-    // SAFETY: the caller holds the queue's consumer role, so `instr` (queued) is the
-    // executor's, which is this caller until it lets go; nobody mutates the body
+    // SAFETY: the calling thread holds the queue's consumer role, so `instr` (queued) is
+    // the executor's, which is this thread until it lets go; nobody mutates the body
     // meanwhile (ownership step 3), and this borrow ends before it runs.
     caller_may_run(instr, unsafe { instr.body() })
 }
