@@ -93,6 +93,20 @@ pub trait StreamPolicy: Send + Sync + fmt::Debug + 'static {
     fn caller_may_run(&self) -> bool {
         false
     }
+
+    /// Whether a waiting caller may run this stream's queued instructions, custom ones
+    /// included, while the stream's thread counts as sharing its CPU (ARCHITECTURE.md,
+    /// "When another thread takes a core"), where [`caller_may_run`](Self::caller_may_run)
+    /// does not allow it. For a stream on a thread of its own only so that a blocking call
+    /// (a collective waiting for its peers) holds up no compute worker: a caller that
+    /// waits anyway may run that call itself, and when the stream's thread would first
+    /// have to get a CPU back, it is faster to. The instructions must not need the
+    /// stream's own thread (a custom instruction's launch runs on the caller, and may
+    /// block it). Default `false`; the cpu's and the adapters' synchronous collective
+    /// streams answer `true`.
+    fn caller_may_run_when_contended(&self) -> bool {
+        false
+    }
 }
 
 /// A policy's answers, asked once when its stream is created: the VM (the engine's
@@ -107,6 +121,7 @@ pub(crate) struct PolicyAnswers {
     dispatch_in_build_order: bool,
     supports_events: bool,
     caller_may_run: bool,
+    caller_may_run_when_contended: bool,
 }
 
 impl PolicyAnswers {
@@ -120,6 +135,7 @@ impl PolicyAnswers {
             dispatch_in_build_order: p.dispatch_in_build_order(),
             supports_events: p.supports_events(),
             caller_may_run: p.caller_may_run(),
+            caller_may_run_when_contended: p.caller_may_run_when_contended(),
         }
     }
 
@@ -151,6 +167,10 @@ impl PolicyAnswers {
     pub(crate) fn caller_may_run(&self) -> bool {
         self.caller_may_run
     }
+    /// [`StreamPolicy::caller_may_run_when_contended`].
+    pub(crate) fn caller_may_run_when_contended(&self) -> bool {
+        self.caller_may_run_when_contended
+    }
 }
 
 /// Whether a stream of `stream_type`, placed by `placement`, may in principle be run by a
@@ -174,6 +194,11 @@ impl StreamPolicy for CpuStreamPolicy {
     fn caller_may_run(&self) -> bool {
         shared_worker_stream(self.0, self.placement())
     }
+
+    /// Its collective stream: a host transport's call may run on any thread.
+    fn caller_may_run_when_contended(&self) -> bool {
+        self.0 == StreamType::Collective
+    }
 }
 
 /// The policy of a stream served by a device adapter, written against the adapter traits
@@ -189,6 +214,7 @@ pub struct DeviceStreamPolicy {
     done_at_launch: bool,
     events: bool,
     caller_runs: bool,
+    synchronous: bool,
 }
 
 impl DeviceStreamPolicy {
@@ -215,6 +241,7 @@ impl DeviceStreamPolicy {
                 && (!stream_type.needs_own_thread() || own_thread_with_events),
             caller_runs: !asynchronous
                 && shared_worker_stream(stream_type, Placement::SharedWorker),
+            synchronous: !asynchronous,
         }
     }
 
@@ -241,5 +268,9 @@ impl StreamPolicy for DeviceStreamPolicy {
     }
     fn caller_may_run(&self) -> bool {
         self.caller_runs
+    }
+    /// A synchronous device's collective stream (a host transport), as on the cpu.
+    fn caller_may_run_when_contended(&self) -> bool {
+        self.stream_type == StreamType::Collective && self.synchronous
     }
 }

@@ -492,30 +492,24 @@ fn work_left_to_an_idle_doze_starts_by_its_deadline_when_nobody_waits() {
 }
 
 /// A worker marked contended hands its queue to a waiting caller only when the caller may
-/// run what is queued next: a collective stream's thread that handed its queue over would
-/// be woken straight back by the caller, which may not run its instructions (a futex wake
-/// and a context switch per instruction, found in the data-parallel demo on two cores).
+/// run what is queued next (here a custom instruction on a compute stream: a deferred
+/// body): a worker that handed over such a queue would be woken straight back by the
+/// caller (a futex wake and a context switch per instruction, found on a collective
+/// stream in the data-parallel demo on two cores).
 #[test]
 fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
     use std::sync::atomic::{AtomicUsize, Ordering as O};
     let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
-    let s = vm
-        .stream(StreamId {
-            device: Device::CPU,
-            stream_type: StreamType::Collective,
-            thread_id: 0,
-        })
-        .unwrap();
-    assert!(!s.shared.policy.caller_may_run());
+    let s = vm.default_stream();
     let worker = s
         .shared
         .thread
         .clone()
-        .expect("a collective stream has a thread");
+        .expect("the default stream has a worker");
     crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
     let t = vm.new_tensor(8).unwrap();
-    // Rounds whose first kernel ended with the caller waiting and two more queued behind
-    // it. A caller may also be held before its wait (a submitting caller can be left the
+    // Rounds whose first kernel ended with the caller waiting and a custom instruction
+    // queued behind it. A caller may also be held before its wait (a submitting caller can be left the
     // release of a kernel the clock sampled as long): such a round is not counted.
     let seen = Arc::new(AtomicUsize::new(0));
     for round in 0..20u64 {
@@ -532,8 +526,24 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
                     std::thread::yield_now();
                 }
             })?;
-            b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = u64::MAX)?;
-            b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round)
+            b.custom(
+                &s,
+                &[],
+                &[&t],
+                |k: &mut crate::KernelCtx<'_>, done: crate::Done| {
+                    k.output_u64(0)[0] = u64::MAX;
+                    done.complete().unwrap();
+                },
+            )?;
+            b.custom(
+                &s,
+                &[],
+                &[&t],
+                move |k: &mut crate::KernelCtx<'_>, done: crate::Done| {
+                    k.output_u64(0)[0] = round;
+                    done.complete().unwrap();
+                },
+            )
         })
         .unwrap();
         let mut out = [0u8; 8];
@@ -554,6 +564,68 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
     assert_eq!(
         handed, 0,
         "a queue no caller may run was handed to the callers"
+    );
+    vm.shutdown().unwrap();
+}
+
+/// A collective stream's thread that shares its CPU leaves its queued instructions, custom
+/// ones included, to the caller that waits for them
+/// (`StreamPolicy::caller_may_run_when_contended`): waiting for a thread that must first
+/// get a CPU back is slower than running its work.
+#[test]
+fn a_caller_runs_a_contended_collective_streams_custom_instruction() {
+    use std::sync::{Mutex, atomic::Ordering as O};
+    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+    let s = vm
+        .stream(StreamId {
+            device: Device::CPU,
+            stream_type: StreamType::Collective,
+            thread_id: 0,
+        })
+        .unwrap();
+    assert!(s.shared.policy.caller_may_run_when_contended());
+    let worker = s.shared.thread.clone().expect("a thread of its own");
+    // As a caller that sees itself share its CPU marks every worker (`CallerSense`).
+    crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
+    worker
+        .callers_contended_until
+        .hold_for(std::time::Duration::from_secs(600));
+    let t = vm.new_tensor(8).unwrap();
+    let me = std::thread::current().id();
+    let ran_on = Arc::new(Mutex::new(Vec::new()));
+    for round in 0..20u64 {
+        // The worker parks at once when idle (contended: no poll window); a push left to
+        // its doze's deadline may still find it awake.
+        spin_until("the worker never parked", || {
+            worker.parked.load(O::Relaxed) && worker.queue.is_empty()
+        });
+        let r = ran_on.clone();
+        vm.run(|b| {
+            b.custom(
+                &s,
+                &[],
+                &[&t],
+                move |k: &mut crate::KernelCtx<'_>, done: crate::Done| {
+                    k.output_u64(0)[0] = round;
+                    r.lock().unwrap().push(std::thread::current().id());
+                    done.complete().unwrap();
+                },
+            )
+        })
+        .unwrap();
+        let mut out = [0u8; 8];
+        vm.read_small(&t, 0, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), round);
+    }
+    let by_caller = ran_on
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|&&id| id == me)
+        .count();
+    assert!(
+        by_caller > 0,
+        "the caller ran none of 20 custom instructions"
     );
     vm.shutdown().unwrap();
 }

@@ -500,10 +500,20 @@ fn hand_to_callers(ctx: &ThreadCtx, consumer: &Consumer<'_, Instruction, WorkerT
 
 /// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]), whose
 /// body is `body`: its stream allows it (`StreamPolicy::caller_may_run`) and the body is not
-/// deferred (a deferred body completes later, through the stream's own protocol). Also the
-/// engine's rule for a wake left to the caller (`Exec::dispatch`).
+/// deferred (a deferred body completes later, through the stream's own protocol); or its
+/// stream allows it while its thread shares its CPU
+/// (`StreamPolicy::caller_may_run_when_contended`), deferred bodies included (a custom
+/// instruction, a collective: the caller runs its launch as that thread would), and the
+/// thread does. Also the engine's rule for a wake left to the caller (`Exec::dispatch`).
 pub(crate) fn caller_may_run(instr: &Instruction, body: &Body) -> bool {
-    instr.stream.policy.caller_may_run() && body.deferred.is_none()
+    let policy = &instr.stream.policy;
+    (policy.caller_may_run() && body.deferred.is_none())
+        || (policy.caller_may_run_when_contended()
+            && instr
+                .stream
+                .thread
+                .as_deref()
+                .is_some_and(crate::engine::preemption::is_contended))
 }
 
 /// [`caller_may_run`] for the head of a queue whose consumer role the calling thread (a
