@@ -34,6 +34,15 @@ pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
     ctx.contended_until.hold_for(hold);
 }
 
+/// Marks the worker of `ctx` as sharing its CPU for good, and the pushes that a caller may
+/// run as left to its doze (`Config::one_cpu`: the VM's threads have one CPU among them),
+/// as a caller that sees itself share its CPU does for a while ([`sense_caller`]): from the
+/// start, the worker never polls and the callers run its queue at their waits.
+pub(crate) fn mark_one_cpu(ctx: &ThreadCtx) {
+    mark_contended(ctx, Duration::MAX);
+    ctx.callers_contended_until.hold_for(Duration::MAX);
+}
+
 /// Whether the worker of `ctx` counts as sharing its CPU now.
 pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
     ctx.contended_until.holds()

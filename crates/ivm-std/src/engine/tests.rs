@@ -629,3 +629,51 @@ fn a_caller_runs_a_contended_collective_streams_custom_instruction() {
     );
     vm.shutdown().unwrap();
 }
+
+/// A contended worker's dozes double while its callers run everything, up to
+/// `WORKER_DOZE_MAX`, and start again at `WORKER_DOZE` once one finds work.
+#[test]
+fn a_contended_workers_dozes_grow_while_callers_run_everything() {
+    use crate::engine::worker::next_contended_doze;
+    use crate::util::tuning::{WORKER_DOZE, WORKER_DOZE_MAX};
+    let mut d = WORKER_DOZE;
+    let mut seen = vec![d];
+    for _ in 0..10 {
+        d = next_contended_doze(d, true);
+        seen.push(d);
+    }
+    assert_eq!(seen[1], WORKER_DOZE * 2);
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(d, WORKER_DOZE_MAX);
+    assert_eq!(next_contended_doze(d, false), WORKER_DOZE);
+}
+
+/// With `Config::one_cpu`, callers run the work queued to the VM's workers at their waits
+/// from the first instruction on, and an idle worker wakes at growing intervals.
+#[test]
+#[cfg_attr(miri, ignore)] // counts wake-ups over 200 ms of wall time
+fn on_one_cpu_callers_run_the_work_and_idle_workers_sleep_long() {
+    let vm = crate::VirtualMachine::new(crate::Config::default().with_one_cpu(true)).unwrap();
+    let s = vm.default_stream();
+    let worker = s.shared.thread.clone().expect("a worker");
+    assert!(crate::engine::preemption::is_contended(&worker));
+    let t = vm.new_tensor(8).unwrap();
+    for round in 0..20u64 {
+        vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
+            .unwrap();
+        let mut out = [0u8; 8];
+        vm.read_small(&t, 0, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), round);
+    }
+    assert!(vm.stats().unwrap().caller_ran > 0, "no caller ran a kernel");
+    let parks = |vm: &crate::VirtualMachine| -> usize {
+        vm.stats().unwrap().threads.iter().map(|t| t.parks).sum()
+    };
+    let before = parks(&vm);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // At 500 µs a doze, each worker would park about 400 times; with the doze doubling to
+    // 8 ms, about 30. A loaded machine only wakes it less often.
+    let n = parks(&vm) - before;
+    assert!(n < 150, "idle workers parked {n} times in 200 ms");
+    vm.shutdown().unwrap();
+}

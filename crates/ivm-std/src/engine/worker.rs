@@ -102,6 +102,8 @@ struct Worker<'a> {
     idle_dozes_off_until: Option<Instant>,
     /// `ThreadCtx::left_to_idle_doze` at the last look.
     left_seen: usize,
+    /// How long the next doze of this worker while contended lasts ([`next_contended_doze`]).
+    contended_doze: Duration,
 }
 
 impl<'a> Worker<'a> {
@@ -125,6 +127,7 @@ impl<'a> Worker<'a> {
             idle_doze_timed_out: false,
             idle_dozes_off_until: None,
             left_seen: 0,
+            contended_doze: crate::util::tuning::WORKER_DOZE,
         }
     }
 
@@ -413,7 +416,7 @@ impl<'a> Worker<'a> {
         let (doze, idle_doze) = if hand_over {
             (None, false)
         } else if crate::engine::preemption::is_contended(ctx) {
-            (Some(crate::util::tuning::WORKER_DOZE), false)
+            (Some(self.contended_doze), false)
         } else if self.idle_dozes_left > 0
             && self
                 .idle_dozes_off_until
@@ -425,6 +428,10 @@ impl<'a> Worker<'a> {
             (None, false)
         };
         let notified = self.park(doze, idle_doze)?;
+        if doze.is_some() && !idle_doze {
+            self.contended_doze =
+                next_contended_doze(self.contended_doze, !notified && ctx.queue.is_empty());
+        }
         self.restart_idle();
         self.idle_doze_timed_out = idle_doze && !notified;
         // Relaxed: a hint (see the field).
@@ -472,6 +479,18 @@ impl<'a> Worker<'a> {
         ctx.parked.store(false, Ordering::Relaxed);
         self.counters.record(true, matches!(woken, Ok(true)));
         woken
+    }
+}
+
+/// The doze after a contended one of `last`: twice as long (up to `WORKER_DOZE_MAX`) when
+/// it ended at its deadline with nothing queued (`found_nothing`: the callers ran what was
+/// pushed meanwhile, so waking sooner only took their CPU), else `WORKER_DOZE` again.
+pub(crate) fn next_contended_doze(last: Duration, found_nothing: bool) -> Duration {
+    use crate::util::tuning::{WORKER_DOZE, WORKER_DOZE_MAX};
+    if found_nothing {
+        last.saturating_mul(2).clamp(WORKER_DOZE, WORKER_DOZE_MAX)
+    } else {
+        WORKER_DOZE
     }
 }
 

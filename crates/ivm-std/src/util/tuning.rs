@@ -74,12 +74,19 @@ pub(crate) const CONTENDED_HOLD: Duration = Duration::from_millis(20);
 /// this long of synchronous execution, which is the floor the VM degrades to anyway.
 pub(crate) const STALLED_WORKER_HOLD: Duration = Duration::from_millis(100);
 
-/// How long a contended worker sleeps before it looks at its queue on its own
+/// How long a contended worker first sleeps before it looks at its queue on its own
 /// (`model/thread_ctx.rs`, "A worker that wakes itself"): the longest a push nobody waits
-/// for may wait to start while the worker shares its CPU. Short against the slices a busy
-/// neighbour takes (milliseconds), long against a wake's cost (a few microseconds), so a
-/// dozing worker costs a few thousand wakes a second while contention lasts.
+/// for may wait to start while the worker shares its CPU and its callers leave it work.
+/// Short against the slices a busy neighbour takes (milliseconds), long against a wake's
+/// cost (a few microseconds).
 pub(crate) const WORKER_DOZE: Duration = Duration::from_micros(500);
+
+/// The longest doze of a contended worker: each doze that ends at its deadline with
+/// nothing queued (its callers ran everything) doubles the next, up to this; a doze that
+/// finds work, or a wake, starts again at [`WORKER_DOZE`]. At a fixed 500 µs, three
+/// workers per rank of two ranks bound to one CPU each woke about 12 000 times a second
+/// between them, each wake taking the CPU from the caller that ran their work.
+pub(crate) const WORKER_DOZE_MAX: Duration = Duration::from_millis(8);
 
 /// How long an idle worker (one that does not share its CPU) sleeps per doze after its
 /// poll window, before it looks at its queue on its own (ARCHITECTURE.md, "An idle worker
