@@ -27,25 +27,51 @@ use ivm_core::sync::Ordering;
 
 use crate::engine::core::VmCore;
 use crate::model::thread_ctx::ThreadCtx;
-use crate::util::tuning::{CONTENDED_HOLD, PREEMPTED_GAP, STALLED_WORKER_HOLD};
+use crate::util::tuning::{CONTENDED_HOLD, PREEMPTED_GAP, SAME_CPU_HOLD, STALLED_WORKER_HOLD};
 
 /// Marks the worker of `ctx` contended for `hold` from now.
 pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
     ctx.contended_until.hold_for(hold);
 }
 
-/// Marks the worker of `ctx` as sharing its CPU for good, and the pushes that a caller may
-/// run as left to its doze (`Config::one_cpu`: the VM's threads have one CPU among them),
-/// as a caller that sees itself share its CPU does for a while ([`sense_caller`]): from the
-/// start, the worker never polls and the callers run its queue at their waits.
-pub(crate) fn mark_one_cpu(ctx: &ThreadCtx) {
-    mark_contended(ctx, Duration::MAX);
-    ctx.callers_contended_until.hold_for(Duration::MAX);
-}
-
 /// Whether the worker of `ctx` counts as sharing its CPU now.
 pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
     ctx.contended_until.holds()
+}
+
+/// The one CPU the calling thread may run on, when its affinity mask allows exactly one
+/// (Linux, not under Miri): `mpirun` binds each rank so, as does `taskset -c N`.
+fn sole_cpu() -> Option<usize> {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        // SAFETY: `cpu_set_t` is plain data; all-zero (the empty set) is a valid value.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: pid 0 is the calling thread; `set` is a valid out-pointer of the size
+        // passed.
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+            != 0
+        {
+            return None;
+        }
+        // SAFETY: `set` is initialised (zeroed, then filled by the kernel); the index is
+        // below `CPU_SETSIZE`, the set's size in bits.
+        let cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+        let mut cpus = cpus.take(2);
+        match (cpus.next(), cpus.next()) {
+            (Some(c), None) => Some(c),
+            _ => None,
+        }
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    None
+}
+
+/// The calling thread (a worker) records in `ctx` the one CPU it may run on, if its
+/// affinity allows one only ([`sense_caller`] compares it with its caller's).
+pub(crate) fn note_sole_cpu(ctx: &ThreadCtx) {
+    // Relaxed: a hint read by callers (`sense_caller`), for the marks it sets.
+    ctx.sole_cpu
+        .store(sole_cpu().map_or(0, |c| c + 1), Ordering::Relaxed);
 }
 
 /// The involuntary context switches of the calling thread so far (Linux, not under Miri):
@@ -113,50 +139,72 @@ thread_local! {
 /// A caller enters `shared` (a submission, a wait): every 8th call, once a window has
 /// passed, looks at its involuntary switches and marks the VM's workers and their
 /// pushes as above when it shares its CPU (counted as a caller preemption).
+///
+/// At the same looks it compares the one CPU its affinity allows, if it allows one only,
+/// with each worker's ([`note_sole_cpu`]): a worker bound to the caller's very CPU (a
+/// process that `mpirun` or `taskset` bound to one CPU: every thread inherits the mask)
+/// can only ever run when the caller does not, so it is marked the same way, for
+/// [`SAME_CPU_HOLD`] from each look. Threads pinned to distinct CPUs are not.
 pub(crate) fn sense_caller(shared: &VmCore) {
-    let contended = CALLER_SENSE
+    let looked = CALLER_SENSE
         .try_with(|c| {
             let mut s = c.get();
-            let contended = s.look();
+            let looked = s.look();
             c.set(s);
-            contended
+            looked
         })
-        .unwrap_or(false);
+        .ok()
+        .flatten();
+    let Some(contended) = looked else {
+        return;
+    };
+    let mine = sole_cpu().map_or(0, |c| c + 1);
     if contended {
         // Relaxed: a statistic.
         shared
             .stats()
             .caller_preempted
             .fetch_add(1, Ordering::Relaxed);
-        shared.with_workers(|all| {
-            for ctx in all {
+    }
+    if !contended && mine == 0 {
+        return;
+    }
+    shared.with_workers(|all| {
+        for ctx in all {
+            if contended {
                 mark_contended(ctx, CONTENDED_HOLD);
                 ctx.callers_contended_until.hold_for(CONTENDED_HOLD);
             }
-        });
-    }
+            // Relaxed: a hint (see `note_sole_cpu`).
+            if mine != 0 && ctx.sole_cpu.load(Ordering::Relaxed) == mine {
+                mark_contended(ctx, SAME_CPU_HOLD);
+                ctx.callers_contended_until.hold_for(SAME_CPU_HOLD);
+            }
+        }
+    });
 }
 
 impl CallerSense {
-    /// One call into a VM: whether this window showed the caller sharing its CPU.
-    fn look(&mut self) -> bool {
+    /// One call into a VM: `None` between looks (every 8th call, a window apart, and the
+    /// first call), else whether this window showed the caller sharing its CPU.
+    fn look(&mut self) -> Option<bool> {
         self.calls = self.calls.wrapping_add(1);
         if self.last.is_some() && !self.calls.is_multiple_of(8) {
-            return false;
+            return None;
         }
         let now = Instant::now();
         let last = self.last;
         if last.is_some_and(|(since, _)| now.duration_since(since) < CALLER_WINDOW) {
-            return false;
+            return None;
         }
         let n = involuntary_switches();
         self.last = n.map(|n| (now, n));
-        match (last, n) {
+        Some(match (last, n) {
             (Some((since, n0)), Some(n)) => {
                 shares_cpu(n.saturating_sub(n0), now.duration_since(since))
             }
             _ => false,
-        }
+        })
     }
 }
 

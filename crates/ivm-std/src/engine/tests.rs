@@ -648,22 +648,62 @@ fn a_contended_workers_dozes_grow_while_callers_run_everything() {
     assert_eq!(next_contended_doze(d, false), WORKER_DOZE);
 }
 
-/// With `Config::one_cpu`, callers run the work queued to the VM's workers at their waits
-/// from the first instruction on, and an idle worker wakes at growing intervals.
+/// Binds the calling thread to the one CPU it runs on now; returns its mask before.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn bind_to_current_cpu() -> libc::cpu_set_t {
+    // SAFETY: plain data, all-zero valid; pid 0 is this thread; the pointers are valid
+    // for the sizes passed; the CPU index comes from the kernel, below CPU_SETSIZE.
+    unsafe {
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old),
+            0
+        );
+        let cpu = usize::try_from(libc::sched_getcpu()).expect("sched_getcpu");
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one),
+            0
+        );
+        old
+    }
+}
+
+/// A VM made by a thread bound to one CPU (its workers inherit the mask, as under
+/// `mpirun`'s binding or `taskset`): the caller's first looks mark the workers bound to its
+/// CPU contended, callers then run their work at their waits, and an idle worker wakes at
+/// growing intervals.
 #[test]
-#[cfg_attr(miri, ignore)] // counts wake-ups over 200 ms of wall time
-fn on_one_cpu_callers_run_the_work_and_idle_workers_sleep_long() {
-    let vm = crate::VirtualMachine::new(crate::Config::default().with_one_cpu(true)).unwrap();
+#[cfg(all(target_os = "linux", not(miri)))]
+fn workers_bound_to_the_callers_cpu_leave_it_the_work() {
+    let old = bind_to_current_cpu();
+    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
     let s = vm.default_stream();
     let worker = s.shared.thread.clone().expect("a worker");
-    assert!(crate::engine::preemption::is_contended(&worker));
     let t = vm.new_tensor(8).unwrap();
-    for round in 0..20u64 {
-        vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
+    let mut round = 0u64;
+    let mut step = |vm: &crate::VirtualMachine| {
+        round += 1;
+        let r = round;
+        vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = r))
             .unwrap();
         let mut out = [0u8; 8];
         vm.read_small(&t, 0, &mut out).unwrap();
-        assert_eq!(u64::from_ne_bytes(out), round);
+        assert_eq!(u64::from_ne_bytes(out), r);
+    };
+    // The worker notes its mask as it starts; this thread's first call into a VM looks.
+    spin_until("the worker never noted its CPU", || {
+        worker.sole_cpu.load(ivm_core::sync::Ordering::Relaxed) != 0
+    });
+    step(&vm);
+    // Set only by a caller's look: its first finds no switches to count, only this binding.
+    assert!(
+        worker.callers_contended(),
+        "the worker bound to the caller's CPU was not marked at its first look"
+    );
+    for _ in 0..20 {
+        step(&vm);
     }
     assert!(vm.stats().unwrap().caller_ran > 0, "no caller ran a kernel");
     let parks = |vm: &crate::VirtualMachine| -> usize {
@@ -671,9 +711,11 @@ fn on_one_cpu_callers_run_the_work_and_idle_workers_sleep_long() {
     };
     let before = parks(&vm);
     std::thread::sleep(std::time::Duration::from_millis(200));
-    // At 500 µs a doze, each worker would park about 400 times; with the doze doubling to
+    // At 500 µs a doze, a worker would park about 400 times; with the doze doubling up to
     // 8 ms, about 30. A loaded machine only wakes it less often.
     let n = parks(&vm) - before;
     assert!(n < 150, "idle workers parked {n} times in 200 ms");
     vm.shutdown().unwrap();
+    // SAFETY: pid 0 is this thread; `old` is a valid mask of the size passed.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &old) };
 }

@@ -37,6 +37,7 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     }
     let _lane = CloseLane(&ctx);
     crate::engine::preemption::register_cpu_clock(&ctx);
+    crate::engine::preemption::note_sole_cpu(&ctx);
     let mut w = Worker::new(&ctx, &shared);
     let closing = loop {
         let Some(mut consumer) = w.take_role_or_poll() else {
@@ -104,6 +105,9 @@ struct Worker<'a> {
     left_seen: usize,
     /// How long the next doze of this worker while contended lasts ([`next_contended_doze`]).
     contended_doze: Duration,
+    /// When the worker last noted its affinity (`preemption::note_sole_cpu`): again before
+    /// a sleep at most every `SAME_CPU_HOLD / 2`, since others may re-bind it.
+    sole_cpu_noted: Instant,
 }
 
 impl<'a> Worker<'a> {
@@ -128,6 +132,7 @@ impl<'a> Worker<'a> {
             idle_dozes_off_until: None,
             left_seen: 0,
             contended_doze: crate::util::tuning::WORKER_DOZE,
+            sole_cpu_noted: Instant::now(),
         }
     }
 
@@ -411,6 +416,10 @@ impl<'a> Worker<'a> {
             // the role, so the next push finds it empty and notifies (or, while we doze,
             // leaves the wake to our deadline).
             drop(consumer);
+        }
+        if self.sole_cpu_noted.elapsed() >= crate::util::tuning::SAME_CPU_HOLD / 2 {
+            crate::engine::preemption::note_sole_cpu(ctx);
+            self.sole_cpu_noted = Instant::now();
         }
         // How long it sleeps at most (`None`: until woken), and whether that is an idle doze.
         let (doze, idle_doze) = if hand_over {

@@ -102,6 +102,10 @@ pub(crate) struct ThreadCtx {
     /// other threads (`engine/preemption.rs`, `CallerSense`): pushes a caller may run
     /// leave a dozing worker's wake to its deadline even while no caller waits.
     pub(crate) callers_contended_until: crate::util::HintUntil,
+    /// A hint: one more than the one CPU the worker's affinity allows, or 0 when it allows
+    /// several (`engine/preemption.rs`, `note_sole_cpu`): a caller bound to the same CPU
+    /// marks the worker contended.
+    pub(crate) sole_cpu: AtomicUsize,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -129,6 +133,7 @@ impl ThreadCtx {
             idle_doze: AtomicBool::new(false),
             left_to_idle_doze: AtomicUsize::new(0),
             callers_contended_until: crate::util::HintUntil::default(),
+            sole_cpu: AtomicUsize::new(0),
         }
     }
 

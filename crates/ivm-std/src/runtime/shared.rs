@@ -229,9 +229,6 @@ impl VmShared {
                             ThreadKey::Own(k, s) => format!("ivm{}-{k:?}-{s:?}", self.id),
                         };
                         let ctx = Arc::new(ThreadCtx::new(name.clone()));
-                        if self.core.config().one_cpu {
-                            crate::engine::preemption::mark_one_cpu(&ctx);
-                        }
                         // Registered here, so that the new thread allocates nothing for it.
                         let _ = self.core.stats().thread(&name);
                         // Before the thread exists: after the scheduler closed the workers

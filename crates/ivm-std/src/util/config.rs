@@ -36,7 +36,6 @@ pub enum Mode {
 /// | `IVM_CACHING_ALLOC` (`1` / `0`) | [`caching_allocator`](Self::caching_allocator) | `1` |
 /// | `IVM_FUSION` (`1` / `0`) | [`fusion`](Self::fusion) | `0` |
 /// | `IVM_MAX_FUSED_RUN` | [`max_fused_run`](Self::max_fused_run) | 32 |
-/// | `IVM_ONE_CPU` (`1` / `0`) | [`one_cpu`](Self::one_cpu) | `1` when the process may run on one CPU only |
 ///
 /// `Config` is `#[non_exhaustive]`: start from [`Config::default`] (or
 /// [`Config::single_thread`], [`Config::from_env`]) and change what you need with the
@@ -115,15 +114,6 @@ pub struct Config {
     /// hand-over holds a worker and how long a run's first member may wait for its
     /// release.
     pub max_fused_run: usize,
-    /// The VM's threads share one CPU: its workers count as sharing their CPU from the
-    /// start, as the VM otherwise decides only once it sees another thread take their CPU
-    /// (ARCHITECTURE.md, "When another thread takes a core"): they never poll, a caller
-    /// runs their queued work at its waits, and an idle one looks at its queue at growing
-    /// intervals (up to 8 ms) while callers run everything. Default: whether the process
-    /// may run on one CPU only ([`std::thread::available_parallelism`]: its affinity
-    /// mask or cgroup quota, as `mpirun` binds each rank, `taskset -c 0`, or a container
-    /// of one CPU). Multi-thread mode only.
-    pub one_cpu: bool,
 }
 
 /// The largest [`Config::max_fused_run`].
@@ -229,13 +219,6 @@ impl Config {
         self
     }
 
-    /// This configuration with [`one_cpu`](Self::one_cpu) set to `one_cpu`.
-    #[must_use]
-    pub fn with_one_cpu(mut self, one_cpu: bool) -> Self {
-        self.one_cpu = one_cpu;
-        self
-    }
-
     /// This configuration with [`max_fused_run`](Self::max_fused_run) set to `max_fused_run`.
     #[must_use]
     pub fn with_max_fused_run(mut self, max_fused_run: usize) -> Self {
@@ -264,8 +247,8 @@ impl Default for Config {
     /// (a two-stream chain ran at ≈65 K instructions/s, ≈860 K/s with the window), while
     /// pure-spin windows on three threads (caller, scheduler, worker) starved the caller.
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let many_cores = cpus >= SPIN_WINDOW_MIN_CORES;
+        let many_cores =
+            std::thread::available_parallelism().map_or(1, usize::from) >= SPIN_WINDOW_MIN_CORES;
         let (poll, window) = if many_cores {
             (Duration::from_micros(200), Duration::from_millis(1))
         } else {
@@ -287,7 +270,6 @@ impl Default for Config {
             caching_allocator: true,
             fusion: false,
             max_fused_run: 32,
-            one_cpu: cpus == 1,
         }
     }
 }
@@ -387,9 +369,6 @@ impl Config {
         if let Some(v) = num("IVM_MAX_FUSED_RUN")? {
             c.max_fused_run = usize::try_from(v).unwrap_or(usize::MAX);
         }
-        if let Some(v) = num("IVM_ONE_CPU")? {
-            c.one_cpu = flag("IVM_ONE_CPU", v)?;
-        }
         c.validate()?;
         Ok(c)
     }
@@ -481,20 +460,5 @@ mod tests {
         })
         .unwrap();
         assert!(c.fusion && c.max_fused_run == 7);
-        assert!(matches!(
-            Config::from_lookup(|k| (k == "IVM_ONE_CPU").then(|| "yes".into())),
-            Err(Error::Config(_))
-        ));
-        for (v, one) in [("1", true), ("0", false)] {
-            let c = Config::from_lookup(|k| (k == "IVM_ONE_CPU").then(|| v.into())).unwrap();
-            assert_eq!(c.one_cpu, one);
-        }
-    }
-
-    /// `one_cpu` follows the CPUs the process may run on.
-    #[test]
-    fn one_cpu_defaults_to_the_process_affinity() {
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        assert_eq!(Config::default().one_cpu, cpus == 1);
     }
 }

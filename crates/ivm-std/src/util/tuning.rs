@@ -74,6 +74,12 @@ pub(crate) const CONTENDED_HOLD: Duration = Duration::from_millis(20);
 /// this long of synchronous execution, which is the floor the VM degrades to anyway.
 pub(crate) const STALLED_WORKER_HOLD: Duration = Duration::from_millis(100);
 
+/// How long a worker bound to its caller's one CPU counts as sharing it, from each look of
+/// the caller's (`engine/preemption.rs`, `sense_caller`, a window apart): long against
+/// that window, so the mark holds while the binding does; a binding that changes is seen
+/// within this long.
+pub(crate) const SAME_CPU_HOLD: Duration = Duration::from_millis(100);
+
 /// How long a contended worker first sleeps before it looks at its queue on its own
 /// (`model/thread_ctx.rs`, "A worker that wakes itself"): the longest a push nobody waits
 /// for may wait to start while the worker shares its CPU and its callers leave it work.
