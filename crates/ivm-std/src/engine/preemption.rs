@@ -179,6 +179,7 @@ pub(crate) fn sense_caller(shared: &VmCore) {
             if mine != 0 && ctx.sole_cpu.load(Ordering::Relaxed) == mine {
                 mark_contended(ctx, SAME_CPU_HOLD);
                 ctx.callers_contended_until.hold_for(SAME_CPU_HOLD);
+                ctx.same_cpu_until.hold_for(SAME_CPU_HOLD);
             }
         }
     });

@@ -106,6 +106,10 @@ pub(crate) struct ThreadCtx {
     /// several (`engine/preemption.rs`, `note_sole_cpu`): a caller bound to the same CPU
     /// marks the worker contended.
     pub(crate) sole_cpu: AtomicUsize,
+    /// A hint: until when a caller bound to the same one CPU as the worker counts it as
+    /// sharing that CPU (`engine/preemption.rs`, `sense_caller`): the worker can then never
+    /// run beside its callers, so its dozes grow (`worker.rs`, `next_contended_doze`).
+    pub(crate) same_cpu_until: crate::util::HintUntil,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -134,6 +138,7 @@ impl ThreadCtx {
             left_to_idle_doze: AtomicUsize::new(0),
             callers_contended_until: crate::util::HintUntil::default(),
             sole_cpu: AtomicUsize::new(0),
+            same_cpu_until: crate::util::HintUntil::default(),
         }
     }
 

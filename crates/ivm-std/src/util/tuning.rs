@@ -87,9 +87,9 @@ pub(crate) const SAME_CPU_HOLD: Duration = Duration::from_millis(100);
 /// cost (a few microseconds).
 pub(crate) const WORKER_DOZE: Duration = Duration::from_micros(500);
 
-/// The longest doze of a contended worker: each doze that ends at its deadline with
-/// nothing queued (its callers ran everything) doubles the next, up to this; a doze that
-/// finds work, or a wake, starts again at [`WORKER_DOZE`]. At a fixed 500 µs, three
+/// The longest doze of a contended worker bound to its callers' one CPU: each doze that
+/// ends at its deadline with nothing queued (its callers ran everything) doubles the next,
+/// up to this; a doze that finds work, or a wake, starts again at [`WORKER_DOZE`]. At a fixed 500 µs, three
 /// workers per rank of two ranks bound to one CPU each woke about 12 000 times a second
 /// between them, each wake taking the CPU from the caller that ran their work.
 pub(crate) const WORKER_DOZE_MAX: Duration = Duration::from_millis(8);
