@@ -125,20 +125,23 @@ impl VmCore {
         let waits = &self.token().waits;
         let period = self.config().timeout_period;
         let mut last = self.progress();
-        let mut period_end = FutexWait::now().saturating_add(period);
+        // The end of the current period without progress, from the first look at the clock:
+        // a drive that is done at once (every `run` in this mode) reads no clock.
+        let mut period_end: Option<ivm_core::wait::Instant> = None;
         // Whether the wait is over: the caller's deadline, or a period without progress.
-        let expired = |last: &mut usize, period_end: &mut ivm_core::wait::Instant| {
+        let expired = |last: &mut usize, period_end: &mut Option<ivm_core::wait::Instant>| {
             let now = FutexWait::now();
             if deadline.is_some_and(|d| now >= d) {
                 return true;
             }
-            if now >= *period_end {
+            let end = *period_end.get_or_insert_with(|| now.saturating_add(period));
+            if now >= end {
                 let f = self.progress();
                 if f == *last {
                     return true;
                 }
                 *last = f;
-                *period_end = now.saturating_add(period);
+                *period_end = Some(now.saturating_add(period));
             }
             false
         };
@@ -188,7 +191,9 @@ impl VmCore {
             if help() {
                 continue;
             }
-            waits.wait(seen, deadline.map_or(period_end, |d| d.min(period_end)));
+            // Set: `expired` ran on every way here.
+            let end = period_end.unwrap_or_else(|| FutexWait::now().saturating_add(period));
+            waits.wait(seen, deadline.map_or(end, |d| d.min(end)));
         }
     }
 }
