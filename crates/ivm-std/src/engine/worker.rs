@@ -525,9 +525,11 @@ fn poll_window(ctx: &ThreadCtx, window: std::time::Duration) -> std::time::Durat
 /// come straight back: the caller that took the role would let go and wake us, a futex
 /// wake and a context switch per instruction on a machine short of CPUs.
 fn hand_to_callers(ctx: &ThreadCtx, consumer: &Consumer<'_, Instruction, WorkerTag>) -> bool {
+    // The clock read of `is_contended` last: a waiting caller and an empty queue after
+    // every instruction of a warm read.
     ctx.hand.has_waiters()
-        && crate::engine::preemption::is_contended(ctx)
         && consumer.peek().is_some_and(queued_caller_may_run)
+        && crate::engine::preemption::is_contended(ctx)
 }
 
 /// Whether a waiting caller may run `instr`, queued to a worker (see [`caller_runs`]), whose
