@@ -21,7 +21,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 ///
 /// Each collective is an instruction on the collective stream of the communicator's device
 /// ([`StreamType::Collective`]: a thread of its own, so a transport call waiting for a slow
-/// peer never holds up compute). It reads and writes its tensors like any instruction, so
+/// peer never holds up compute; while that thread shares its CPU, as when `mpirun` binds
+/// each rank to one CPU, the caller that waits for a collective runs it instead of waking
+/// the thread). It reads and writes its tensors like any instruction, so
 /// the engine orders it against compute; and the stream dispatches in build order
 /// ([`ivm_std::StreamPolicy::dispatch_in_build_order`]), so the collectives reach the
 /// transport in the order they were built on every rank, whichever operands become ready

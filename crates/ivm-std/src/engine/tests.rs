@@ -350,15 +350,7 @@ fn progress_elsewhere_keeps_the_caller_spinning() {
 #[test]
 fn a_contended_worker_still_runs_kernels_after_run_returns() {
     use std::sync::atomic::{AtomicBool, Ordering as O};
-    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
-    let s = vm.default_stream();
-    let worker = s
-        .shared
-        .thread
-        .clone()
-        .expect("the default stream has a worker");
-    crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
-    let t = vm.new_tensor(8).unwrap();
+    let (vm, s, _worker, t) = vm_with_a_contended_worker();
     for round in 0..20u64 {
         let gate = Arc::new(AtomicBool::new(false));
         let g = gate.clone();
@@ -379,6 +371,26 @@ fn a_contended_worker_still_runs_kernels_after_run_returns() {
         assert_eq!(u64::from_ne_bytes(out), round);
     }
     vm.shutdown().unwrap();
+}
+
+/// A VM whose default stream's worker is marked contended for the whole test (as a
+/// waiting caller marks one it finds off its CPU), its stream, the worker and a tensor.
+fn vm_with_a_contended_worker() -> (
+    crate::VirtualMachine,
+    crate::Stream,
+    Arc<crate::model::thread_ctx::ThreadCtx>,
+    crate::Tensor,
+) {
+    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+    let s = vm.default_stream();
+    let worker = s
+        .shared
+        .thread
+        .clone()
+        .expect("the default stream has a worker");
+    crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
+    let t = vm.new_tensor(8).unwrap();
+    (vm, s, worker, t)
 }
 
 /// Yields until `done`, for 10 s at most (then panics with `what`).
@@ -499,18 +511,11 @@ fn work_left_to_an_idle_doze_starts_by_its_deadline_when_nobody_waits() {
 #[test]
 fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
     use std::sync::atomic::{AtomicUsize, Ordering as O};
-    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
-    let s = vm.default_stream();
-    let worker = s
-        .shared
-        .thread
-        .clone()
-        .expect("the default stream has a worker");
-    crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
-    let t = vm.new_tensor(8).unwrap();
+    let (vm, s, worker, t) = vm_with_a_contended_worker();
     // Rounds whose first kernel ended with the caller waiting and a custom instruction
-    // queued behind it. A caller may also be held before its wait (a submitting caller can be left the
-    // release of a kernel the clock sampled as long): such a round is not counted.
+    // queued behind it. A caller may also be held before its wait (a submitting caller
+    // can be left the release of a kernel the clock sampled as long): such a round is not
+    // counted.
     let seen = Arc::new(AtomicUsize::new(0));
     for round in 0..20u64 {
         let w = worker.clone();

@@ -521,9 +521,10 @@ fn poll_window(ctx: &ThreadCtx, window: std::time::Duration) -> std::time::Durat
 /// Whether the worker of `ctx`, between two instructions, hands its queue to the callers
 /// waiting for it (`model/hand_over.rs`): a caller waits, the worker counts as sharing its
 /// CPU (`preemption.rs`), and the next queued instruction is one a caller may run
-/// ([`caller_may_run`]). A head no caller may run (a collective, a deferred body) would
-/// come straight back: the caller that took the role would let go and wake us, a futex
-/// wake and a context switch per instruction on a machine short of CPUs.
+/// ([`caller_may_run`]). A head no caller may run (a custom instruction on a compute
+/// stream, a lazy-job step) would come straight back: the caller that took the role would
+/// let go and wake us, a futex wake and a context switch per instruction on a machine
+/// short of CPUs.
 fn hand_to_callers(ctx: &ThreadCtx, consumer: &Consumer<'_, Instruction, WorkerTag>) -> bool {
     // The clock read of `is_contended` last: a waiting caller and an empty queue after
     // every instruction of a warm read.
