@@ -533,7 +533,11 @@ pub(crate) fn wait_deadline(
     let _hook = (!waiter.btb.is_done()).then(|| shared.core.wait_scope());
     // No `caller_runs` here: a wait with a deadline of its own only waits. A kernel it ran
     // itself could outlast the deadline, which it could then not keep (and a kernel that
-    // waits for this very caller's next step, after the timeout, would never end).
+    // waits for this very caller's next step, after the timeout, would never end). So the
+    // workers run it: those asleep with work left to their doze are woken now.
+    if !waiter.btb.is_done() {
+        crate::engine::worker::wake_sleepers_with_work(&shared.core);
+    }
     match waiter.btb.wait_until_done(timeout, || true) {
         Ok(()) => Ok(()),
         Err(WaitError::Stopped) => Err(name_device_work(

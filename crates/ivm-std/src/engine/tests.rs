@@ -724,3 +724,36 @@ fn workers_bound_to_the_callers_cpu_leave_it_the_work() {
     // SAFETY: pid 0 is this thread; `old` is a valid mask of the size passed.
     unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &old) };
 }
+
+/// A wait with a deadline of its own runs nothing itself: it wakes a worker asleep with
+/// work that a caller's push left to its doze (here one whose dozes grew to 8 ms, as when
+/// bound to the caller's CPU), rather than wait for the doze's deadline.
+#[test]
+fn a_timed_wait_wakes_a_worker_its_work_was_left_to() {
+    let (vm, s, worker, t) = vm_with_a_contended_worker();
+    let hold = std::time::Duration::from_secs(600);
+    worker.callers_contended_until.hold_for(hold);
+    worker.same_cpu_until.hold_for(hold);
+    let wakes = |vm: &crate::VirtualMachine| -> usize {
+        let stats = vm.stats().unwrap();
+        let mine = stats.threads.iter().find(|t| t.name == worker.name);
+        mine.expect("the worker's counters").wakes
+    };
+    for round in 0..5u64 {
+        spin_until("the worker never dozed", || {
+            worker.dozing.load(ivm_core::sync::Ordering::Relaxed) && worker.queue.is_empty()
+        });
+        let before = wakes(&vm);
+        vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
+            .unwrap();
+        vm.sync_timeout(std::time::Duration::from_secs(10)).unwrap();
+        assert!(
+            wakes(&vm) > before,
+            "round {round}: the worker ran the kernel at its doze's deadline, not woken"
+        );
+        let mut out = [0u8; 8];
+        vm.read_small(&t, 0, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), round);
+    }
+    vm.shutdown().unwrap();
+}

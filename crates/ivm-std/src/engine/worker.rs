@@ -625,6 +625,22 @@ pub(crate) fn caller_runs_any(shared: &VmCore, mut enough: impl FnMut() -> bool)
     ran
 }
 
+/// Wakes each worker of `shared` that sleeps with work queued. A wait with a deadline of
+/// its own runs nothing itself (`doors/completion.rs`, `wait_deadline`), so work that a
+/// caller's push left to a doze's deadline (a worker that shares its CPU; up to
+/// `WORKER_DOZE_MAX` for one bound to the caller's CPU) would start only then. Best
+/// effort: a worker between its look at the queue and its park is not seen as parked,
+/// and its doze's deadline still stands.
+pub(crate) fn wake_sleepers_with_work(shared: &VmCore) {
+    shared.with_workers(|all| {
+        for ctx in all {
+            if ctx.is_parked() && !ctx.queue.is_empty() {
+                ctx.wake();
+            }
+        }
+    });
+}
+
 /// The workers of a VM, as a caller waiting for one of its instructions sees them: it is
 /// counted among the callers waiting for each of their queues (`model/hand_over.rs`) and
 /// runs what a sleeping one has queued ([`caller_runs`]), whichever stream its own
