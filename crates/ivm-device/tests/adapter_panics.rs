@@ -42,11 +42,26 @@ struct PanickyStream {
     inner: Arc<dyn DeviceStream>,
     which: Panics,
     armed: Arc<AtomicUsize>,
+    stream_type: StreamType,
+}
+
+impl Panics {
+    /// The stream whose call panics: the compute stream's kernel launch, or the copy (and
+    /// its event) on the host-to-device stream. Only there: the reads that follow also
+    /// copy and record events (on the compute stream), and which of them calls first is a
+    /// race between two workers and the caller.
+    fn stream_type(self) -> StreamType {
+        match self {
+            Panics::LaunchHost => StreamType::Compute,
+            Panics::RecordEvent | Panics::Copy => StreamType::HostToDevice,
+        }
+    }
 }
 
 impl PanickyStream {
     fn maybe_panic(&self, call: Panics) {
         if call == self.which
+            && self.stream_type == call.stream_type()
             && self
                 .armed
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
@@ -125,6 +140,7 @@ impl DeviceAdapter for Panicky {
             inner: self.inner.create_stream(index, stream_type)?,
             which: self.which,
             armed: self.armed.clone(),
+            stream_type,
         }))
     }
     fn allocator(&self, index: u32) -> Result<Arc<dyn DeviceAllocator>> {
