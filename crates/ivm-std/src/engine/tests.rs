@@ -509,6 +509,9 @@ fn work_left_to_an_idle_doze_starts_by_its_deadline_when_nobody_waits() {
 /// caller (a futex wake and a context switch per instruction, found on a collective
 /// stream in the data-parallel demo on two cores).
 #[test]
+// Waits in real time for the worker's states (minutes under Miri, which covers the VM's
+// unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
 fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
     use std::sync::atomic::{AtomicUsize, Ordering as O};
     let (vm, s, worker, t) = vm_with_a_contended_worker();
@@ -578,6 +581,9 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
 /// (`StreamPolicy::caller_may_run_when_contended`): waiting for a thread that must first
 /// get a CPU back is slower than running its work.
 #[test]
+// Waits in real time for the worker's states (minutes under Miri, which covers the VM's
+// unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
 fn a_caller_runs_a_contended_collective_streams_custom_instruction() {
     use std::sync::{Mutex, atomic::Ordering as O};
     let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
@@ -729,6 +735,9 @@ fn workers_bound_to_the_callers_cpu_leave_it_the_work() {
 /// work that a caller's push left to its doze (here one whose dozes grew to 8 ms, as when
 /// bound to the caller's CPU), rather than wait for the doze's deadline.
 #[test]
+// Waits in real time for the worker's states (minutes under Miri, which covers the VM's
+// unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
 fn a_timed_wait_wakes_a_worker_its_work_was_left_to() {
     let (vm, s, worker, t) = vm_with_a_contended_worker();
     let hold = std::time::Duration::from_secs(600);
