@@ -371,6 +371,52 @@ impl Instruction {
         }
     }
 
+    /// Makes this instruction, held by nobody else (a pooled one, through `Arc::get_mut`),
+    /// what [`new`](Self::new) would make, keeping its stream's `Arc` when it is already
+    /// `stream`: no reference count of the stream is touched (the stream's counts share a
+    /// cache line with what its worker reads of it), and the old instruction is not moved.
+    /// Every field is named, so a new one must be decided here.
+    pub(crate) fn renew(&mut self, name: &'static str, stream: &Arc<StreamShared>, kind: Kind) {
+        let Self {
+            pending_link,
+            worker_link,
+            id,
+            name: my_name,
+            stream: my_stream,
+            stream_sequential,
+            strict_edges,
+            barrier,
+            status,
+            waiter,
+            body,
+            small,
+            failure,
+        } = self;
+        *pending_link = mpsc::Links::new();
+        *worker_link = mpsc::Links::new();
+        *id = next_id();
+        *my_name = name;
+        if !Arc::ptr_eq(my_stream, stream) {
+            *my_stream = stream.clone();
+        }
+        *stream_sequential = stream.in_build_order;
+        *strict_edges = false;
+        *barrier = false;
+        *status = AtomicU32::new(0);
+        *waiter = None;
+        *body = UnsafeCell::new(Body {
+            kind,
+            inputs: Operands::default(),
+            outputs: Operands::default(),
+            deferred: None,
+            landed: None,
+            fusable: true,
+            fused_next: None,
+        });
+        *small = UnsafeCell::new([0; 16]);
+        *failure = UnsafeCell::new(None);
+    }
+
     /// Its status bits, by name (a snapshot).
     pub(crate) fn status_bits(&self) -> status::Bits {
         // Relaxed: a diagnostic snapshot.

@@ -51,7 +51,7 @@ impl InstrPool {
             // `get_mut` succeeds: the pool held the only reference (the engine checked
             // with `get_mut`, whose Acquire ordered every earlier use before it).
             if let Some(m) = Arc::get_mut(&mut a) {
-                *m = Instruction::new(name, stream.clone(), kind);
+                m.renew(name, stream, kind);
                 return a;
             }
             debug_assert!(false, "ivm: a pooled instruction is shared");
