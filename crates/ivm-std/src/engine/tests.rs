@@ -375,12 +375,22 @@ fn a_contended_worker_still_runs_kernels_after_run_returns() {
 
 /// A VM whose default stream's worker is marked contended for the whole test (as a
 /// waiting caller marks one it finds off its CPU), its stream, the worker and a tensor.
-fn vm_with_a_contended_worker() -> (
+fn vm_with_a_contended_worker() -> VmRig {
+    let (vm, s, worker, t) = vm_with_a_worker();
+    crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
+    (vm, s, worker, t)
+}
+
+/// A VM, its default stream, that stream's worker and a tensor of 8 bytes.
+type VmRig = (
     crate::VirtualMachine,
     crate::Stream,
     Arc<crate::model::thread_ctx::ThreadCtx>,
     crate::Tensor,
-) {
+);
+
+/// A new VM as [`VmRig`].
+fn vm_with_a_worker() -> VmRig {
     let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
     let s = vm.default_stream();
     let worker = s
@@ -388,7 +398,6 @@ fn vm_with_a_contended_worker() -> (
         .thread
         .clone()
         .expect("the default stream has a worker");
-    crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
     let t = vm.new_tensor(8).unwrap();
     (vm, s, worker, t)
 }
@@ -407,16 +416,8 @@ fn spin_until(what: &str, mut done: impl FnMut() -> bool) {
 
 /// A VM whose default stream's worker has run work (a new VM's worker sleeps without a
 /// deadline until it is first woken), its stream, the worker and a tensor.
-fn vm_with_a_worker_that_ran() -> (
-    crate::VirtualMachine,
-    crate::Stream,
-    Arc<crate::model::thread_ctx::ThreadCtx>,
-    crate::Tensor,
-) {
-    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
-    let s = vm.default_stream();
-    let worker = s.shared.thread.clone().expect("a worker");
-    let t = vm.new_tensor(8).unwrap();
+fn vm_with_a_worker_that_ran() -> VmRig {
+    let (vm, s, worker, t) = vm_with_a_worker();
     vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
         .unwrap();
     vm.sync().unwrap();

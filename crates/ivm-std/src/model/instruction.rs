@@ -261,6 +261,21 @@ pub(crate) struct Body {
     pub(crate) fused_next: Option<Arc<Instruction>>,
 }
 
+impl Body {
+    /// A body that does `kind`, with no operands yet (the builder adds them).
+    fn new(kind: Kind) -> Self {
+        Body {
+            kind,
+            inputs: Operands::default(),
+            outputs: Operands::default(),
+            deferred: None,
+            landed: None,
+            fusable: true,
+            fused_next: None,
+        }
+    }
+}
+
 /// See [`Body::landed`]: `None` when the writes landed, else why they did not.
 pub(crate) type Landed = Box<dyn FnOnce(Option<Failure>) + Send>;
 
@@ -357,15 +372,7 @@ impl Instruction {
             stream,
             status: AtomicU32::new(0),
             waiter: None,
-            body: UnsafeCell::new(Body {
-                kind,
-                inputs: Operands::default(),
-                outputs: Operands::default(),
-                deferred: None,
-                landed: None,
-                fusable: true,
-                fused_next: None,
-            }),
+            body: UnsafeCell::new(Body::new(kind)),
             small: UnsafeCell::new([0; 16]),
             failure: UnsafeCell::new(None),
         }
@@ -404,15 +411,7 @@ impl Instruction {
         *barrier = false;
         *status = AtomicU32::new(0);
         *waiter = None;
-        *body = UnsafeCell::new(Body {
-            kind,
-            inputs: Operands::default(),
-            outputs: Operands::default(),
-            deferred: None,
-            landed: None,
-            fusable: true,
-            fused_next: None,
-        });
+        *body = UnsafeCell::new(Body::new(kind));
         *small = UnsafeCell::new([0; 16]);
         *failure = UnsafeCell::new(None);
     }
