@@ -366,9 +366,7 @@ fn a_contended_worker_still_runs_kernels_after_run_returns() {
         })
         .unwrap();
         gate.store(true, O::Release);
-        let mut out = [0u8; 8];
-        vm.read_small(&t, 0, &mut out).unwrap();
-        assert_eq!(u64::from_ne_bytes(out), round);
+        assert_eq!(read_u64(&vm, &t), round);
     }
     vm.shutdown().unwrap();
 }
@@ -400,6 +398,34 @@ fn vm_with_a_worker() -> VmRig {
         .expect("the default stream has a worker");
     let t = vm.new_tensor(8).unwrap();
     (vm, s, worker, t)
+}
+
+/// The first 8 bytes of `t`, read with `read_small`.
+fn read_u64(vm: &crate::VirtualMachine, t: &crate::Tensor) -> u64 {
+    let mut out = [0u8; 8];
+    vm.read_small(t, 0, &mut out).unwrap();
+    u64::from_ne_bytes(out)
+}
+
+/// A custom instruction on `s` (a deferred body) that writes `value` into `t`, calls
+/// `also` and completes during its launch.
+fn custom_write(
+    b: &mut crate::InstructionsBuilder<'_>,
+    s: &crate::Stream,
+    t: &crate::Tensor,
+    value: u64,
+    also: impl FnOnce() + Send + 'static,
+) -> crate::Result<()> {
+    b.custom(
+        s,
+        &[],
+        &[t],
+        move |k: &mut crate::KernelCtx<'_>, done: crate::Done| {
+            k.output_u64(0)[0] = value;
+            also();
+            done.complete().unwrap();
+        },
+    )
 }
 
 /// Yields until `done`, for 10 s at most (then panics with `what`).
@@ -460,9 +486,7 @@ fn a_caller_runs_what_it_pushed_to_an_idle_dozing_worker_without_waking_it() {
         until_idle_doze(&vm, &s, &worker);
         vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
             .unwrap();
-        let mut out = [0u8; 8];
-        vm.read_small(&t, 0, &mut out).unwrap();
-        assert_eq!(u64::from_ne_bytes(out), round);
+        assert_eq!(read_u64(&vm, &t), round);
     }
     // Relaxed: a count, read after the reads that followed every push.
     let left = worker
@@ -535,29 +559,11 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
                     std::thread::yield_now();
                 }
             })?;
-            b.custom(
-                &s,
-                &[],
-                &[&t],
-                |k: &mut crate::KernelCtx<'_>, done: crate::Done| {
-                    k.output_u64(0)[0] = u64::MAX;
-                    done.complete().unwrap();
-                },
-            )?;
-            b.custom(
-                &s,
-                &[],
-                &[&t],
-                move |k: &mut crate::KernelCtx<'_>, done: crate::Done| {
-                    k.output_u64(0)[0] = round;
-                    done.complete().unwrap();
-                },
-            )
+            custom_write(b, &s, &t, u64::MAX, || {})?;
+            custom_write(b, &s, &t, round, || {})
         })
         .unwrap();
-        let mut out = [0u8; 8];
-        vm.read_small(&t, 0, &mut out).unwrap();
-        assert_eq!(u64::from_ne_bytes(out), round);
+        assert_eq!(read_u64(&vm, &t), round);
         if seen.load(O::Relaxed) >= 3 {
             break;
         }
@@ -613,21 +619,12 @@ fn a_caller_runs_a_contended_collective_streams_custom_instruction() {
         });
         let r = ran_on.clone();
         vm.run(|b| {
-            b.custom(
-                &s,
-                &[],
-                &[&t],
-                move |k: &mut crate::KernelCtx<'_>, done: crate::Done| {
-                    k.output_u64(0)[0] = round;
-                    r.lock().unwrap().push(std::thread::current().id());
-                    done.complete().unwrap();
-                },
-            )
+            custom_write(b, &s, &t, round, move || {
+                r.lock().unwrap().push(std::thread::current().id());
+            })
         })
         .unwrap();
-        let mut out = [0u8; 8];
-        vm.read_small(&t, 0, &mut out).unwrap();
-        assert_eq!(u64::from_ne_bytes(out), round);
+        assert_eq!(read_u64(&vm, &t), round);
     }
     let by_caller = ran_on
         .lock()
@@ -700,9 +697,7 @@ fn workers_bound_to_the_callers_cpu_leave_it_the_work() {
         let r = round;
         vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = r))
             .unwrap();
-        let mut out = [0u8; 8];
-        vm.read_small(&t, 0, &mut out).unwrap();
-        assert_eq!(u64::from_ne_bytes(out), r);
+        assert_eq!(read_u64(vm, &t), r);
     };
     // The worker notes its mask as it starts; this thread's first call into a VM looks.
     spin_until("the worker never noted its CPU", || {
@@ -761,9 +756,7 @@ fn a_timed_wait_wakes_a_worker_its_work_was_left_to() {
             wakes(&vm) > before,
             "round {round}: the worker ran the kernel at its doze's deadline, not woken"
         );
-        let mut out = [0u8; 8];
-        vm.read_small(&t, 0, &mut out).unwrap();
-        assert_eq!(u64::from_ne_bytes(out), round);
+        assert_eq!(read_u64(&vm, &t), round);
     }
     vm.shutdown().unwrap();
 }
