@@ -79,7 +79,7 @@ fn state() -> (Runner, Sim) {
     });
     let a: Arc<dyn DeviceAdapter> = sim.clone();
     let runner = Runner::with_topology(
-        ivm_std::fuzzing::fusion_lane(Config::default())
+        ivm_std::fuzzing::ci_lane(Config::default())
             .with_timeout_period(Duration::from_millis(250)),
         vec![a],
         Topology::with_devices(&[sim_device(0), sim_device(1)]),

@@ -9,7 +9,7 @@
 //! (scheduler + three worker threads) is reused across runs; each run gets fresh tensors.
 //! `IVM_FUZZ_STATS=1` prints coverage counters (program lengths, cross-stream uses, ...)
 //! every 1024 programs and at exit; `IVM_FUSION` (`1` / `0`) sets fusion
-//! (`fuzzing::fusion_lane`).
+//! (`fuzzing::ci_lane`).
 #![no_main]
 
 #[path = "common/stats.rs"]
@@ -26,7 +26,7 @@ static RUNNER: OnceLock<Runner> = OnceLock::new();
 
 fuzz_target!(|program: Program| {
     let runner = RUNNER.get_or_init(|| {
-        Runner::new(ivm_std::fuzzing::fusion_lane(Config::default()))
+        Runner::new(ivm_std::fuzzing::ci_lane(Config::default()))
             .and_then(|r| r.with_launch_graphs(launch_graphs()?))
             .expect("start the VM")
     });

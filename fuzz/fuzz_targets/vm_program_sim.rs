@@ -37,7 +37,7 @@ fn runner(launcher: bool) -> Runner {
         ..SimConfig::default()
     });
     Runner::with_topology(
-        ivm_std::fuzzing::fusion_lane(Config::default()),
+        ivm_std::fuzzing::ci_lane(Config::default()),
         vec![sim],
         Topology::with_devices(&[sim_device(0), sim_device(1)]),
         HashKernels,

@@ -232,7 +232,7 @@ fn minimised_regressions() {
     ];
     for (kernels, launcher) in KERNEL_MODES {
         let sim = sim(0x5eed_0003, launcher);
-        let runner = runner(ivm_std::fuzzing::fusion_lane(Config::default()), &sim);
+        let runner = runner(ivm_std::fuzzing::ci_lane(Config::default()), &sim);
         for (name, ops) in &cases {
             let p = Program { ops: ops.clone() };
             assert_eq!(runner.topology().fit(&p), p, "{name}: not a fitted program");

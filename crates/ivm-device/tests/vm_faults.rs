@@ -67,7 +67,7 @@ fn stuck_events() -> SimFaults {
 }
 
 fn vm(sim: &Arc<SimAdapter>) -> Arc<VirtualMachine> {
-    let config = ivm_std::fuzzing::fusion_lane(Config::default()).with_timeout_period(PERIOD);
+    let config = ivm_std::fuzzing::ci_lane(Config::default()).with_timeout_period(PERIOD);
     Arc::new(VirtualMachine::with_adapters(config, vec![sim.clone()]).unwrap())
 }
 
@@ -556,7 +556,7 @@ fn campaign(launcher: bool, mode: Mode, cases: u32) {
     // or "the scheduler did not answer").
     let period = Duration::from_millis(400);
     let runner = Runner::with_topology(
-        ivm_std::fuzzing::fusion_lane(Config::default())
+        ivm_std::fuzzing::ci_lane(Config::default())
             .with_mode(mode)
             .with_timeout_period(period),
         vec![a],

@@ -4,8 +4,9 @@
 //! workspace under `cargo test --workspace`; alone: `cargo test -p ivm-std --features
 //! fuzzing --test vm_equivalence`).
 //!
-//! `IVM_EQUIV_CASES` overrides the proptest case count (default 256); `IVM_FUSION` (`1` /
-//! `0`) the fusion setting (`fuzzing::fusion_lane`), except in the tests that name it.
+//! `IVM_EQUIV_CASES` overrides the proptest case count (default 256); `IVM_FUSION` and
+//! `IVM_RUN_AT_REST` (`1` / `0`) those settings (`fuzzing::ci_lane`), except in the tests
+//! that name them.
 
 use std::cell::Cell;
 use std::time::Instant;
@@ -32,7 +33,7 @@ fn vm_matches_interpreter_proptest_with_kernel_panics() {
     fuzzing::silence_planned_panics();
     // No launch graphs: ivm-std has no graph runtime, so the runner leaves launches out
     // (ivm-graph's `vm_equivalence_lazy` runs these programs with them).
-    let runner = Runner::new(fuzzing::fusion_lane(Config::default())).unwrap();
+    let runner = Runner::new(fuzzing::ci_lane(Config::default())).unwrap();
     assert_eq!(runner.vm().config().mode, Mode::MultiThread);
     let mut prop = TestRunner::new(PropConfig {
         cases: cases(),
@@ -116,7 +117,7 @@ fn poison_propagates_like_the_interpreter_says() {
     assert_eq!(expected.finals[0], poisoned);
     assert_eq!(expected.finals[1], expected.syncs[2].1);
     assert!(matches!(expected.finals[3], Observed::Value(v) if v != 0));
-    if let Err(m) = fuzzing::check(&p, fuzzing::fusion_lane(Config::default())) {
+    if let Err(m) = fuzzing::check(&p, fuzzing::ci_lane(Config::default())) {
         panic!("{m}");
     }
 }
@@ -126,7 +127,7 @@ fn seeded_programs_match_on_fresh_vms() {
     fuzzing::silence_planned_panics();
     for seed in 0..8 {
         let p = Program::from_seed(seed);
-        if let Err(m) = fuzzing::check(&p, fuzzing::fusion_lane(Config::default())) {
+        if let Err(m) = fuzzing::check(&p, fuzzing::ci_lane(Config::default())) {
             panic!("seed {seed}: {m}");
         }
     }
@@ -149,23 +150,30 @@ fn seeded_programs_match_with_fusion_on_and_off() {
     }
 }
 
+/// Single-thread mode, with runs at rest (`Config::run_at_rest`) on and off: the programs
+/// must take that path (when on) and agree with the interpreter either way.
 #[test]
 fn single_thread_mode_matches_too() {
     fuzzing::silence_planned_panics();
-    let runner = Runner::new(fuzzing::fusion_lane(Config::single_thread())).unwrap();
-    for seed in 100..132 {
-        if let Err(m) = runner.run(&Program::from_seed(seed)) {
-            panic!("seed {seed}: {m}");
+    for at_rest in [true, false] {
+        let config = fuzzing::ci_lane(Config::single_thread()).with_run_at_rest(at_rest);
+        let runner = Runner::new(config).unwrap();
+        for seed in 100..132 {
+            if let Err(m) = runner.run(&Program::from_seed(seed)) {
+                panic!("at rest {at_rest}, seed {seed}: {m}");
+            }
         }
+        let ran = runner.vm().stats().unwrap().ran_at_rest;
+        assert_eq!(ran > 0, at_rest, "at rest {at_rest}: {ran} ran at rest");
+        assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
     }
-    assert_eq!(runner.shutdown().unwrap(), DebugCounters::default());
 }
 
 /// Runs the programs of seeds `first..` on a VM with `bug` planted until one differs;
 /// returns how many programs that took.
 fn cases_to_catch(bug: PlantedBug, first: u64, verbose: bool) -> u64 {
     fuzzing::silence_planned_panics();
-    let runner = Runner::with_planted_bug(fuzzing::fusion_lane(Config::default()), bug).unwrap();
+    let runner = Runner::with_planted_bug(fuzzing::ci_lane(Config::default()), bug).unwrap();
     let start = Instant::now();
     for case in 1..=PLANTED_BUDGET {
         let program = Program::from_seed(first + case).without_panics();

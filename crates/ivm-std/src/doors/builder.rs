@@ -76,6 +76,18 @@ impl<'vm> InstructionsBuilder<'vm> {
         r
     }
 
+    /// Single-thread mode: runs the collected instructions here and now where the VM can
+    /// (`VmCore::run_at_rest`), then drops the handles given up with
+    /// [`release_tensor`](Self::release_tensor); else [`submit`](Self::submit)s them.
+    /// Returns whether they ran here.
+    pub(crate) fn run_at_rest_or_submit(&mut self) -> Result<bool> {
+        if self.vm.core.run_at_rest(&mut self.list) {
+            self.released.clear();
+            return Ok(true);
+        }
+        self.submit().map(|()| false)
+    }
+
     /// Number of instructions collected so far.
     pub fn len(&self) -> usize {
         self.list.len()

@@ -324,6 +324,14 @@ impl VmCore {
         self.finished.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// `n` instructions ran at rest ([`run_at_rest`](Self::run_at_rest)): received and
+    /// released at once, never in flight.
+    pub(crate) fn count_at_rest(&self, n: usize) {
+        // Relaxed: counts, as in `instruction_released`.
+        self.finished.fetch_add(n, Ordering::Relaxed);
+        self.stats().ran_at_rest.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Released instructions, ever.
     pub(crate) fn released(&self) -> usize {
         // Relaxed: a statistic.
@@ -401,6 +409,11 @@ impl VmCore {
 /// What the engine's drivers reach (`drive/`, `single.rs`, `submission.rs`, the
 /// scheduler): the queues and the engine's two homes.
 impl VmCore {
+    /// Whether no received instruction waits in the pending queue (a snapshot).
+    pub(crate) fn nothing_pending(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// Received instructions, for the engine's driver (see the field).
     pub(super) fn pending(&self) -> &MpscQueue<Instruction, PendingTag> {
         &self.pending

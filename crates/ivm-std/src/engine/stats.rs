@@ -91,6 +91,8 @@ pub(crate) struct StatsCells {
     pub(crate) fused_runs: AtomicUsize,
     pub(crate) fused_instructions: AtomicUsize,
     pub(crate) longest_fused_run: AtomicUsize,
+    /// Instructions single-thread mode ran at rest, without the engine.
+    pub(crate) ran_at_rest: AtomicUsize,
 }
 
 impl Default for StatsCells {
@@ -123,6 +125,7 @@ impl StatsCells {
             fused_runs: AtomicUsize::new(0),
             fused_instructions: AtomicUsize::new(0),
             longest_fused_run: AtomicUsize::new(0),
+            ran_at_rest: AtomicUsize::new(0),
         }
     }
 
@@ -241,6 +244,11 @@ pub struct VmStats {
     pub fused_instructions: usize,
     /// The longest fused run.
     pub longest_fused_run: usize,
+    /// Instructions that single-thread mode ran as its caller built them, without the
+    /// dependency engine, because nothing else was in flight
+    /// ([`Config::run_at_rest`](crate::Config::run_at_rest)); counted in `received` and
+    /// `released` too.
+    pub ran_at_rest: usize,
 }
 
 /// Where the engine's owner leaves a DAG dump for the caller who asked for it.

@@ -121,18 +121,27 @@ pub const PANIC_MARKER: &str = "ivm-fuzz: planned panic";
 
 const ALL_TENSORS: u8 = (1 << TENSORS) - 1;
 
-/// `config` with the fusion setting of this test lane: `IVM_FUSION` (`1` / `0`) when set,
-/// else `config`'s own. CI runs the equivalence tests once with the default and once with
-/// the other setting, so both paths stay checked against the interpreter.
+/// `config` with the settings of this test lane: `IVM_FUSION` and `IVM_RUN_AT_REST` (`1` /
+/// `0`) where set, else `config`'s own. CI runs the equivalence tests once with the
+/// defaults and once with the other setting of each, so every path stays checked against
+/// the interpreter.
 ///
 /// # Panics
-/// When `IVM_FUSION` is set to anything but `0` or `1`.
-pub fn fusion_lane(config: crate::Config) -> crate::Config {
-    match std::env::var("IVM_FUSION").as_deref() {
-        Err(_) => config,
-        Ok("1") => config.with_fusion(true),
-        Ok("0") => config.with_fusion(false),
-        Ok(other) => panic!("IVM_FUSION={other:?}: expected 0 or 1"),
+/// When either is set to anything but `0` or `1`.
+pub fn ci_lane(config: crate::Config) -> crate::Config {
+    let flag = |name: &str| match std::env::var(name).as_deref() {
+        Err(_) => None,
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        Ok(other) => panic!("{name}={other:?}: expected 0 or 1"),
+    };
+    let config = match flag("IVM_FUSION") {
+        Some(on) => config.with_fusion(on),
+        None => config,
+    };
+    match flag("IVM_RUN_AT_REST") {
+        Some(on) => config.with_run_at_rest(on),
+        None => config,
     }
 }
 

@@ -36,6 +36,7 @@ pub enum Mode {
 /// | `IVM_CACHING_ALLOC` (`1` / `0`) | [`caching_allocator`](Self::caching_allocator) | `1` |
 /// | `IVM_FUSION` (`1` / `0`) | [`fusion`](Self::fusion) | `0` |
 /// | `IVM_MAX_FUSED_RUN` | [`max_fused_run`](Self::max_fused_run) | 32 |
+/// | `IVM_RUN_AT_REST` (`1` / `0`) | [`run_at_rest`](Self::run_at_rest) | `1` |
 ///
 /// `Config` is `#[non_exhaustive]`: start from [`Config::default`] (or
 /// [`Config::single_thread`], [`Config::from_env`]) and change what you need with the
@@ -114,6 +115,15 @@ pub struct Config {
     /// hand-over holds a worker and how long a run's first member may wait for its
     /// release.
     pub max_fused_run: usize,
+    /// Single-thread mode: a [`run`](crate::VirtualMachine::run) whose instructions would
+    /// all run to completion on the caller the moment they were dispatched (kernels and
+    /// copies on a synchronous device's stream, no sync access, barrier or custom
+    /// instruction) runs them as it returns without the dependency engine, when nothing
+    /// else is in flight: the engine would find no dependence to order and run them in
+    /// build order on the same thread. Nothing observable changes but the cost per
+    /// instruction ([`VmStats::ran_at_rest`](crate::VmStats::ran_at_rest) counts them).
+    /// Ignored in multi-thread mode, where `run` returns before its kernels run.
+    pub run_at_rest: bool,
 }
 
 /// The largest [`Config::max_fused_run`].
@@ -225,6 +235,13 @@ impl Config {
         self.max_fused_run = max_fused_run;
         self
     }
+
+    /// This configuration with [`run_at_rest`](Self::run_at_rest) set to `run_at_rest`.
+    #[must_use]
+    pub fn with_run_at_rest(mut self, run_at_rest: bool) -> Self {
+        self.run_at_rest = run_at_rest;
+        self
+    }
 }
 
 /// The longest [`Config::worker_poll_window`] and [`Config::scheduler_work_window`]: a
@@ -270,6 +287,7 @@ impl Default for Config {
             caching_allocator: true,
             fusion: false,
             max_fused_run: 32,
+            run_at_rest: true,
         }
     }
 }
@@ -368,6 +386,9 @@ impl Config {
         }
         if let Some(v) = num("IVM_MAX_FUSED_RUN")? {
             c.max_fused_run = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = num("IVM_RUN_AT_REST")? {
+            c.run_at_rest = flag("IVM_RUN_AT_REST", v)?;
         }
         c.validate()?;
         Ok(c)

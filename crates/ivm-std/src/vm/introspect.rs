@@ -72,6 +72,7 @@ impl VirtualMachine {
             fused_runs: c.fused_runs.load(Ordering::Relaxed),
             fused_instructions: c.fused_instructions.load(Ordering::Relaxed),
             longest_fused_run: c.longest_fused_run.load(Ordering::Relaxed),
+            ran_at_rest: c.ran_at_rest.load(Ordering::Relaxed),
             threads,
         })
     }

@@ -30,8 +30,12 @@ impl VirtualMachine {
         crate::engine::preemption::sense_caller(&self.shared.core);
         let mut b = InstructionsBuilder::new(&self.shared);
         let r = f(&mut b)?;
-        b.submit()?;
-        self.shared.core.drive()?;
+        let at_rest = b.run_at_rest_or_submit()?;
+        // After a run at rest the engine has nothing to do unless a kernel, or a handle
+        // given up, pushed a tensor's release meanwhile.
+        if !at_rest || !self.shared.core.nothing_pending() {
+            self.shared.core.drive()?;
+        }
         Ok(r)
     }
 
