@@ -127,6 +127,11 @@ pub(crate) fn before_use<'a>(
             }
         }
     }
+    if groups.is_empty() && spill.is_empty() {
+        // The common case (one stream, or no events): nothing to emit, and no need to
+        // move the inline groups (hundreds of bytes) into an iterator.
+        return;
+    }
     for (l, blobs) in groups.into_iter().chain(spill) {
         let Some(ls) = vm.stream_by_index(l) else {
             continue;
