@@ -287,6 +287,8 @@ fn wait_small(
                 |_| waiter.btb.is_done(),
                 None,
                 || graph_help(shared, &|| waiter.btb.is_done()),
+                // A lazy graph computing counts as progress (`LazyGraph::set_progress_probe`).
+                || shared.lazy_if_used().and_then(|l| l.graph_progress()),
             )
             .map_err(|e| name_device_work(e, instr));
     }

@@ -383,7 +383,7 @@ thread_local! {
 
 /// The calling thread's look at the clock during a spin (see [`CALLER_SENSE`]): whether it
 /// was descheduled since its last look (counted in the VM's stats).
-fn caller_look(shared: &VmCore, now: std::time::Instant) -> bool {
+pub(crate) fn caller_look(shared: &VmCore, now: std::time::Instant) -> bool {
     let jumped = CALLER_SENSE.with(|s| s.borrow_mut().look(now));
     if jumped {
         // Relaxed: a statistic.
@@ -398,7 +398,7 @@ fn caller_look(shared: &VmCore, now: std::time::Instant) -> bool {
 /// Whether the calling thread saw itself preempted lately: spinning cannot help then (the
 /// thread it waits for may need this CPU, and the caller loses it anyway), so it sleeps
 /// at once. A new spin starts its looks afresh.
-fn caller_contended(now: std::time::Instant) -> bool {
+pub(crate) fn caller_contended(now: std::time::Instant) -> bool {
     CALLER_SENSE.with(|s| {
         let mut s = s.borrow_mut();
         s.restart();

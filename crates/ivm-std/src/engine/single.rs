@@ -178,7 +178,7 @@ impl VmCore {
         done: impl FnMut(Option<bool>) -> bool,
         deadline: Option<ivm_core::wait::Instant>,
     ) -> Result<()> {
-        self.drive_until_helping(done, deadline, || false)
+        self.drive_until_helping(done, deadline, || false, || None)
     }
 
     /// [`drive_until`](Self::drive_until), and before each sleep `help()`: work that runs
@@ -186,11 +186,17 @@ impl VmCore {
     /// actors, `LazyGraph::set_caller_helper`). When it ran something the caller drives
     /// again instead of sleeping: waiting for a thread that may not have a CPU is never
     /// faster than doing its work.
+    ///
+    /// `elsewhere()` counts progress that another thread makes towards what is waited for
+    /// (a lazy graph's kernels, `LazyGraph::set_progress_probe`), `None` when there is
+    /// none: while it moves the caller spins for the announcement instead of sleeping
+    /// ([`spin_for_announcement`](Self::spin_for_announcement)).
     pub(crate) fn drive_until_helping(
         &self,
         mut done: impl FnMut(Option<bool>) -> bool,
         deadline: Option<ivm_core::wait::Instant>,
         mut help: impl FnMut() -> bool,
+        mut elsewhere: impl FnMut() -> Option<u64>,
     ) -> Result<()> {
         if self.single_engine().is_none() {
             return Ok(());
@@ -264,12 +270,62 @@ impl VmCore {
             } else if expired(&mut last, &mut period_end) {
                 return Err(Error::Timeout(self.diagnostic()));
             }
-            if help() {
+            if help() || self.spin_for_announcement(seen, &mut elsewhere) {
                 continue;
             }
             // Set: `expired` ran on every way here.
             let end = period_end.unwrap_or_else(|| FutexWait::now().saturating_add(period));
             waits.wait(seen, deadline.map_or(end, |d| d.min(end)));
+        }
+    }
+
+    /// Single-thread mode, before the caller sleeps for an announcement (`seen`: its
+    /// snapshot of [`SingleWaits`](crate::engine::drive::SingleWaits)): spins instead while
+    /// `elsewhere()` keeps moving — another thread (a lazy graph's) computes what the caller
+    /// waits for and will announce it when done — for at most [`CALLER_PROGRESS_SPIN`],
+    /// giving up after [`CALLER_STALL`] without a move. Returns whether the announcement
+    /// came (the caller drives again, having saved the futex sleep and wake-up); false at
+    /// once with nothing to count, or when the caller's CPU is shared (spinning would only
+    /// take it from the thread it waits for: `preemption.rs`).
+    ///
+    /// [`CALLER_PROGRESS_SPIN`]: crate::util::tuning::CALLER_PROGRESS_SPIN
+    /// [`CALLER_STALL`]: crate::util::tuning::CALLER_STALL
+    fn spin_for_announcement(
+        &self,
+        seen: u32,
+        elsewhere: &mut impl FnMut() -> Option<u64>,
+    ) -> bool {
+        use crate::util::tuning::{CALLER_PROGRESS_SPIN, CALLER_STALL};
+        let Some(mut last) = elsewhere() else {
+            return false;
+        };
+        let start = std::time::Instant::now();
+        if crate::engine::helping::caller_contended(start) {
+            return false;
+        }
+        let waits = &self.token().waits;
+        let mut last_change = start;
+        loop {
+            for _ in 0..32 {
+                if waits.snapshot() != seen {
+                    return true;
+                }
+                ivm_core::sync::spin_loop();
+            }
+            let now = std::time::Instant::now();
+            if now.duration_since(start) >= CALLER_PROGRESS_SPIN
+                || crate::engine::helping::caller_look(self, now)
+            {
+                return false;
+            }
+            match elsewhere() {
+                Some(e) if e != last => {
+                    last = e;
+                    last_change = now;
+                }
+                _ if now.duration_since(last_change) >= CALLER_STALL => return false,
+                _ => {}
+            }
         }
     }
 }
