@@ -88,9 +88,10 @@ impl VmCore {
     /// run and released in build order by this very thread's `drive`. It runs the same
     /// `execute` (poison, panics, `landed`, trace), in that order, under the same guards
     /// (the wait hook's scope, the reentrancy guard) and counts as received and released.
-    /// A submission from another thread meanwhile waits in the pending queue and is handled
-    /// after these, as if this `run` had driven first; a tensor release a kernel pushes
-    /// follows the list, as it would. What is saved is the engine's work per instruction:
+    /// What waits in the pending queue (a tensor's release since the last call) is handled
+    /// first, as `drive` would; a submission from another thread meanwhile waits there and
+    /// is handled after these, as if this `run` had driven first; a tensor release a kernel
+    /// pushes follows the list, as it would. What is saved is the engine's work per instruction:
     /// its handling, edges, dispatch and release (`docs/perf-2026-12-05.md`).
     pub(crate) fn run_at_rest(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
         if list.is_empty() || !self.config().run_at_rest || !list.iter().all(|i| runs_at_rest(i)) {
@@ -100,14 +101,28 @@ impl VmCore {
         let Ok(pass) = self.enter() else {
             return false;
         };
-        let Some(engine) = self.try_engine() else {
+        let Some(mut engine) = self.try_engine() else {
             return false;
         };
+        let _reentry = ReentryGuard::enter(self.id());
+        if !self.pending().is_empty() {
+            // Older submissions first, as `drive` would handle them: usually the releases
+            // of tensors dropped since the last call, done at once. A few steps at most,
+            // as `try_direct` brings the engine to rest.
+            const REST_STEPS: u32 = 8;
+            for _ in 0..REST_STEPS {
+                self.drain_pending(&mut engine);
+                if !engine.step(self) {
+                    break;
+                }
+                // A caller waiting on another thread may be done now.
+                self.token().waits.notify();
+            }
+        }
         if !engine.is_idle() || !self.pending().is_empty() {
             return false;
         }
         let _hook = self.wait_scope();
-        let _reentry = ReentryGuard::enter(self.id());
         for instr in list.iter() {
             record(instr, Phase::Receive);
             record(instr, Phase::Dispatch);
