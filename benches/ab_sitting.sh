@@ -19,6 +19,7 @@ for _ in $(seq 1 "$R"); do
         run hog2 "$t" "$t/train" --quiet --runs 3 --no-trace --hog 2
         run nopin_hog1 "$t" "$t/train" --quiet --runs 3 --no-trace --hog 1 --no-pin
         run single_hog1 "$t" env IVM_MODE=single "$t/train" --quiet --runs 3 --no-trace --hog 1
+        run single_hog2 "$t" env IVM_MODE=single "$t/train" --quiet --runs 3 --no-trace --hog 2
         run single_quiet "$t" env IVM_MODE=single "$t/train" --quiet --runs 3 --no-trace
     done
 done
