@@ -260,7 +260,11 @@ impl VmCore {
                     if engine.step(self) {
                         // Another waiter's result may be ready.
                         waits.notify_own(&mut seen);
-                        continue;
+                        if !end.may_sleep() || engine.has_work() || !self.pending().is_empty() {
+                            continue;
+                        }
+                        // Nothing left that a step could do: no more (empty) step.
+                        break;
                     }
                     if !end.may_sleep() {
                         ivm_core::sync::spin_loop();

@@ -260,7 +260,11 @@ impl VmCore {
                 if self.token().hand_over() {
                     return DriveEnd::Unlocked;
                 }
-                continue;
+                if engine.has_work() || !self.pending().is_empty() {
+                    continue;
+                }
+                // Nothing left that a step could do: let go without one more (empty)
+                // step. What arrives meanwhile is marked, and the unlock sees the mark.
             }
             if self.token().unlock() {
                 return DriveEnd::Unlocked;
