@@ -208,3 +208,37 @@ fn releases_of_tensors_dropped_between_runs_do_not_keep_runs_off_the_rest_path()
     let c = vm.debug_counters();
     assert_eq!((c.instructions, c.flying), (0, 0));
 }
+
+/// Counts the wait hook's open scopes (`before_wait` .. `after_wait`).
+#[derive(Default)]
+struct Scopes(std::sync::atomic::AtomicUsize);
+
+impl ivm_std::WaitHook for Scopes {
+    fn before_wait(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    fn after_wait(&self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn pending_work_a_run_at_rest_handles_first_runs_inside_the_wait_hook() {
+    let vm = single(true);
+    let scopes = Arc::new(Scopes::default());
+    vm.set_foreign_hooks(ivm_std::ForeignHooks::default().with_wait_hook(scopes.clone()))
+        .unwrap();
+    let s = vm.default_stream();
+    let t = vm.new_tensor(8).unwrap();
+    // Single-thread mode: an async access is only pushed; the next call runs it.
+    let sc = scopes.clone();
+    let inside = vm.access_async(&t, move |_| sc.0.load(Ordering::SeqCst) > 0);
+    vm.run(|b| b.call(&s, &[&t], &[], |_k| {})).unwrap();
+    assert_eq!(vm.stats().unwrap().ran_at_rest, 1);
+    assert!(
+        inside.wait().unwrap(),
+        "the callback ran outside the wait hook"
+    );
+    assert_eq!(scopes.0.load(Ordering::SeqCst), 0);
+    vm.shutdown().unwrap();
+}

@@ -101,7 +101,11 @@ impl<'vm> InstructionsBuilder<'vm> {
     fn check(&self, stream: &Stream, inputs: &[&Tensor], outputs: &[&Tensor]) -> Result<()> {
         self.check_operands(stream, inputs, outputs)?;
         let d = stream.id().device;
-        if let Some(t) = inputs.iter().chain(outputs).find(|t| t.device() != d) {
+        if let Some(t) = inputs
+            .iter()
+            .chain(outputs)
+            .find(|t| !same_device(t.device(), d))
+        {
             return Err(Error::DeviceMismatch(format!(
                 "a tensor on {} used on stream {} (copy it first)",
                 t.device(),
@@ -458,6 +462,15 @@ impl<'vm> InstructionsBuilder<'vm> {
         self.list.push(Arc::new(instr));
         Ok(())
     }
+}
+
+/// `a == b`, without a call to `memcmp` for the usual case: the kinds' names are the very
+/// same `&'static str`, or few bytes compared inline (another crate's copy of the literal
+/// has another address). Every operand of every instruction is checked.
+fn same_device(a: crate::Device, b: crate::Device) -> bool {
+    let (x, y) = (a.kind.name().as_bytes(), b.kind.name().as_bytes());
+    a.index == b.index
+        && (std::ptr::eq(x, y) || (x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p == q)))
 }
 
 impl Drop for InstructionsBuilder<'_> {

@@ -87,14 +87,19 @@ impl VmCore {
     /// so each instruction of the list would have no edge into it and would be dispatched,
     /// run and released in build order by this very thread's `drive`. It runs the same
     /// `execute` (poison, panics, `landed`, trace), in that order, under the same guards
-    /// (the wait hook's scope, the reentrancy guard) and counts as received and released.
+    /// (the wait hook's scope, the reentrancy guard) and counts each as received and
+    /// released.
     /// What waits in the pending queue (a tensor's release since the last call) is handled
     /// first, as `drive` would; a submission from another thread meanwhile waits there and
     /// is handled after these, as if this `run` had driven first; a tensor release a kernel
     /// pushes follows the list, as it would. What is saved is the engine's work per instruction:
     /// its handling, edges, dispatch and release (`docs/perf-2026-12-05.md`).
     pub(crate) fn run_at_rest(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
-        if list.is_empty() || !self.config().run_at_rest || !list.iter().all(|i| runs_at_rest(i)) {
+        if !self.single_thread()
+            || list.is_empty()
+            || !self.config().run_at_rest
+            || !list.iter().all(|i| runs_at_rest(i))
+        {
             return false;
         }
         // The shutdown gate, as for any submission; a refusal is reported by `receive_list`.
@@ -104,8 +109,15 @@ impl VmCore {
         let Some(mut engine) = self.try_engine() else {
             return false;
         };
+        // Holding the engine orders this run with shutdown, whose drive needs it: the pass
+        // is not kept while kernels run (shutdown waits for passes without a bound).
+        drop(pass);
         let _reentry = ReentryGuard::enter(self.id());
+        // The wait hook's scope before anything runs on this thread, pending work included
+        // (`util/hooks.rs`); not opened for a run that goes on to the engine's path at once.
+        let mut hook = None;
         if !self.pending().is_empty() {
+            hook = Some(self.wait_scope());
             // Older submissions first, as `drive` would handle them: usually the releases
             // of tensors dropped since the last call, done at once. A few steps at most,
             // as `try_direct` brings the engine to rest.
@@ -122,7 +134,7 @@ impl VmCore {
         if !engine.is_idle() || !self.pending().is_empty() {
             return false;
         }
-        let _hook = self.wait_scope();
+        let _hook = hook.unwrap_or_else(|| self.wait_scope());
         for instr in list.iter() {
             record(instr, Phase::Receive);
             record(instr, Phase::Dispatch);
@@ -138,10 +150,11 @@ impl VmCore {
             body.outputs.clear();
             body.kind = Kind::Noop;
             body.landed = None;
+            // Counted one by one, as the engine releases them: progress that a caller
+            // waiting for the engine on another thread measures its period by.
+            self.count_at_rest(1);
         }
-        self.count_at_rest(list.len());
         drop(engine);
-        drop(pass);
         self.pool().give_back(list);
         list.clear();
         true

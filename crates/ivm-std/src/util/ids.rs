@@ -16,27 +16,9 @@ use std::fmt;
 /// assert_eq!(d.to_string(), "npu:1");
 /// assert_ne!(NPU, DeviceKind::CPU);
 /// ```
-#[derive(Clone, Copy, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceKind {
     name: &'static str,
-}
-
-/// Equal names are equal kinds. The builder compares every operand's device with its
-/// stream's for every instruction: the very same `&'static str` is decided by its address,
-/// and the same name elsewhere (another crate's copy of the literal) without a call.
-impl PartialEq for DeviceKind {
-    fn eq(&self, other: &Self) -> bool {
-        // Byte by byte: names are a few bytes, shorter than a call to `memcmp`.
-        let (a, b) = (self.name.as_bytes(), other.name.as_bytes());
-        std::ptr::eq(a, b) || (a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y))
-    }
-}
-
-/// By the name, as `==` compares it.
-impl std::hash::Hash for DeviceKind {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.name.hash(state);
-    }
 }
 
 impl DeviceKind {
