@@ -325,11 +325,7 @@ impl<T> Completion<T> {
                 |_| slot.is_done(),
                 deadline,
                 || progress && crate::doors::sync_access::graph_help(vm, &|| slot.is_done()),
-                || {
-                    progress
-                        .then(|| vm.lazy_if_used().and_then(|l| l.graph_progress()))
-                        .flatten()
-                },
+                || progress.then(|| vm.graph_progress()).flatten(),
             )?;
             return self.take();
         }

@@ -288,7 +288,7 @@ fn wait_small(
                 None,
                 || graph_help(shared, &|| waiter.btb.is_done()),
                 // A lazy graph computing counts as progress (`LazyGraph::set_progress_probe`).
-                || shared.lazy_if_used().and_then(|l| l.graph_progress()),
+                || shared.graph_progress(),
             )
             .map_err(|e| name_device_work(e, instr));
     }
@@ -334,7 +334,7 @@ fn wait_small(
         }
     } else if crate::engine::helping::spin_while_progress(&shared.core, &mut done, || {
         // A lazy graph computing counts as progress (`LazyGraph::set_progress_probe`).
-        shared.lazy_if_used().and_then(|l| l.graph_progress())
+        shared.graph_progress()
     }) {
         return Ok(());
     }

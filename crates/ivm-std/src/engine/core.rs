@@ -324,12 +324,12 @@ impl VmCore {
         self.finished.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// `n` instructions ran at rest ([`run_at_rest`](Self::run_at_rest)): received and
+    /// One instruction ran at rest ([`run_at_rest`](Self::run_at_rest)): received and
     /// released at once, never in flight.
-    pub(crate) fn count_at_rest(&self, n: usize) {
+    pub(crate) fn count_at_rest(&self) {
         // Relaxed: counts, as in `instruction_released`.
-        self.finished.fetch_add(n, Ordering::Relaxed);
-        self.stats().ran_at_rest.fetch_add(n, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::Relaxed);
+        self.stats().ran_at_rest.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Released instructions, ever.

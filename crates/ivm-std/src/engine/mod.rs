@@ -468,11 +468,7 @@ impl Executor<Job> for Exec<'_> {
             // SAFETY: the executor set DONE (the engine read it with Acquire through
             // `is_done`, or a barrier ran here), so the engine owns the body again
             // (ownership step 4).
-            let body = unsafe { instr.body_mut() };
-            body.inputs.clear();
-            body.outputs.clear();
-            body.kind = Kind::Noop;
-            body.landed = None;
+            unsafe { instr.body_mut() }.release();
         }
         self.shared.instruction_released();
         self.released += 1;

@@ -9,7 +9,7 @@ use ivm_core::wait::Wait;
 
 use crate::engine::Engine;
 use crate::engine::core::{ReentryGuard, VmCore};
-use crate::model::instruction::{Instruction, Kind};
+use crate::model::instruction::Instruction;
 use crate::model::trace::{Phase, record};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
@@ -119,17 +119,8 @@ impl VmCore {
         if !self.pending().is_empty() {
             hook = Some(self.wait_scope());
             // Older submissions first, as `drive` would handle them: usually the releases
-            // of tensors dropped since the last call, done at once. A few steps at most,
-            // as `try_direct` brings the engine to rest.
-            const REST_STEPS: u32 = 8;
-            for _ in 0..REST_STEPS {
-                self.drain_pending(&mut engine);
-                if !engine.step(self) {
-                    break;
-                }
-                // A caller waiting on another thread may be done now.
-                self.token().waits.notify();
-            }
+            // of tensors dropped since the last call, done at once.
+            self.step_to_rest(&mut engine);
         }
         if !engine.is_idle() || !self.pending().is_empty() {
             return false;
@@ -145,19 +136,30 @@ impl VmCore {
             // and set DONE (step 3: a synchronous device, no deferred body, see
             // `runs_at_rest`), so this thread owns the body as the engine would at its
             // release (step 4); nobody else holds a reference into it.
-            let body = unsafe { instr.body_mut() };
-            body.inputs.clear();
-            body.outputs.clear();
-            body.kind = Kind::Noop;
-            body.landed = None;
+            unsafe { instr.body_mut() }.release();
             // Counted one by one, as the engine releases them: progress that a caller
             // waiting for the engine on another thread measures its period by.
-            self.count_at_rest(1);
+            self.count_at_rest();
         }
         drop(engine);
         self.pool().give_back(list);
         list.clear();
         true
+    }
+
+    /// Single-thread mode, holding the engine: drains the pending queue and steps, a few
+    /// steps at most, until a step makes no progress (the fast paths that need the engine
+    /// at rest: [`run_at_rest`](Self::run_at_rest), `try_direct`).
+    pub(crate) fn step_to_rest(&self, engine: &mut SingleEngine<'_>) {
+        const REST_STEPS: u32 = 8;
+        for _ in 0..REST_STEPS {
+            self.drain_pending(engine);
+            if !engine.step(self) {
+                break;
+            }
+            // A caller waiting on another thread may be done now.
+            self.token().waits.notify();
+        }
     }
 
     /// Single-thread mode: runs the engine in this thread until it can make no progress

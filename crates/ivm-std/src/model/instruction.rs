@@ -262,6 +262,16 @@ pub(crate) struct Body {
 }
 
 impl Body {
+    /// What the engine drops when it releases the instruction (ownership step 4): the
+    /// operands (so their tensors can go), the kernel and `landed`. The rest is reset when
+    /// the pool renews the instruction.
+    pub(crate) fn release(&mut self) {
+        self.inputs.clear();
+        self.outputs.clear();
+        self.kind = Kind::Noop;
+        self.landed = None;
+    }
+
     /// A body that does `kind`, with no operands yet (the builder adds them).
     fn new(kind: Kind) -> Self {
         Body {

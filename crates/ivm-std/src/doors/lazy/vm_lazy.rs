@@ -147,4 +147,10 @@ impl crate::runtime::shared::VmShared {
     pub(crate) fn lazy_if_used(&self) -> Option<&VmLazy> {
         self.lazy.get().and_then(|l| l.downcast_ref())
     }
+
+    /// What a waiting caller counts as progress made elsewhere: its lazy graphs' probes
+    /// ([`VmLazy::graph_progress`]); `None` when none was ever launched with one.
+    pub(crate) fn graph_progress(&self) -> Option<u64> {
+        self.lazy_if_used().and_then(VmLazy::graph_progress)
+    }
 }

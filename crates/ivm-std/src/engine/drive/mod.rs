@@ -295,14 +295,7 @@ impl VmCore {
                 return false;
             };
             let _reentry = ReentryGuard::enter(self.id());
-            for _ in 0..REST_STEPS {
-                self.drain_pending(&mut engine);
-                if !engine.step(self) {
-                    break;
-                }
-                // A caller waiting on another thread may be done now.
-                self.token().waits.notify();
-            }
+            self.step_to_rest(&mut engine);
             let rest = engine.is_idle() && self.pending().is_empty();
             if rest && f() {
                 self.cell().count_direct();
