@@ -193,7 +193,9 @@ enum Repr {
     Inline {
         buf: MaybeUninit<Words>,
         call: unsafe fn(*mut Words, &mut KernelCtx<'_>),
-        drop: unsafe fn(*mut Words),
+        /// `None` once the closure was called in place ([`KernelFn::call_in_place`]): the
+        /// bytes are spent, nothing is left to drop or box.
+        drop: Option<unsafe fn(*mut Words)>,
         /// Moves the closure into a box (for a [`DropSink`]).
         boxed: unsafe fn(*mut Words) -> Box<dyn Send>,
     },
@@ -258,7 +260,7 @@ impl KernelFn {
             Repr::Inline {
                 buf,
                 call: call_inline::<F>,
-                drop: drop_inline::<F>,
+                drop: Some(drop_inline::<F>),
                 boxed: box_inline::<F>,
             }
         } else {
@@ -291,11 +293,49 @@ impl KernelFn {
         // sink is dropped unused: a kernel that runs drops its own captures).
         let (repr, _sink) = unsafe { (core::ptr::read(&me.repr), core::ptr::read(&me.sink)) };
         match repr {
-            Repr::Inline { mut buf, call, .. } => {
-                // SAFETY: `buf` holds the `F` written by `new`, moved here intact.
+            Repr::Inline {
+                mut buf,
+                call,
+                drop: Some(_),
+                ..
+            } => {
+                // SAFETY: `buf` holds the `F` written by `new`, moved here intact (`drop`
+                // is still `Some`: not called in place).
                 unsafe { call(buf.as_mut_ptr(), ctx) }
             }
+            // Spent by `call_in_place`.
+            Repr::Inline { drop: None, .. } => {}
             Repr::Boxed(f) => f(ctx),
+        }
+    }
+
+    /// Runs the kernel where it lies (once: afterwards it holds nothing to run or drop),
+    /// without moving it: the inline bytes are read out by the call itself, the closure's
+    /// own size and no more.
+    pub(crate) fn call_in_place(&mut self, ctx: &mut KernelCtx<'_>) {
+        // Dropped unused after the call, as in `call`: a kernel that runs drops its own
+        // captures.
+        let _sink = self.sink.take();
+        match &mut self.repr {
+            Repr::Inline {
+                buf, call, drop, ..
+            } => {
+                // Taken before the call: `call_inline` moves the closure out first, so
+                // from here on a drop of `self` (after the call, or after a panic in it)
+                // leaves the bytes alone. A spent kernel runs nothing.
+                if drop.take().is_none() {
+                    return;
+                }
+                // SAFETY: `buf` holds the `F` written by `new`, not moved out yet: `drop`
+                // was still `Some`, and only this method takes it (`call` consumes
+                // `self`, `Drop` runs last).
+                unsafe { call(buf.as_mut_ptr(), ctx) }
+            }
+            Repr::Boxed(f) => {
+                // A zero-sized stand-in: no allocation.
+                let f = core::mem::replace(f, Box::new(|_: &mut KernelCtx<'_>| {}));
+                f(ctx);
+            }
         }
     }
 }
@@ -311,13 +351,21 @@ impl Drop for KernelFn {
     fn drop(&mut self) {
         let sink = self.sink.take();
         match (&mut self.repr, sink) {
+            (Repr::Inline { drop: None, .. }, _) => {}
             (Repr::Inline { buf, boxed, .. }, Some(sink)) => {
                 // SAFETY: not called (`call` never drops `self`), so `buf` still holds the
                 // `F`; moved out exactly once here, never dropped in place.
                 let b = unsafe { boxed(buf.as_mut_ptr()) };
                 send_to(sink, b);
             }
-            (Repr::Inline { buf, drop, .. }, None) => {
+            (
+                Repr::Inline {
+                    buf,
+                    drop: Some(drop),
+                    ..
+                },
+                None,
+            ) => {
                 let (buf, drop) = (buf.as_mut_ptr(), *drop);
                 // SAFETY: as above; dropped exactly once here (a panicking drop has
                 // dropped what it could: the bytes are never touched again).
@@ -433,5 +481,47 @@ mod tests {
             1,
             "a called kernel let go of the sink"
         );
+    }
+
+    #[test]
+    fn called_in_place_runs_once_and_drops_captures_once() {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let sink = Arc::new(Keep(std::sync::Mutex::new(Vec::new())));
+        let big = [1u64; 16];
+        let (a, b, c) = (hits.clone(), hits.clone(), hits.clone());
+        let mut inline = KernelFn::new(move |_c: &mut KernelCtx<'_>| {
+            a.fetch_add(1, Ordering::Relaxed);
+        });
+        let mut boxed = KernelFn::new(move |_c: &mut KernelCtx<'_>| {
+            b.fetch_add(big[0] as usize, Ordering::Relaxed);
+        });
+        let mut panics = KernelFn::new(move |_c: &mut KernelCtx<'_>| {
+            let _c = &c;
+            panic!("kernel");
+        });
+        assert!(inline.is_inline() && !boxed.is_inline() && panics.is_inline());
+        let mut ctx = KernelCtx {
+            inputs: &[],
+            outputs: &[],
+            stream: None,
+            launcher: None,
+        };
+        for k in [&mut inline, &mut boxed, &mut panics] {
+            k.route_drops(sink.clone());
+        }
+        inline.call_in_place(&mut ctx);
+        boxed.call_in_place(&mut ctx);
+        assert!(crate::util::panics::catch(|| panics.call_in_place(&mut ctx)).is_err());
+        assert_eq!(hits.load(Ordering::Relaxed), 2);
+        assert_eq!(Arc::strong_count(&hits), 1, "captures dropped by the calls");
+        // A spent kernel runs nothing again and drops nothing more.
+        inline.call_in_place(&mut ctx);
+        drop((inline, boxed, panics));
+        assert_eq!(hits.load(Ordering::Relaxed), 2);
+        assert!(
+            sink.0.lock().unwrap().is_empty(),
+            "called kernels send nothing"
+        );
+        assert_eq!(Arc::strong_count(&sink), 1, "and let go of the sink");
     }
 }
