@@ -12,11 +12,21 @@ use crate::runtime::shared::VmShared;
 use crate::runtime::tensor::Tensor;
 use crate::util::error::{Error, Result};
 
+/// A builder's two lists, kept between `run`s.
+struct Spare {
+    list: Vec<Arc<Instruction>>,
+    released: Vec<Tensor>,
+}
+
 thread_local! {
-    /// A spare instruction list per thread, so a `run` allocates no list in steady state.
-    static SPARE: RefCell<Vec<Arc<Instruction>>> = const { RefCell::new(Vec::new()) };
-    /// Likewise for the handles given up with `release_tensor`.
-    static SPARE_RELEASED: RefCell<Vec<Tensor>> = const { RefCell::new(Vec::new()) };
+    /// Spare lists per thread, so a `run` allocates no list in steady state (one
+    /// thread-local for both: each look costs as much as a list's move).
+    static SPARE: RefCell<Spare> = const {
+        RefCell::new(Spare {
+            list: Vec::new(),
+            released: Vec::new(),
+        })
+    };
 }
 
 /// Collects the instructions of one [`run`](crate::VirtualMachine::run); they are handed
@@ -41,16 +51,16 @@ impl std::fmt::Debug for InstructionsBuilder<'_> {
 
 impl<'vm> InstructionsBuilder<'vm> {
     pub(crate) fn new(vm: &'vm Arc<VmShared>) -> Self {
-        let list = SPARE.with(|s| {
-            s.try_borrow_mut()
-                .map(|mut s| std::mem::take(&mut *s))
-                .unwrap_or_default()
-        });
-        let released = SPARE_RELEASED.with(|s| {
-            s.try_borrow_mut()
-                .map(|mut s| std::mem::take(&mut *s))
-                .unwrap_or_default()
-        });
+        let (list, released) = SPARE
+            .try_with(|s| {
+                s.try_borrow_mut()
+                    .map(|mut s| {
+                        let s = &mut *s;
+                        (std::mem::take(&mut s.list), std::mem::take(&mut s.released))
+                    })
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default();
         Self {
             vm,
             list,
@@ -478,20 +488,18 @@ impl Drop for InstructionsBuilder<'_> {
         self.list.clear();
         // After the list was received (or discarded): their releases come after it.
         self.released.clear();
-        let released = std::mem::take(&mut self.released);
-        SPARE_RELEASED.with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut()
-                && s.capacity() < released.capacity()
-            {
-                *s = released;
-            }
-        });
-        let list = std::mem::take(&mut self.list);
-        SPARE.with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut()
-                && s.capacity() < list.capacity()
-            {
-                *s = list;
+        let (list, released) = (
+            std::mem::take(&mut self.list),
+            std::mem::take(&mut self.released),
+        );
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                if s.list.capacity() < list.capacity() {
+                    s.list = list;
+                }
+                if s.released.capacity() < released.capacity() {
+                    s.released = released;
+                }
             }
         });
     }

@@ -71,19 +71,25 @@ impl InstrPool {
         }
         let free = &mut free.v;
         let mut kept = 0;
-        released.retain_mut(|a| {
+        let mut i = 0;
+        // Moved, not cloned, into the pool (a clone and a drop would be two RMWs on the
+        // count); the order of what is kept does not matter.
+        while i < released.len() {
+            let a = &mut released[i];
             if Arc::get_mut(a).is_some() {
+                let a = released.swap_remove(i);
                 if free.len() < POOL_MAX {
-                    free.push(a.clone());
-                    // The clone's count is dropped with `a` below: the pool holds the
-                    // only reference again.
+                    free.push(a);
                 }
-                return false;
+                continue;
             }
-            let retry = a.waiter.is_none() && kept < RETRY_MAX;
-            kept += usize::from(retry);
-            retry
-        });
+            if a.waiter.is_none() && kept < RETRY_MAX {
+                kept += 1;
+                i += 1;
+            } else {
+                drop(released.swap_remove(i));
+            }
+        }
     }
 
     /// Frees every pooled instruction (VM shutdown).
