@@ -101,15 +101,24 @@ pub(crate) fn before_use<'a>(
     s: &Arc<StreamShared>,
     push: &mut dyn FnMut(Arc<Instruction>),
 ) {
+    if !vm.events {
+        // Every plan is `Nothing` without events, for the VM's whole life: the last-used
+        // streams are never needed, so not kept (an RMW per operand saved).
+        return;
+    }
     // (last-used stream index, tensors last used there); inline up to 8 streams, so that
     // the common case allocates nothing.
     let mut groups: heapless::Vec<(u32, Operands), 8> = heapless::Vec::new();
     let mut spill: Vec<(u32, Operands)> = Vec::new();
     for u in uses {
         // Relaxed: bookkeeping that follows the build order (module docs); one RMW so that
-        // two builders never both see the same predecessor.
+        // two builders never both see the same predecessor. A load that finds `s` already
+        // stands for that RMW (it would write what is there), and saves it on one stream.
+        if u.last.load(Ordering::Relaxed) == s.index {
+            continue;
+        }
         let l = u.last.swap(s.index, Ordering::Relaxed);
-        if l == s.index || l == NIL || !vm.events {
+        if l == s.index || l == NIL {
             continue;
         }
         match groups
