@@ -237,7 +237,7 @@ fn run_body(instr: &Instruction, body: &mut Body) -> Option<Failure> {
 }
 
 /// [`run_body`] for a kernel, the common case: run where it lies in the body rather than
-/// moved out first (a kernel is about 120 bytes; each move was a copy), then dropped as
+/// moved out first (a kernel is over 100 bytes; each move was a copy), then dropped as
 /// `run_body` drops every kind it ran. `None` (nothing done) for another kind.
 fn run_kernel(instr: &Instruction, body: &mut Body) -> Option<Option<Failure>> {
     let Body {

@@ -353,8 +353,9 @@ impl Drop for KernelFn {
         match (&mut self.repr, sink) {
             (Repr::Inline { drop: None, .. }, _) => {}
             (Repr::Inline { buf, boxed, .. }, Some(sink)) => {
-                // SAFETY: not called (`call` never drops `self`), so `buf` still holds the
-                // `F`; moved out exactly once here, never dropped in place.
+                // SAFETY: not called: `call` never drops `self`, and `drop` is still `Some`,
+                // so `call_in_place` has not run either; `buf` still holds the `F`, moved
+                // out exactly once here, never dropped in place.
                 let b = unsafe { boxed(buf.as_mut_ptr()) };
                 send_to(sink, b);
             }
@@ -514,9 +515,11 @@ mod tests {
         assert!(crate::util::panics::catch(|| panics.call_in_place(&mut ctx)).is_err());
         assert_eq!(hits.load(Ordering::Relaxed), 2);
         assert_eq!(Arc::strong_count(&hits), 1, "captures dropped by the calls");
-        // A spent kernel runs nothing again and drops nothing more.
+        // A spent kernel runs nothing again, in place or consumed, and drops nothing more.
         inline.call_in_place(&mut ctx);
-        drop((inline, boxed, panics));
+        boxed.call_in_place(&mut ctx);
+        inline.call(&mut ctx);
+        drop((boxed, panics));
         assert_eq!(hits.load(Ordering::Relaxed), 2);
         assert!(
             sink.0.lock().unwrap().is_empty(),

@@ -73,7 +73,8 @@ impl InstrPool {
         let mut kept = 0;
         let mut i = 0;
         // Moved, not cloned, into the pool (a clone and a drop would be two RMWs on the
-        // count); the order of what is kept does not matter.
+        // count). Which `RETRY_MAX` are kept when more qualify follows the swaps, not the
+        // list's order: a matter of reuse only.
         while i < released.len() {
             let a = &mut released[i];
             if Arc::get_mut(a).is_some() {

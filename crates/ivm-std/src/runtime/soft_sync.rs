@@ -16,7 +16,8 @@
 //! (read or write) gets an edge from them. Then the tensor's last-used stream becomes S.
 //!
 //! The last-used stream is per tensor and updated when an instruction is built (one atomic
-//! swap): several threads building instructions on the same device tensor at once must
+//! swap, or a load that finds it already there; nothing in a VM without events, which
+//! never consults it): several threads building instructions on the same device tensor at once must
 //! order their `run`s themselves (as in OneFlow, the bookkeeping follows the build order).
 
 use std::sync::Arc;
@@ -93,8 +94,8 @@ fn sync_instruction(
 }
 
 /// Emits (through `push`, in order) the soft-sync instructions needed before `uses` are used
-/// on `s`, and makes `s` their last-used stream. Emits nothing (and allocates nothing) in a
-/// VM whose adapters have no events (cpu only).
+/// on `s`, and makes `s` their last-used stream. Does nothing in a VM whose adapters have
+/// no events (cpu only).
 pub(crate) fn before_use<'a>(
     vm: &VmShared,
     uses: impl IntoIterator<Item = Use<'a>>,
@@ -102,8 +103,9 @@ pub(crate) fn before_use<'a>(
     push: &mut dyn FnMut(Arc<Instruction>),
 ) {
     if !vm.events {
-        // Every plan is `Nothing` without events, for the VM's whole life: the last-used
-        // streams are never needed, so not kept (an RMW per operand saved).
+        // Without events no plan is ever consulted, for the VM's whole life (`events` is
+        // fixed when it starts): the last-used streams are never read, so not kept up
+        // (an RMW per operand saved).
         return;
     }
     // (last-used stream index, tensors last used there); inline up to 8 streams, so that
@@ -137,7 +139,7 @@ pub(crate) fn before_use<'a>(
         }
     }
     if groups.is_empty() && spill.is_empty() {
-        // The common case (one stream, or no events): nothing to emit, and no need to
+        // The common case (one stream): nothing to emit, and no need to
         // move the inline groups (hundreds of bytes) into an iterator.
         return;
     }
