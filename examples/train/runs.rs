@@ -227,6 +227,7 @@ pub struct Counters {
     preempted: usize,
     worker_stalled: usize,
     caller_preempted: usize,
+    crowded: usize,
     /// Samples of the busy threads (`--hog`) during this mode's epochs: on the caller's
     /// CPU, and in all (pinned runs only).
     busy_on_caller: u64,
@@ -247,6 +248,7 @@ impl Counters {
             preempted: sum(|t| t.preempted),
             worker_stalled: s.worker_stalled,
             caller_preempted: s.caller_preempted,
+            crowded: s.crowded,
             busy_on_caller: 0,
             busy_samples: 0,
         }
@@ -270,6 +272,7 @@ impl Counters {
         self.preempted += o.preempted;
         self.worker_stalled += o.worker_stalled;
         self.caller_preempted += o.caller_preempted;
+        self.crowded += o.crowded;
         self.busy_on_caller += o.busy_on_caller;
         self.busy_samples += o.busy_samples;
     }
@@ -283,7 +286,7 @@ impl std::fmt::Display for Counters {
             "{} fused runs, mean length {:.1}, longest {}; {:.1} % of {} instructions fused; \
              callers ran {} instructions; workers: {} hand-overs to a waiting caller, {} \
              stretches on a shared CPU, {} preemptions seen while polling; callers: {} \
-             stalled workers seen, {} preemptions seen",
+             stalled workers seen, {} preemptions seen, {} looks at a busy neighbour",
             self.runs,
             self.instructions as f64 / self.runs.max(1) as f64,
             self.longest,
@@ -295,6 +298,7 @@ impl std::fmt::Display for Counters {
             self.preempted,
             self.worker_stalled,
             self.caller_preempted,
+            self.crowded,
         )?;
         if let Some(busy) = self.busy_share() {
             write!(

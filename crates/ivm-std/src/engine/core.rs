@@ -189,6 +189,9 @@ pub(crate) struct VmCore {
     birth: crate::util::fork::Birth,
     /// Introspection counters (see `stats.rs`).
     stats: crate::engine::stats::StatsCells,
+    /// What the callers' looks saw of the threads beside the VM's
+    /// (`engine/neighbours.rs`).
+    neighbours: Mutex<crate::engine::neighbours::Neighbours>,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
     foreign: OnceLock<ForeignHooks>,
     /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
@@ -241,6 +244,7 @@ impl VmCore {
             workers: Mutex::new(Some(Vec::new())),
             birth: crate::util::fork::Birth::now(),
             stats: crate::engine::stats::StatsCells::new(),
+            neighbours: Mutex::new(Default::default()),
             foreign: OnceLock::new(),
             scheduler_running: BlockingCounter::new(1),
             handle_dropped: AtomicBool::new(false),
@@ -294,6 +298,12 @@ impl VmCore {
     /// Introspection counters (see `stats.rs`).
     pub(crate) fn stats(&self) -> &crate::engine::stats::StatsCells {
         &self.stats
+    }
+
+    /// What the callers' looks saw of the threads beside the VM's
+    /// (`engine/neighbours.rs`).
+    pub(crate) fn neighbours(&self) -> &Mutex<crate::engine::neighbours::Neighbours> {
+        &self.neighbours
     }
 
     /// Installs an embedding runtime's hooks; [`Error::Config`] if some were before.

@@ -17,6 +17,7 @@ pub(crate) mod execute;
 pub(crate) mod gate;
 pub(crate) mod helping;
 pub(crate) mod kernel_clock;
+pub(crate) mod neighbours;
 pub(crate) mod preemption;
 pub(crate) mod scheduler;
 mod single;

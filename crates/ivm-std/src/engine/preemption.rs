@@ -69,6 +69,9 @@ fn sole_cpu() -> Option<usize> {
 /// The calling thread (a worker) records in `ctx` the one CPU it may run on, if its
 /// affinity allows one only ([`sense_caller`] compares it with its caller's).
 pub(crate) fn note_sole_cpu(ctx: &ThreadCtx) {
+    // Relaxed: a hint for callers' looks at the threads beside the VM's (`neighbours.rs`).
+    ctx.tid
+        .store(crate::engine::neighbours::current_tid(), Ordering::Relaxed);
     // Relaxed: a hint read by callers (`sense_caller`), for the marks it sets.
     ctx.sole_cpu
         .store(sole_cpu().map_or(0, |c| c + 1), Ordering::Relaxed);
@@ -159,12 +162,15 @@ pub(crate) fn sense_caller(shared: &VmCore) {
         return;
     };
     let mine = sole_cpu().map_or(0, |c| c + 1);
+    // Relaxed: statistics.
     if contended {
-        // Relaxed: a statistic.
         shared
             .stats()
             .caller_preempted
             .fetch_add(1, Ordering::Relaxed);
+    }
+    if look_neighbours(shared) {
+        shared.stats().crowded.fetch_add(1, Ordering::Relaxed);
     }
     if !contended && mine == 0 {
         return;
@@ -183,6 +189,43 @@ pub(crate) fn sense_caller(shared: &VmCore) {
             }
         }
     });
+}
+
+/// A caller's look at the threads beside its VM's (`neighbours.rs`): when a busy
+/// neighbour leaves the VM's threads too few CPUs, every worker is marked contended, and
+/// its callers too, for three looks' time. Whether they were.
+fn look_neighbours(shared: &VmCore) -> bool {
+    use crate::engine::neighbours::{LOOK_EVERY, cpus_online, crowded, current_tid};
+    // On the stack: a look allocates nothing (`neighbours.rs`).
+    let mut own = heapless::Vec::<usize, 64>::new();
+    let _ = own.push(current_tid());
+    // Relaxed: each id is written once, as its worker starts.
+    let (workers, parked, fits) = shared.with_workers(|all| {
+        let fits = all
+            .iter()
+            .all(|c| own.push(c.tid.load(Ordering::Relaxed)).is_ok());
+        (
+            all.len(),
+            all.iter().filter(|c| c.is_parked()).count(),
+            fits,
+        )
+    });
+    // A VM of more threads than `own` holds is not looked at.
+    if workers == 0 || !fits || !crate::engine::neighbours::serving_threads(&mut own) {
+        return false;
+    }
+    let cpus = cpus_online();
+    let busy = crate::util::lock(shared.neighbours()).look(Instant::now(), &own, parked, cpus);
+    if !busy.is_some_and(|b| crowded(b, workers, cpus)) {
+        return false;
+    }
+    shared.with_workers(|all| {
+        for ctx in all {
+            mark_contended(ctx, 3 * LOOK_EVERY);
+            ctx.callers_contended_until.hold_for(3 * LOOK_EVERY);
+        }
+    });
+    true
 }
 
 impl CallerSense {

@@ -85,6 +85,8 @@ pub(crate) struct StatsCells {
     pub(crate) caller_ran: AtomicUsize,
     /// Callers that saw themselves descheduled while spinning for the VM, and slept.
     pub(crate) caller_preempted: AtomicUsize,
+    /// Callers' looks that found a busy neighbour taking a CPU the VM needs.
+    pub(crate) crowded: AtomicUsize,
     /// Stalls in which a waiting caller found a worker awake but off its CPU.
     pub(crate) worker_stalled: AtomicUsize,
     /// Fused runs (of two or more) handed over, their members, the longest.
@@ -121,6 +123,7 @@ impl StatsCells {
             threads: Mutex::new(Vec::new()),
             caller_ran: AtomicUsize::new(0),
             caller_preempted: AtomicUsize::new(0),
+            crowded: AtomicUsize::new(0),
             worker_stalled: AtomicUsize::new(0),
             fused_runs: AtomicUsize::new(0),
             fused_instructions: AtomicUsize::new(0),
@@ -234,6 +237,10 @@ pub struct VmStats {
     /// Times a caller spinning for the VM saw itself descheduled (another thread took its
     /// CPU) and went to sleep instead (`engine/preemption.rs`).
     pub caller_preempted: usize,
+    /// Looks of a caller (one per 20 ms at most) that found a busy neighbour, a thread
+    /// not the VM's that stayed runnable, leaving the VM's threads too few CPUs: its
+    /// workers were then marked contended (`engine/neighbours.rs`).
+    pub crowded: usize,
     /// Stalls in which a waiting caller found a worker awake but off its CPU (waiting for
     /// one): that worker was then marked contended (`engine/preemption.rs`).
     pub worker_stalled: usize,

@@ -110,6 +110,8 @@ pub(crate) struct ThreadCtx {
     /// sharing that CPU (`engine/preemption.rs`, `sense_caller`): the worker can then never
     /// run beside its callers, so its dozes grow (`worker.rs`, `next_contended_doze`).
     pub(crate) same_cpu_until: crate::util::HintUntil,
+    /// A hint: the worker thread's id (`engine/neighbours.rs`), 0 until it starts.
+    pub(crate) tid: AtomicUsize,
 }
 
 impl std::fmt::Debug for ThreadCtx {
@@ -139,10 +141,12 @@ impl ThreadCtx {
             callers_contended_until: crate::util::HintUntil::default(),
             sole_cpu: AtomicUsize::new(0),
             same_cpu_until: crate::util::HintUntil::default(),
+            tid: AtomicUsize::new(0),
         }
     }
 
     /// Whether the VM's callers count as losing their CPU now (see the field).
+    #[cfg(test)]
     pub(crate) fn callers_contended(&self) -> bool {
         self.callers_contended_until.holds()
     }
@@ -195,9 +199,18 @@ impl ThreadCtx {
             // a caller that waits for the work next runs it itself, without paying a
             // wake first; work nobody waits for starts by the doze's deadline.
             // Relaxed: `idle_doze` is a hint; `leave_wake_to_deadline` decides.
+            // Or when the worker itself shares its CPU (ARCHITECTURE.md, "When another
+            // thread takes a core"): woken, it would take turns with whoever shares it,
+            // while the caller runs the work at its next wait.
+            // The clock is read last and once.
             let idle = by_caller && self.idle_doze.load(Ordering::Relaxed);
+            let contended = || {
+                let now = crate::util::now_us();
+                self.callers_contended_until.holds_at(now)
+                    || by_caller && self.contended_until.holds_at(now)
+            };
             if caller_runs
-                && (self.hand.has_waiters() || self.callers_contended() || idle)
+                && (self.hand.has_waiters() || idle || contended())
                 && leave_wake_to_deadline(&self.dozing)
             {
                 if idle {

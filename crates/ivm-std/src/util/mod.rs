@@ -28,7 +28,7 @@ pub(crate) fn deadline_after(d: Duration) -> Instant {
 }
 
 /// Microseconds since this process first asked: the clock of [`HintUntil`].
-fn now_us() -> usize {
+pub(crate) fn now_us() -> usize {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(Instant::now);
     usize::try_from(origin.elapsed().as_micros()).unwrap_or(usize::MAX)
@@ -49,8 +49,13 @@ impl HintUntil {
 
     /// Whether the hint holds now.
     pub(crate) fn holds(&self) -> bool {
+        self.holds_at(now_us())
+    }
+
+    /// Whether the hint holds at `now` (a reading of [`now_us`], for several hints).
+    pub(crate) fn holds_at(&self, now: usize) -> bool {
         let until = self.0.load(ivm_core::sync::Ordering::Relaxed);
-        until != 0 && now_us() < until
+        until != 0 && now < until
     }
 }
 

@@ -68,6 +68,7 @@ impl VirtualMachine {
             running_other_streams: c.running_other.load(Ordering::Relaxed),
             caller_ran: c.caller_ran.load(Ordering::Relaxed),
             caller_preempted: c.caller_preempted.load(Ordering::Relaxed),
+            crowded: c.crowded.load(Ordering::Relaxed),
             worker_stalled: c.worker_stalled.load(Ordering::Relaxed),
             fused_runs: c.fused_runs.load(Ordering::Relaxed),
             fused_instructions: c.fused_instructions.load(Ordering::Relaxed),

@@ -46,6 +46,8 @@ pub use record::{AlreadyInitialised, EndEvent, RecordResult, SharedEventRecord};
 /// A graph runtime that does not call it is served the same, a wake-up later.
 pub fn mark_graph_thread() {
     crate::engine::drive::mark_graph_thread();
+    // Not a busy neighbour of the VMs it serves (`engine/neighbours.rs`).
+    crate::engine::neighbours::note_serving_thread();
 }
 
 pub(crate) use instance::CsOp;
