@@ -192,6 +192,8 @@ pub(crate) struct VmCore {
     /// What the callers' looks saw of the threads beside the VM's
     /// (`engine/neighbours.rs`).
     neighbours: Mutex<crate::engine::neighbours::Neighbours>,
+    /// A hint: the scheduler thread's id, once it runs (`engine/neighbours.rs`).
+    pub(crate) scheduler_tid: AtomicUsize,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
     foreign: OnceLock<ForeignHooks>,
     /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
@@ -245,6 +247,7 @@ impl VmCore {
             birth: crate::util::fork::Birth::now(),
             stats: crate::engine::stats::StatsCells::new(),
             neighbours: Mutex::new(Default::default()),
+            scheduler_tid: AtomicUsize::new(0),
             foreign: OnceLock::new(),
             scheduler_running: BlockingCounter::new(1),
             handle_dropped: AtomicBool::new(false),

@@ -40,16 +40,17 @@ pub(crate) struct Neighbours {
     /// Threads of this process that are not the VM's: (id, whether runnable at each of
     /// the last looks, newest in bit 0).
     threads: heapless::Vec<(usize, u32), WATCHED>,
-    /// Whether other processes had a runnable thread, per look.
-    foreign: u32,
+    /// How many threads of other processes were runnable, at each of the last looks.
+    foreign: [usize; LOOKS as usize],
     /// Looks taken so far (up to [`LOOKS`]).
     looks: u32,
 }
 
 impl Neighbours {
-    /// A look at `now` (at most one per [`LOOK_EVERY`]: `None` between looks and until
-    /// [`LOOKS`] looks were taken), skipping the threads `own` (the VM's workers, the
-    /// looking caller, graph threads): how many busy neighbours there are.
+    /// A look at `now` (at most one per [`LOOK_EVERY`]: `None` between looks, and where
+    /// `/proc` cannot be read), skipping the threads `own` (the VM's workers and the
+    /// looking caller) and graph threads: how many busy neighbours there are (none until
+    /// [`LOOKS`] looks were taken).
     ///
     /// The threads are read only when the machine's runnable threads, with every worker
     /// counted as running (`parked` of them are not now), outnumber its `cpus`: else
@@ -77,7 +78,7 @@ impl Neighbours {
         let mut runnable_here = 0usize;
         for_each_thread(|tid, runnable| {
             runnable_here += usize::from(runnable);
-            if !own.contains(&tid) {
+            if !own.contains(&tid) && !is_serving(tid) {
                 self.saw(tid, runnable);
             }
         })?;
@@ -99,10 +100,13 @@ impl Neighbours {
     fn saw(&mut self, tid: usize, runnable: bool) {
         match self.threads.iter_mut().find(|(t, _)| *t == tid) {
             Some((_, h)) => *h |= u32::from(runnable),
-            None => {
-                // Full: the thread is not watched (a process of over a hundred threads).
-                let _ = self.threads.push((tid, u32::from(runnable)));
+            // Only a runnable thread is watched from its first look, so that sleeping
+            // ones never fill the list; full, a new one is not (a process of over a
+            // hundred threads runnable at once).
+            None if runnable => {
+                let _ = self.threads.push((tid, 1));
             }
+            None => {}
         }
     }
 
@@ -110,15 +114,20 @@ impl Neighbours {
     /// neighbours from here. Threads runnable at none of the remembered looks are
     /// forgotten (gone, or asleep: seen again if they wake).
     fn end(&mut self, foreign_runnable: usize) -> usize {
-        let window = (1u32 << LOOKS) - 1;
         self.threads.retain(|(_, h)| *h != 0);
-        self.foreign = ((self.foreign << 1) | u32::from(foreign_runnable > 0)) & window;
+        self.foreign.rotate_right(1);
+        self.foreign[0] = foreign_runnable;
         self.looks = (self.looks + 1).min(LOOKS);
         if self.looks < LOOKS {
             return 0;
         }
         let busy = |h: u32| h.count_ones() >= BUSY_LOOKS;
-        self.threads.iter().filter(|(_, h)| busy(*h)).count() + usize::from(busy(self.foreign))
+        // Other processes' threads cannot be told apart: as many count as were runnable
+        // at [`BUSY_LOOKS`] of the looks (the count that many looks reached at least).
+        let mut counts = self.foreign;
+        counts.sort_unstable();
+        let foreign = counts[(LOOKS - BUSY_LOOKS) as usize];
+        self.threads.iter().filter(|(_, h)| busy(*h)).count() + foreign
     }
 
     /// [`begin`](Self::begin), [`saw`](Self::saw) each of `seen`, [`end`](Self::end).
@@ -154,12 +163,9 @@ pub(crate) fn note_serving_thread() {
     }
 }
 
-/// Appends the threads noted by [`note_serving_thread`] to `own`; `false` if they did
-/// not all fit.
-pub(crate) fn serving_threads<const N: usize>(own: &mut heapless::Vec<usize, N>) -> bool {
-    crate::util::lock(&SERVING)
-        .iter()
-        .all(|&t| own.push(t).is_ok())
+/// Whether thread `tid` was noted by [`note_serving_thread`].
+fn is_serving(tid: usize) -> bool {
+    crate::util::lock(&SERVING).contains(&tid)
 }
 
 /// Whether `busy` neighbours leave a caller and its `workers` workers fewer of the
@@ -176,8 +182,9 @@ pub(crate) fn crowded(busy: usize, workers: usize, cpus: usize) -> bool {
 pub(crate) fn current_tid() -> usize {
     #[cfg(all(target_os = "linux", not(miri)))]
     {
-        // SAFETY: `gettid` has no preconditions.
-        let tid = unsafe { libc::gettid() };
+        // SAFETY: the `gettid` system call has no preconditions (called through
+        // `syscall`: the libc wrapper needs glibc 2.30).
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) };
         usize::try_from(tid).unwrap_or(0)
     }
     #[cfg(not(all(target_os = "linux", not(miri))))]
@@ -384,6 +391,10 @@ mod tests {
         }
         // Nothing is judged before five looks; then the loop and the other process.
         assert_eq!(busy, [0, 0, 0, 0, 2, 2]);
+        // Two other processes' threads at every look count as two.
+        let mut two = Neighbours::default();
+        let busy: Vec<usize> = (0..5).map(|_| two.record(&[], 2)).collect();
+        assert_eq!(busy, [0, 0, 0, 0, 2]);
         // A thread that is gone is forgotten; a quiet process has no busy neighbour.
         let mut quiet = Neighbours::default();
         for k in 0..10 {

@@ -199,6 +199,8 @@ fn look_neighbours(shared: &VmCore) -> bool {
     // On the stack: a look allocates nothing (`neighbours.rs`).
     let mut own = heapless::Vec::<usize, 64>::new();
     let _ = own.push(current_tid());
+    // Relaxed: a hint, written once as the scheduler starts.
+    let _ = own.push(shared.scheduler_tid.load(Ordering::Relaxed));
     // Relaxed: each id is written once, as its worker starts.
     let (workers, parked, fits) = shared.with_workers(|all| {
         let fits = all
@@ -211,11 +213,18 @@ fn look_neighbours(shared: &VmCore) -> bool {
         )
     });
     // A VM of more threads than `own` holds is not looked at.
-    if workers == 0 || !fits || !crate::engine::neighbours::serving_threads(&mut own) {
+    if workers == 0 || !fits {
         return false;
     }
     let cpus = cpus_online();
-    let busy = crate::util::lock(shared.neighbours()).look(Instant::now(), &own, parked, cpus);
+    // Another caller of this VM looking now: this one need not.
+    let mut neighbours = match shared.neighbours().try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return false,
+    };
+    let busy = neighbours.look(Instant::now(), &own, parked, cpus);
+    drop(neighbours);
     if !busy.is_some_and(|b| crowded(b, workers, cpus)) {
         return false;
     }

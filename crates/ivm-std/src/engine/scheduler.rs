@@ -26,6 +26,11 @@ use crate::util::tuning::PROBE_POLL;
 
 pub(crate) fn scheduler_loop(shared: Arc<VmCore>) {
     let _reentry = ReentryGuard::enter(shared.id());
+    // Relaxed: a hint for callers' looks at the threads beside the VM's (`neighbours.rs`).
+    shared.scheduler_tid.store(
+        crate::engine::neighbours::current_tid(),
+        ivm_core::sync::Ordering::Relaxed,
+    );
     let counters = shared.stats().scheduler();
     let wake = shared.token();
     let window = shared.config().scheduler_work_window;

@@ -237,7 +237,7 @@ pub struct VmStats {
     /// Times a caller spinning for the VM saw itself descheduled (another thread took its
     /// CPU) and went to sleep instead (`engine/preemption.rs`).
     pub caller_preempted: usize,
-    /// Looks of a caller (one per 20 ms at most) that found a busy neighbour, a thread
+    /// Looks of a caller (one per 40 ms at most) that found a busy neighbour, a thread
     /// not the VM's that stayed runnable, leaving the VM's threads too few CPUs: its
     /// workers were then marked contended (`engine/neighbours.rs`).
     pub crowded: usize,

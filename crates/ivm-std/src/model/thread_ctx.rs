@@ -37,8 +37,9 @@
 //!
 //! A worker that shares its CPU (`engine/preemption.rs`) sleeps with a deadline
 //! ([`doze`]) while idle: a push that a caller may run, made while a caller waits for the
-//! VM (`hand_over.rs`'s count) or while the VM's callers lose their CPU to other threads
-//! (`ThreadCtx::callers_contended`), then leaves the worker's wake to that deadline
+//! VM (`hand_over.rs`'s count), while the VM's callers lose their CPU to other threads
+//! (`ThreadCtx::callers_contended_until`), or by a caller to a worker that shares its CPU,
+//! then leaves the worker's wake to that deadline
 //! ([`leave_wake_to_deadline`]). The wake would cost the pusher a
 //! system call and hand the work to a thread that may not get a CPU for a whole slice; the
 //! caller that waits for the work runs it itself, and work nobody waits for starts by the
@@ -175,8 +176,9 @@ impl ThreadCtx {
     /// and not then either when a caller may run the instruction (`caller_runs`: its
     /// stream allows it and its body is not deferred) and either its waiting caller took
     /// the wake on itself (`may_defer`, [`skip_wake`]) or the worker dozes and a caller
-    /// waits, or the pusher is a caller submitting to an idle worker
-    /// ([`leave_wake_to_deadline`]). `by_caller`: the pushing thread is a caller
+    /// waits or the callers share their CPUs, or the pusher is a caller submitting to an
+    /// idle worker or to one that shares its CPU ([`leave_wake_to_deadline`]).
+    /// `by_caller`: the pushing thread is a caller
     /// (`Driver::Caller`), not a worker or the scheduler.
     pub(crate) fn submit(
         &self,
