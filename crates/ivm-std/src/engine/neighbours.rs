@@ -76,12 +76,14 @@ impl Neighbours {
             return Some(self.end(0));
         }
         let mut runnable_here = 0usize;
+        let serving = crate::util::lock(&SERVING);
         for_each_thread(|tid, runnable| {
             runnable_here += usize::from(runnable);
-            if !own.contains(&tid) && !is_serving(tid) {
+            if !own.contains(&tid) && !serving.contains(&tid) {
                 self.saw(tid, runnable);
             }
         })?;
+        drop(serving);
         // The fewer of the counts before and after the threads were read: one of ours
         // that went to sleep meanwhile is not taken for another process's.
         let machine = machine.min(runnable_on_machine()?);
@@ -161,11 +163,6 @@ pub(crate) fn note_serving_thread() {
         }
         v.push(tid);
     }
-}
-
-/// Whether thread `tid` was noted by [`note_serving_thread`].
-fn is_serving(tid: usize) -> bool {
-    crate::util::lock(&SERVING).contains(&tid)
 }
 
 /// Whether `busy` neighbours leave a caller and its `workers` workers fewer of the

@@ -69,9 +69,6 @@ fn sole_cpu() -> Option<usize> {
 /// The calling thread (a worker) records in `ctx` the one CPU it may run on, if its
 /// affinity allows one only ([`sense_caller`] compares it with its caller's).
 pub(crate) fn note_sole_cpu(ctx: &ThreadCtx) {
-    // Relaxed: a hint for callers' looks at the threads beside the VM's (`neighbours.rs`).
-    ctx.tid
-        .store(crate::engine::neighbours::current_tid(), Ordering::Relaxed);
     // Relaxed: a hint read by callers (`sense_caller`), for the marks it sets.
     ctx.sole_cpu
         .store(sole_cpu().map_or(0, |c| c + 1), Ordering::Relaxed);

@@ -38,6 +38,10 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let _lane = CloseLane(&ctx);
     crate::engine::preemption::register_cpu_clock(&ctx);
     crate::engine::preemption::note_sole_cpu(&ctx);
+    // Relaxed: a hint for callers' looks at the threads beside the VM's (`neighbours.rs`),
+    // written once.
+    ctx.tid
+        .store(crate::engine::neighbours::current_tid(), Ordering::Relaxed);
     let mut w = Worker::new(&ctx, &shared);
     let closing = loop {
         let Some(mut consumer) = w.take_role_or_poll() else {
