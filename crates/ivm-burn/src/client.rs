@@ -64,6 +64,10 @@ struct Table {
     spare: Vec<JobBox>,
     /// Tensors whose last handle burn dropped since the last `flush`.
     dropped: Vec<TensorId>,
+    /// How many operations the next `flush` waits for: 1 after a read or `sync` (the
+    /// worker has run everything; the next op should reach it at once), doubling with each
+    /// flush up to `batch_limit`.
+    batch_goal: usize,
 }
 
 /// One operation waiting in the batch: its instruction's stream and operands. It holds
@@ -124,10 +128,13 @@ fn default_stream_count(cpus: usize) -> usize {
     cpus.saturating_sub(1).clamp(1, 64)
 }
 
-/// How many operations the client collects before it hands them to the VM in one `run`:
-/// `IVM_BURN_BATCH`, 16 by default. A read, `sync` and `seed` hand over what was collected
-/// at once. One `run` drives the engine once for the whole batch, where one `run` per
-/// operation drives it per operation, which costs the caller more than a tiny kernel.
+/// How many operations the client collects at most before it hands them to the VM in one
+/// `run`: `IVM_BURN_BATCH`, 16 by default. A read, `sync` and `seed` hand over what was
+/// collected at once. One `run` drives the engine once for the whole batch, where one
+/// `run` per operation drives it per operation, which costs the caller more than a tiny
+/// kernel. After a read or `sync` the batches start at one op and double up to this
+/// (`Table::batch_goal`): the worker ran everything the read waited for, and a first
+/// batch of 16 kept it idle while the caller built 16 ops (ARCHITECTURE.md, "ivm-burn").
 fn batch_limit() -> usize {
     env_count("IVM_BURN_BATCH", 1..=4096, 16)
 }
@@ -169,6 +176,7 @@ impl<M: VmMode> IvmClient<M> {
                     kernels: Vec::new(),
                     spare: Vec::new(),
                     dropped: Vec::new(),
+                    batch_goal: 1,
                 }),
                 yard: Arc::default(),
                 batch_limit: batch_limit(),
@@ -236,6 +244,7 @@ impl<M: VmMode> IvmClient<M> {
             // Every op collected so far, the tensor's writers among them, goes to the VM
             // before the read.
             self.flush(&mut t);
+            t.batch_goal = 1;
             e
         };
         // `ivm` lives until the access returned: a consumed tensor's release follows it.
@@ -406,8 +415,9 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
         });
         let job = Ticket::new(&mut t.spare, &self.shared.yard, op, Operands { slots });
         t.kernels.push(job);
-        if t.batch.len() >= self.shared.batch_limit {
+        if t.batch.len() >= t.batch_goal {
             self.flush(&mut t);
+            t.batch_goal = (t.batch_goal * 2).min(self.shared.batch_limit);
         }
     }
 
@@ -419,7 +429,10 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
     }
 
     fn sync(&self) {
-        self.flush(&mut self.table());
+        let mut t = self.table();
+        self.flush(&mut t);
+        t.batch_goal = 1;
+        drop(t);
         if let Err(e) = self.shared.vm.sync() {
             panic!("{e}");
         }
