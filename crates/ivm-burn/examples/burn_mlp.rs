@@ -11,7 +11,9 @@
 //! range over the epochs), the caller's own CPU time per step (Linux), the final loss and
 //! test accuracy of each, checks that the
 //! losses of the router and of ivm equal burn-ndarray's bit for bit (exits non-zero if
-//! not), and the cost of one tiny op: a chain of additions through each, in one run.
+//! not), the VM's counters (how many instructions the caller ran itself while it waited,
+//! and how often the VM sensed another thread taking a CPU), and the cost of one tiny op:
+//! a chain of additions through each, in one run.
 //!
 //! ```sh
 //! cargo run --release -p ivm-burn --example burn_mlp
@@ -36,7 +38,7 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use ivm_burn::{Inner, Ivm, IvmSingle};
+use ivm_burn::{Inner, Ivm, IvmChannel, IvmSingle, MultiThread, VmMode};
 
 const SEED: u64 = 42;
 const BATCH: usize = 64;
@@ -230,6 +232,12 @@ fn per_op<B: Backend>(n: usize) -> f64 {
     dt.as_secs_f64() * 1e6 / n as f64
 }
 
+/// The counters of the VM behind ivm's client of mode `M` (one per process and mode).
+fn vm_stats<M: VmMode>() -> Option<ivm_std::VmStats> {
+    let client = burn_router::get_client::<IvmChannel<M>>(&Default::default());
+    client.vm().stats().ok()
+}
+
 /// The command line's `--epochs`, `--chain` and `--hidden`.
 struct Args {
     epochs: usize,
@@ -381,6 +389,18 @@ fn main() -> ExitCode {
             );
             ok = false;
         }
+    }
+
+    // What the VM did for the training: who ran the kernels, and how often it sensed
+    // another thread taking a CPU (each sense has callers run the work for a while).
+    if single {
+        println!("ivm: single-thread mode, every instruction ran on the caller");
+    } else if let Some(s) = vm_stats::<MultiThread>() {
+        println!(
+            "ivm: {} instructions, {} of them run by the caller while it waited; contention \
+             sensed: {} stalled workers, {} caller preemptions, {} busy-neighbour looks",
+            s.received, s.caller_ran, s.worker_stalled, s.caller_preempted, s.crowded
+        );
     }
 
     // The cost of one op: dependent tiny additions, direct and through ivm, in one run.
