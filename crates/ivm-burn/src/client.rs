@@ -243,8 +243,7 @@ impl<M: VmMode> IvmClient<M> {
             let e = e.unwrap_or_else(|| panic!("ivm-burn: read of unknown tensor {:?}", ir.id));
             // Every op collected so far, the tensor's writers among them, goes to the VM
             // before the read.
-            self.flush(&mut t);
-            t.batch_goal = 1;
+            self.flush_before_wait(&mut t);
             e
         };
         // `ivm` lives until the access returned: a consumed tensor's release follows it.
@@ -254,6 +253,14 @@ impl<M: VmMode> IvmClient<M> {
             .access(&ivm, move |_| slot.cloned())
             .unwrap_or_else(|e| panic!("{e}"));
         v.unwrap_or_else(|| panic!("ivm-burn: tensor {:?} was never written", ir.id))
+    }
+
+    /// [`flush`](Self::flush) before the caller waits for the VM (a read, `sync`): the
+    /// worker will have run everything, so the next ops go to it from one at a time again
+    /// (`Table::batch_goal`).
+    fn flush_before_wait(&self, t: &mut Table) {
+        self.flush(t);
+        t.batch_goal = 1;
     }
 
     /// Hands the batch to the VM in one `run`, in the order it was collected, then forgets
@@ -429,10 +436,7 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
     }
 
     fn sync(&self) {
-        let mut t = self.table();
-        self.flush(&mut t);
-        t.batch_goal = 1;
-        drop(t);
+        self.flush_before_wait(&mut self.table());
         if let Err(e) = self.shared.vm.sync() {
             panic!("{e}");
         }
