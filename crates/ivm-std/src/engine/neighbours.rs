@@ -76,14 +76,13 @@ impl Neighbours {
             return Some(self.end(0));
         }
         let mut runnable_here = 0usize;
-        let serving = crate::util::lock(&SERVING);
+        let serving = crate::util::lock(&SERVING).clone();
         for_each_thread(|tid, runnable| {
             runnable_here += usize::from(runnable);
             if !own.contains(&tid) && !serving.contains(&tid) {
                 self.saw(tid, runnable);
             }
         })?;
-        drop(serving);
         // The fewer of the counts before and after the threads were read: one of ours
         // that went to sleep meanwhile is not taken for another process's.
         let machine = machine.min(runnable_on_machine()?);
@@ -145,7 +144,11 @@ impl Neighbours {
 
 /// The threads that serve VMs without being a VM's worker: graph runtimes' threads
 /// (`lazy::mark_graph_thread`). They run a front end's work in bursts, not beside it.
-static SERVING: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+/// A std mutex, not the sync facade's: a process-wide static (loom's types live inside a
+/// model), and a hint no protocol depends on. Fixed capacity, so a look copies it to its
+/// stack and holds the lock only for the copy, not through its scan of `/proc`.
+static SERVING: std::sync::Mutex<heapless::Vec<usize, SERVING_MAX>> =
+    std::sync::Mutex::new(heapless::Vec::new());
 
 /// The most [`SERVING`] remembers (the oldest go first: their ids may be reused).
 const SERVING_MAX: usize = 64;
@@ -158,10 +161,11 @@ pub(crate) fn note_serving_thread() {
     }
     let mut v = crate::util::lock(&SERVING);
     if !v.contains(&tid) {
-        if v.len() == SERVING_MAX {
+        if v.is_full() {
             v.remove(0);
         }
-        v.push(tid);
+        // Room was made above.
+        let _ = v.push(tid);
     }
 }
 
