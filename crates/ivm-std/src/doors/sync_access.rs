@@ -159,23 +159,40 @@ pub(crate) fn small_access(
         SmallKind::Write
     };
     let inline = shared.core.config().inline_sync_access;
-    if host && inline {
-        // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
-        let mut result = None;
-        let read = &mut read;
-        if shared.core.try_direct(|| {
-            result = Some(direct_access(t, offset, len, read.as_deref_mut(), write));
-            true
-        }) {
-            return result.unwrap_or(Ok(()));
-        }
-    }
     // The stream's worker, when this caller is not a thread of the VM and waits for it
     // with one running (multi-thread mode).
     let worker = stream
         .thread
         .as_deref()
         .filter(|_| !shared.core.single_thread() && !crate::engine::core::inside(shared.id));
+    if host && inline {
+        // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
+        let mut result = None;
+        let read = &mut read;
+        let mut direct = || {
+            shared.core.try_direct(|| {
+                result = Some(direct_access(t, offset, len, read.as_deref_mut(), write));
+                true
+            })
+        };
+        // Something in flight: when it sits queued to this stream's sleeping worker (an
+        // op just submitted after an idle spell), this caller runs it now, as its wait
+        // below would (`caller_runs`: the access, on the same in-order stream, would run
+        // after it anyway), and the engine may then be at rest for the fast path: no
+        // access instruction to build, hand over and release. Kernels run here inside
+        // the wait hook's scope, as in any wait (`util/hooks.rs`).
+        if direct()
+            || worker.is_some_and(|w| {
+                if !w.is_parked() || w.queue.is_empty() {
+                    return false;
+                }
+                let _hook = shared.core.wait_scope();
+                crate::engine::worker::caller_runs(&shared.core, w, || false) && direct()
+            })
+        {
+            return result.unwrap_or(Ok(()));
+        }
+    }
     if host
         && !inline
         && let Some(worker) = worker

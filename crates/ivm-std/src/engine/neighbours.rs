@@ -377,7 +377,9 @@ mod tests {
             })
             .expect("this process's threads");
             assert_eq!(found, Some(true), "the looking thread runs");
-            assert!(runnable_on_machine().is_some_and(|n| n >= 1));
+            // A count only: the kernel sums its run queues without a lock, so a thread
+            // moving between CPUs meanwhile may be missed (this test saw 0 once).
+            assert!(runnable_on_machine().is_some());
         }
     }
 

@@ -481,22 +481,61 @@ fn until_idle_doze(
 fn a_caller_runs_what_it_pushed_to_an_idle_dozing_worker_without_waking_it() {
     // The worker dozes after its poll window; an op pushed then is left to its deadline,
     // and the caller's read runs it (ARCHITECTURE.md, "An idle worker dozes first").
+    // Having run it, the read finds the engine at rest and copies the bytes itself, with
+    // no access instruction (`doors/sync_access.rs`).
     let (vm, s, worker, t) = vm_with_a_worker_that_ran();
+    // Relaxed: counts, read by this thread between its own calls.
+    let left = || {
+        worker
+            .left_to_idle_doze
+            .load(ivm_core::sync::Ordering::Relaxed)
+    };
+    let ran = || vm.stats().unwrap().caller_ran;
+    let direct = || vm.shared().core.inline_accesses().0;
+    let mut ran_then_direct = 0;
     for round in 0..20u64 {
         until_idle_doze(&vm, &s, &worker);
+        let before = (left(), ran(), direct());
         vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
             .unwrap();
         assert_eq!(read_u64(&vm, &t), round);
+        if left() > before.0 && ran() > before.1 && direct() > before.2 {
+            ran_then_direct += 1;
+        }
     }
-    // Relaxed: a count, read after the reads that followed every push.
-    let left = worker
-        .left_to_idle_doze
-        .load(ivm_core::sync::Ordering::Relaxed);
     assert!(
-        left > 0,
+        left() > 0,
         "no push left its wake to an idle doze in 20 rounds"
     );
-    assert!(vm.stats().unwrap().caller_ran > 0);
+    assert!(ran() > 0);
+    assert!(
+        ran_then_direct > 0,
+        "no read ran the op left to the doze and then read directly"
+    );
+    vm.shutdown().unwrap();
+}
+
+#[test]
+// Waits in real time for the worker's idle states (minutes under Miri, which covers the
+// VM's unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn a_read_that_ran_a_failing_op_left_to_an_idle_doze_reports_the_poison() {
+    // The read's fast path after running the op itself sees the poison the op left; the
+    // tensors the op did not write read as before.
+    let (vm, s, worker, t) = vm_with_a_worker_that_ran();
+    for _ in 0..5 {
+        let failed = vm.new_tensor(8).unwrap();
+        until_idle_doze(&vm, &s, &worker);
+        vm.run(|b| b.call(&s, &[], &[&failed], |_| panic!("planted failure")))
+            .unwrap();
+        let mut out = [0u8; 8];
+        let r = vm.read_small(&failed, 0, &mut out);
+        assert!(
+            matches!(&r, Err(crate::Error::Poisoned { message, .. }) if message.contains("planted failure")),
+            "{r:?}"
+        );
+        assert_eq!(read_u64(&vm, &t), 1);
+    }
     vm.shutdown().unwrap();
 }
 
@@ -548,8 +587,11 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
     for round in 0..20u64 {
         let w = worker.clone();
         let sn = seen.clone();
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let st = started.clone();
         vm.run(|b| {
             b.call(&s, &[], &[&t], move |_| {
+                st.store(true, O::Release);
                 let start = std::time::Instant::now();
                 while start.elapsed() < std::time::Duration::from_millis(200) {
                     if w.hand.has_waiters() {
@@ -563,6 +605,12 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
             custom_write(b, &s, &t, round, || {})
         })
         .unwrap();
+        // The worker runs the first kernel (its doze ends): a read that found it asleep
+        // with the kernel queued would run the kernel itself before it waits.
+        let start = std::time::Instant::now();
+        while !started.load(O::Acquire) && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
         assert_eq!(read_u64(&vm, &t), round);
         if seen.load(O::Relaxed) >= 3 {
             break;
