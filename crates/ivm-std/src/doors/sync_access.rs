@@ -5,7 +5,9 @@
 //! * runs on the tensor's device **default** stream;
 //! * with nothing in flight, becomes no instruction at all: the caller copies itself
 //!   (`inline_sync_access`), or hands the copy to the stream's polling worker (the
-//!   express lane, `model/express.rs`);
+//!   express lane, `model/express.rs`); with work queued to the stream's sleeping worker,
+//!   the caller first runs what was built before the call (`caller_runs_built_before`),
+//!   then looks again;
 //! * else takes a reusable instruction from a thread-local ring per (VM, stream, kind)
 //!   (`small_ring.rs`), and allocates only when every ring entry is still in flight;
 //! * the executor copies into / out of a 16-byte buffer inside the instruction, never the
@@ -165,6 +167,9 @@ pub(crate) fn small_access(
         .thread
         .as_deref()
         .filter(|_| !shared.core.single_thread() && !crate::engine::core::inside(shared.id));
+    // The wait hook's scope, once this call runs kernels before its access exists; kept
+    // for the rest of the call, whose own wait then opens none (one pair of hook calls).
+    let mut _hook = None;
     if host && inline {
         // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
         let mut result = None;
@@ -175,21 +180,25 @@ pub(crate) fn small_access(
                 true
             })
         };
-        // Something in flight: when it sits queued to this stream's sleeping worker (an
-        // op just submitted after an idle spell), this caller runs it now, as its wait
-        // below would (`caller_runs`: the access, on the same in-order stream, would run
-        // after it anyway), and the engine may then be at rest for the fast path: no
-        // access instruction to build, hand over and release. Kernels run here inside
-        // the wait hook's scope, as in any wait (`util/hooks.rs`).
-        if direct()
-            || worker.is_some_and(|w| {
-                if !w.is_parked() || w.queue.is_empty() {
-                    return false;
-                }
-                let _hook = shared.core.wait_scope();
-                crate::engine::worker::caller_runs(&shared.core, w, || false) && direct()
-            })
+        let mut done = direct();
+        if !done
+            && let Some(w) = worker
+            && w.is_parked()
+            && !w.queue.is_empty()
         {
+            // Something in flight, and this stream's worker sleeps with work queued (an
+            // op submitted after an idle spell): this caller runs that work now, as its
+            // wait would, then may find the engine at rest for the fast path (no access
+            // instruction to build, hand over and release). Only what was built before
+            // this call: the access, on the same in-order stream, would run after it
+            // anyway; what others submit meanwhile is left to the worker, as a wait
+            // leaves what follows its access.
+            _hook = Some(shared.core.wait_scope());
+            let bound = crate::model::instruction::peek_next_id();
+            done =
+                crate::engine::worker::caller_runs_built_before(&shared.core, w, bound) && direct();
+        }
+        if done {
             return result.unwrap_or(Ok(()));
         }
     }

@@ -519,23 +519,88 @@ fn a_caller_runs_what_it_pushed_to_an_idle_dozing_worker_without_waking_it() {
 // Waits in real time for the worker's idle states (minutes under Miri, which covers the
 // VM's unsafe code in `tests/miri_vm.rs`).
 #[cfg_attr(miri, ignore)]
+fn a_read_that_runs_a_sleeping_workers_queue_leaves_later_submissions_alone() {
+    // Another thread keeps submitting to the stream while a read runs the op it found
+    // queued to the sleeping worker: the read returns without waiting for that thread to
+    // stop (it would never stop here: it stops after the read returned, or after CAP).
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as O};
+    const CAP: usize = 20_000;
+    let (vm, s, worker, t) = vm_with_a_worker_that_ran();
+    let vm = Arc::new(vm);
+    for round in 0..10u64 {
+        until_idle_doze(&vm, &s, &worker);
+        let stop = Arc::new(AtomicBool::new(false));
+        let pushed = Arc::new(AtomicUsize::new(0));
+        let other = {
+            let (vm, s, stop, pushed) = (vm.clone(), s.clone(), stop.clone(), pushed.clone());
+            let u = vm.new_tensor(8).unwrap();
+            std::thread::spawn(move || {
+                while !stop.load(O::Acquire) && pushed.load(O::Relaxed) < CAP {
+                    // Longer than a push: a thread that ran them all would fall behind.
+                    vm.run(|b| {
+                        b.call(&s, &[], &[&u], |k| {
+                            let start = std::time::Instant::now();
+                            while start.elapsed() < std::time::Duration::from_micros(20) {
+                                std::hint::spin_loop();
+                            }
+                            k.output_u64(0)[0] += 1;
+                        })
+                    })
+                    .unwrap();
+                    pushed.fetch_add(1, O::Relaxed);
+                }
+            })
+        };
+        // Let the other thread's pushes start.
+        while pushed.load(O::Relaxed) < 8 {
+            std::thread::yield_now();
+        }
+        vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
+            .unwrap();
+        assert_eq!(read_u64(&vm, &t), round);
+        let at_return = pushed.load(O::Relaxed);
+        stop.store(true, O::Release);
+        other.join().unwrap();
+        assert!(
+            at_return < CAP,
+            "round {round}: the read returned only after the other thread stopped"
+        );
+    }
+    vm.sync().unwrap();
+}
+
+#[test]
+// Waits in real time for the worker's idle states (minutes under Miri, which covers the
+// VM's unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
 fn a_read_that_ran_a_failing_op_left_to_an_idle_doze_reports_the_poison() {
     // The read's fast path after running the op itself sees the poison the op left; the
     // tensors the op did not write read as before.
     let (vm, s, worker, t) = vm_with_a_worker_that_ran();
-    for _ in 0..5 {
+    let ran = || vm.stats().unwrap().caller_ran;
+    let direct = || vm.shared().core.inline_accesses().0;
+    let mut ran_then_direct = 0;
+    for _ in 0..10 {
         let failed = vm.new_tensor(8).unwrap();
         until_idle_doze(&vm, &s, &worker);
         vm.run(|b| b.call(&s, &[], &[&failed], |_| panic!("planted failure")))
             .unwrap();
+        let before = (ran(), direct());
         let mut out = [0u8; 8];
         let r = vm.read_small(&failed, 0, &mut out);
         assert!(
             matches!(&r, Err(crate::Error::Poisoned { message, .. }) if message.contains("planted failure")),
             "{r:?}"
         );
+        if ran() > before.0 && direct() > before.1 {
+            ran_then_direct += 1;
+        }
         assert_eq!(read_u64(&vm, &t), 1);
     }
+    assert!(
+        ran_then_direct > 0,
+        "no read ran the failing op and then took the fast path"
+    );
     vm.shutdown().unwrap();
 }
 

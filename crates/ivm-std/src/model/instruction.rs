@@ -362,8 +362,8 @@ pub(crate) fn next_id() -> usize {
 }
 
 /// The id the next instruction will get (ids only grow): brackets the instructions a call
-/// creates (the fault harness learns which fill belongs to which new tensor).
-#[cfg(feature = "fuzzing")]
+/// creates (the fault harness learns which fill belongs to which new tensor), or those
+/// built before a call (a read runs no queued work built after it began).
 pub(crate) fn peek_next_id() -> usize {
     // Relaxed: as above.
     NEXT_ID.load(std::sync::atomic::Ordering::Relaxed)

@@ -24,9 +24,10 @@ use std::sync::Arc;
 /// ready, or the access ran inline — calls neither; in single-thread mode every call that
 /// runs the engine on the calling thread (kernels included) calls both around it. While
 /// the calling thread waits it may still run VM work itself (single-thread mode runs
-/// kernels on it; in multi-thread mode it may run a ready small access or its own
-/// callback), between the two calls: that work must take the foreign lock itself if it
-/// needs it, as it would on a worker thread.
+/// kernels on it; in multi-thread mode it may run a ready small access, its own callback,
+/// or the kernels queued to a worker that sleeps, a small read also before it waits),
+/// between the two calls: that work must take the foreign lock itself if it needs it, as
+/// it would on a worker thread.
 ///
 /// The hook must not call into the VM. If it panics, the wait goes on regardless (the
 /// VM's work may borrow the caller's memory), `after_wait` is still called, and the panic
