@@ -523,8 +523,12 @@ fn a_read_that_runs_a_sleeping_workers_queue_leaves_later_submissions_alone() {
     // Another thread keeps submitting to the stream while a read runs the op it found
     // queued to the sleeping worker: the read returns without waiting for that thread to
     // stop (it would never stop here: it stops after the read returned, or after CAP).
+    // Its kernels take longer than the pause between its pushes, so a reader that ran
+    // everything queued would fall further behind with each one, until CAP; CAP pushes
+    // take that thread at least CAP pauses, far longer than a descheduled reader waits
+    // for a CPU on a loaded machine.
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as O};
-    const CAP: usize = 20_000;
+    const CAP: usize = 3_000;
     let (vm, s, worker, t) = vm_with_a_worker_that_ran();
     let vm = Arc::new(vm);
     for round in 0..10u64 {
@@ -536,11 +540,10 @@ fn a_read_that_runs_a_sleeping_workers_queue_leaves_later_submissions_alone() {
             let u = vm.new_tensor(8).unwrap();
             std::thread::spawn(move || {
                 while !stop.load(O::Acquire) && pushed.load(O::Relaxed) < CAP {
-                    // Longer than a push: a thread that ran them all would fall behind.
                     vm.run(|b| {
                         b.call(&s, &[], &[&u], |k| {
                             let start = std::time::Instant::now();
-                            while start.elapsed() < std::time::Duration::from_micros(20) {
+                            while start.elapsed() < std::time::Duration::from_micros(500) {
                                 std::hint::spin_loop();
                             }
                             k.output_u64(0)[0] += 1;
@@ -548,11 +551,12 @@ fn a_read_that_runs_a_sleeping_workers_queue_leaves_later_submissions_alone() {
                     })
                     .unwrap();
                     pushed.fetch_add(1, O::Relaxed);
+                    std::thread::sleep(std::time::Duration::from_micros(100));
                 }
             })
         };
         // Let the other thread's pushes start.
-        while pushed.load(O::Relaxed) < 8 {
+        while pushed.load(O::Relaxed) < 2 {
             std::thread::yield_now();
         }
         vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
