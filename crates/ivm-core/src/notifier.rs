@@ -312,7 +312,7 @@ impl<W: Wait> Notifier<W> {
     }
 
     /// The number of pending notifications (saturated), a Relaxed snapshot for
-    /// diagnostics and tests.
+    /// diagnostics, tests and hints (whether a wake is already on its way).
     #[inline]
     pub fn pending(&self) -> u32 {
         State(self.state.load(Relaxed)).count()

@@ -170,8 +170,6 @@ pub(crate) fn small_access(
     // The wait hook's scope, once this call runs kernels before its access exists; kept
     // for the rest of the call, whose own wait then opens none (one pair of hook calls).
     let mut _hook = None;
-    // What was built before this call (ids only grow): the most a run below may take.
-    let built_before = crate::model::instruction::peek_next_id();
     if host && inline {
         // The fast path: nothing in flight, so no instruction at all (see `try_direct`).
         let mut result = None;
@@ -189,14 +187,18 @@ pub(crate) fn small_access(
             && w.notifier.pending() == 0
             && !w.queue.is_empty()
         {
-            // Something in flight, and this stream's worker sleeps with work queued and
-            // no wake on its way (a push left it to a doze's deadline: an op submitted
-            // after an idle spell): this caller runs that work now, as its wait would,
-            // then may find the engine at rest for the fast path (no access instruction
-            // to build, hand over and release). Only what was built before this call:
-            // the access, on the same in-order stream, would run after it anyway; what
-            // others submit meanwhile is left to the worker, as a wait leaves what follows
-            // its access. A worker already woken is left its work (its wake is paid).
+            // Something in flight, and this stream's worker sleeps with work queued and no
+            // wake on its way (a push left it to a doze's deadline: an op submitted after
+            // an idle spell): this caller runs that work now, as its wait would, then may
+            // find the engine at rest for the fast path (no access instruction to build,
+            // hand over and release). The looks are Relaxed hints: the consumer role
+            // decides who runs, so a wrong guess costs a wake or a wait. Only what was
+            // built before this point runs (ids only grow; read here, not on every access's
+            // way, as every build increments the counter): the access, on the same in-order
+            // stream, would run after it anyway; what others submit meanwhile is left to
+            // the worker, as a wait leaves what follows its access. A worker already woken
+            // is left its work (its wake is paid).
+            let built_before = crate::model::instruction::peek_next_id();
             _hook = Some(shared.core.wait_scope());
             done = crate::engine::worker::caller_runs_built_before(&shared.core, w, built_before)
                 && direct();

@@ -474,6 +474,25 @@ fn until_idle_doze(
     }
 }
 
+/// The counts that show a read ran queued work itself and then took the fast path:
+/// instructions run by callers, small accesses done directly.
+struct RanThenDirect(usize, usize);
+
+impl RanThenDirect {
+    fn before(vm: &crate::VirtualMachine) -> Self {
+        Self(
+            vm.stats().unwrap().caller_ran,
+            vm.shared().core.inline_accesses().0,
+        )
+    }
+
+    /// Whether both grew since `self` was taken.
+    fn happened(&self, vm: &crate::VirtualMachine) -> bool {
+        let now = Self::before(vm);
+        now.0 > self.0 && now.1 > self.1
+    }
+}
+
 #[test]
 // Waits in real time for the worker's idle states (minutes under Miri, which covers the
 // VM's unsafe code in `tests/miri_vm.rs`).
@@ -490,16 +509,14 @@ fn a_caller_runs_what_it_pushed_to_an_idle_dozing_worker_without_waking_it() {
             .left_to_idle_doze
             .load(ivm_core::sync::Ordering::Relaxed)
     };
-    let ran = || vm.stats().unwrap().caller_ran;
-    let direct = || vm.shared().core.inline_accesses().0;
     let mut ran_then_direct = 0;
     for round in 0..20u64 {
         until_idle_doze(&vm, &s, &worker);
-        let before = (left(), ran(), direct());
+        let (left0, ran0) = (left(), RanThenDirect::before(&vm));
         vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round))
             .unwrap();
         assert_eq!(read_u64(&vm, &t), round);
-        if left() > before.0 && ran() > before.1 && direct() > before.2 {
+        if left() > left0 && ran0.happened(&vm) {
             ran_then_direct += 1;
         }
     }
@@ -507,7 +524,7 @@ fn a_caller_runs_what_it_pushed_to_an_idle_dozing_worker_without_waking_it() {
         left() > 0,
         "no push left its wake to an idle doze in 20 rounds"
     );
-    assert!(ran() > 0);
+    assert!(vm.stats().unwrap().caller_ran > 0);
     assert!(
         ran_then_direct > 0,
         "no read ran the op left to the doze and then read directly"
@@ -581,22 +598,20 @@ fn a_read_that_ran_a_failing_op_left_to_an_idle_doze_reports_the_poison() {
     // The read's fast path after running the op itself sees the poison the op left; the
     // tensors the op did not write read as before.
     let (vm, s, worker, t) = vm_with_a_worker_that_ran();
-    let ran = || vm.stats().unwrap().caller_ran;
-    let direct = || vm.shared().core.inline_accesses().0;
     let mut ran_then_direct = 0;
     for _ in 0..10 {
         let failed = vm.new_tensor(8).unwrap();
         until_idle_doze(&vm, &s, &worker);
         vm.run(|b| b.call(&s, &[], &[&failed], |_| panic!("planted failure")))
             .unwrap();
-        let before = (ran(), direct());
+        let before = RanThenDirect::before(&vm);
         let mut out = [0u8; 8];
         let r = vm.read_small(&failed, 0, &mut out);
         assert!(
             matches!(&r, Err(crate::Error::Poisoned { message, .. }) if message.contains("planted failure")),
             "{r:?}"
         );
-        if ran() > before.0 && direct() > before.1 {
+        if before.happened(&vm) {
             ran_then_direct += 1;
         }
         assert_eq!(read_u64(&vm, &t), 1);
@@ -676,10 +691,9 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
         .unwrap();
         // The worker runs the first kernel (its doze ends): a read that found it asleep
         // with the kernel queued would run the kernel itself before it waits.
-        let start = std::time::Instant::now();
-        while !started.load(O::Acquire) && start.elapsed() < std::time::Duration::from_secs(5) {
-            std::thread::yield_now();
-        }
+        spin_until("the first kernel never started", || {
+            started.load(O::Acquire)
+        });
         assert_eq!(read_u64(&vm, &t), round);
         if seen.load(O::Relaxed) >= 3 {
             break;

@@ -574,36 +574,34 @@ fn queued_caller_may_run(instr: &Instruction) -> bool {
 /// anything. Nothing is done while the worker is awake (it runs its queue itself) or the
 /// queue is empty (the instruction waited for is running, or not dispatched yet: the
 /// caller waits as before).
-pub(crate) fn caller_runs(shared: &VmCore, ctx: &ThreadCtx, enough: impl FnMut() -> bool) -> bool {
-    caller_runs_while(shared, ctx, enough, |_| true)
+pub(crate) fn caller_runs(
+    shared: &VmCore,
+    ctx: &ThreadCtx,
+    mut enough: impl FnMut() -> bool,
+) -> bool {
+    caller_runs_while(shared, ctx, |_| !enough())
 }
 
 /// [`caller_runs`] for a caller that has submitted nothing to wait for yet (a small read
 /// about to take its fast path, `doors/sync_access.rs`): runs only instructions built
-/// before id `bound` (`instruction::peek_next_id` when the call began), and at most as
+/// before id `bound` (`instruction::peek_next_id` as the caller looked), and at most as
 /// many as were in flight then, so that work other threads keep submitting meanwhile
 /// stays with the worker and the call returns in bounded time.
 pub(crate) fn caller_runs_built_before(shared: &VmCore, ctx: &ThreadCtx, bound: usize) -> bool {
     let mut left = shared.flying();
-    caller_runs_while(
-        shared,
-        ctx,
-        || false,
-        |instr| {
-            if left == 0 || instr.id >= bound {
-                return false;
-            }
-            left -= 1;
-            true
-        },
-    )
+    caller_runs_while(shared, ctx, |instr| {
+        if left == 0 || instr.id >= bound {
+            return false;
+        }
+        left -= 1;
+        true
+    })
 }
 
 /// [`caller_runs`], taking the queue's head only while `take(head)` holds.
 fn caller_runs_while(
     shared: &VmCore,
     ctx: &ThreadCtx,
-    mut enough: impl FnMut() -> bool,
     mut take: impl FnMut(&Instruction) -> bool,
 ) -> bool {
     if !ctx.is_parked() || ctx.queue.is_empty() || crate::engine::core::inside(shared.id()) {
@@ -621,7 +619,7 @@ fn caller_runs_while(
     {
         // User code runs here as on a worker: a call into this VM from it is refused.
         let _reentry = ReentryGuard::enter(shared.id());
-        while !enough() {
+        loop {
             if !consumer
                 .peek()
                 .is_some_and(|i| queued_caller_may_run(i) && take(i))
