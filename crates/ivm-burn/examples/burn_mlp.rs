@@ -38,7 +38,7 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use ivm_burn::{Inner, Ivm, IvmChannel, IvmSingle, MultiThread, VmMode};
+use ivm_burn::{Inner, Ivm, IvmChannel, IvmSingle, MultiThread, SingleThread, VmMode};
 
 const SEED: u64 = 42;
 const BATCH: usize = 64;
@@ -76,6 +76,46 @@ struct Trainer<B: AutodiffBackend> {
     epoch_secs: Vec<f64>,
     /// The caller's own CPU time per epoch (where the thread's CPU clock can be read).
     caller_cpu_secs: Vec<f64>,
+}
+
+/// A trainer on ivm's client of mode `M` that sets the client's fusion before each epoch
+/// (the two ivm trainers share one client).
+struct Fused<B: AutodiffBackend, M: VmMode> {
+    fuse: bool,
+    inner: Trainer<B>,
+    mode: std::marker::PhantomData<M>,
+}
+
+impl<B: AutodiffBackend, M: VmMode> Fused<B, M> {
+    fn new(name: &'static str, fuse: bool, data: &data::Data, hidden: usize) -> Self {
+        Self {
+            fuse,
+            inner: Trainer::new(name, data, hidden),
+            mode: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<B: AutodiffBackend, M: VmMode> Run for Fused<B, M> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn epoch(&mut self, data: &data::Data, order: &[u32], steps: usize) {
+        burn_router::get_client::<IvmChannel<M>>(&Default::default()).set_fusion(self.fuse);
+        self.inner.epoch(data, order, steps);
+    }
+    fn losses(&self) -> &[f32] {
+        self.inner.losses()
+    }
+    fn epoch_secs(&self) -> &[f64] {
+        self.inner.epoch_secs()
+    }
+    fn caller_cpu_secs(&self) -> &[f64] {
+        self.inner.caller_cpu_secs()
+    }
+    fn accuracy(&self, data: &data::Data) -> f64 {
+        self.inner.accuracy(data)
+    }
 }
 
 /// What the side-by-side loop needs of a trainer, whatever its backend.
@@ -291,12 +331,20 @@ fn main() -> ExitCode {
     let mut runs: Vec<Box<dyn Run>> = vec![
         Box::new(Trainer::<Autodiff<Inner>>::new("ndarray", &data, hidden)),
         Box::new(Trainer::<Autodiff<Direct>>::new("router", &data, hidden)),
-        if single {
-            Box::new(Trainer::<Autodiff<IvmSingle>>::new("ivm", &data, hidden))
-        } else {
-            Box::new(Trainer::<Autodiff<Ivm>>::new("ivm", &data, hidden))
-        },
     ];
+    // ivm twice on one client: with its fusion of ReLU's compare-then-fill pairs, and
+    // without, switched before each of their epochs.
+    for (name, fuse) in [("ivm", true), ("ivm-nofuse", false)] {
+        runs.push(if single {
+            Box::new(Fused::<Autodiff<IvmSingle>, SingleThread>::new(
+                name, fuse, &data, hidden,
+            ))
+        } else {
+            Box::new(Fused::<Autodiff<Ivm>, MultiThread>::new(
+                name, fuse, &data, hidden,
+            ))
+        });
+    }
     println!(
         "burn 0.19.1, MLP {}-{hidden}-{} with Adam (lr {LR}), wine data: {} train rows, \
          batch {BATCH}, {steps} steps/epoch, {epochs} epochs, interleaved; ivm in {} mode",
@@ -318,7 +366,7 @@ fn main() -> ExitCode {
     }
 
     println!(
-        "{:<8} {:>12} {:>16} {:>11} {:>9} {:>17}",
+        "{:<10} {:>12} {:>16} {:>11} {:>9} {:>17}",
         "backend", "steps/s p50", "IQR (p25-p75)", "final loss", "accuracy", "caller CPU µs/step"
     );
     let mut medians = Vec::new();
@@ -343,7 +391,7 @@ fn main() -> ExitCode {
             format!("{:.0}", percentile(&cpu, 0.5))
         };
         println!(
-            "{:<8} {:>12.0} {:>16} {:>11.5} {:>8.1}% {:>17}",
+            "{:<10} {:>12.0} {:>16} {:>11.5} {:>8.1}% {:>17}",
             r.name(),
             p50,
             format!("{p25:.0}-{p75:.0}"),
@@ -353,8 +401,10 @@ fn main() -> ExitCode {
         );
     }
     println!(
-        "ivm / ndarray steps/s (medians): {:.2}; router / ndarray: {:.2}",
+        "ivm / ndarray steps/s (medians): {:.2}; ivm-nofuse / ndarray: {:.2}; router / \
+         ndarray: {:.2}",
         medians[2] / medians[0],
+        medians[3] / medians[0],
         medians[1] / medians[0]
     );
     println!(
@@ -393,6 +443,15 @@ fn main() -> ExitCode {
 
     // What the VM did for the training: who ran the kernels, and how often it sensed
     // another thread taking a CPU (each sense has callers run the work for a while).
+    let fused = if single {
+        burn_router::get_client::<IvmChannel<SingleThread>>(&Default::default()).fused_pairs()
+    } else {
+        burn_router::get_client::<IvmChannel<MultiThread>>(&Default::default()).fused_pairs()
+    };
+    println!(
+        "ivm: {fused} compare-then-fill pairs (ReLU and its backward pass) ran as one kernel \
+         each, in the epochs of `ivm`"
+    );
     if single {
         println!("ivm: single-thread mode, every instruction ran on the caller");
     } else if let Some(s) = vm_stats::<MultiThread>() {

@@ -16,7 +16,8 @@ use smallvec::SmallVec;
 
 use crate::device::{IvmDevice, VmMode};
 use crate::dispatch::{self, Inner, Operands, Slot};
-use crate::job::{JobBox, Ticket, Yard};
+use crate::fuse::FillWhereLe;
+use crate::job::{JobBox, Ticket, Work, Yard};
 
 /// One burn tensor as the client knows it: the ivm tensor that carries its dependences
 /// and the slot that holds its value.
@@ -68,6 +69,14 @@ struct Table {
     /// worker has run everything; the next op should reach it at once), doubling with each
     /// flush up to `batch_limit`.
     batch_goal: usize,
+    /// A comparison held back for one op: if the next is the mask fill that consumes its
+    /// output, the two run as one kernel (`fuse.rs`). Registered before anything else
+    /// touches the table (`release_held`).
+    held: Option<OperationIr>,
+    /// How many pairs ran as one kernel.
+    fused: u64,
+    /// Whether comparisons are held back to fuse (`IvmClient::set_fusion`).
+    fuse: bool,
 }
 
 /// One operation waiting in the batch: its instruction's stream and operands. It holds
@@ -139,6 +148,12 @@ fn batch_limit() -> usize {
     env_count("IVM_BURN_BATCH", 1..=4096, 16)
 }
 
+/// Whether the client fuses a comparison with the mask fill that consumes it
+/// (`fuse.rs`): on unless `IVM_BURN_FUSE` is `0`.
+fn fuse_enabled() -> bool {
+    std::env::var("IVM_BURN_FUSE").map_or(true, |v| v.trim() != "0")
+}
+
 /// The count in the environment variable `name` if it parses and lies in `range`, else
 /// `default`.
 fn env_count(name: &str, range: std::ops::RangeInclusive<usize>, default: usize) -> usize {
@@ -177,6 +192,9 @@ impl<M: VmMode> IvmClient<M> {
                     spare: Vec::new(),
                     dropped: Vec::new(),
                     batch_goal: 1,
+                    held: None,
+                    fused: 0,
+                    fuse: fuse_enabled(),
                 }),
                 yard: Arc::default(),
                 batch_limit: batch_limit(),
@@ -193,6 +211,42 @@ impl<M: VmMode> IvmClient<M> {
     /// How many operations went to each of the client's compute streams so far.
     pub fn ops_per_stream(&self) -> Vec<u64> {
         self.table().ops.clone()
+    }
+
+    /// How many pairs of ops ran as one kernel so far: a comparison with a scalar and the
+    /// mask fill that consumed its mask, which is how burn's router sends ReLU and its
+    /// backward pass (each pair counts once in [`ops_per_stream`](Self::ops_per_stream)).
+    /// `IVM_BURN_FUSE=0` turns the fusion off.
+    pub fn fused_pairs(&self) -> u64 {
+        self.table().fused
+    }
+
+    /// Turns the fusion of a comparison with the mask fill that consumes it on or off for
+    /// the ops registered from now on (it starts on unless `IVM_BURN_FUSE` is `0`).
+    /// Results are the same either way, bit for bit; only the kernels' work differs.
+    ///
+    /// ```
+    /// use burn_tensor::{Tensor, activation::relu};
+    /// use ivm_burn::{Ivm, IvmChannel, MultiThread};
+    ///
+    /// let client = burn_router::get_client::<IvmChannel<MultiThread>>(&Default::default());
+    /// let x = Tensor::<Ivm, 1>::from_floats([-1.0, 2.0], &Default::default());
+    /// client.set_fusion(false);
+    /// let unfused = relu(x.clone()).into_data();
+    /// client.set_fusion(true);
+    /// assert_eq!(relu(x).into_data(), unfused);
+    /// ```
+    pub fn set_fusion(&self, on: bool) {
+        let mut t = self.table();
+        t.fuse = on;
+        if !on {
+            self.release_held(&mut t);
+        }
+    }
+
+    /// Whether the fusion is on ([`set_fusion`](Self::set_fusion)).
+    pub fn fusion(&self) -> bool {
+        self.table().fuse
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -233,6 +287,8 @@ impl<M: VmMode> IvmClient<M> {
     fn value(&self, ir: &TensorIr) -> NdArrayTensor {
         let (ivm, slot) = {
             let mut t = self.table();
+            // The tensor may be a held comparison's output.
+            self.release_held(&mut t);
             let e = match ir.status {
                 TensorStatus::ReadWrite => t.tensors.remove(&ir.id).map(|e| (e.ivm, e.slot)),
                 _ => t
@@ -266,6 +322,7 @@ impl<M: VmMode> IvmClient<M> {
     /// Hands the batch to the VM in one `run`, in the order it was collected, then forgets
     /// the tensors dropped meanwhile.
     fn flush(&self, t: &mut Table) {
+        self.release_held(t);
         let r = self.submit_batch(t);
         let Table {
             tensors, dropped, ..
@@ -302,6 +359,97 @@ impl<M: VmMode> IvmClient<M> {
         let cap = 4 * self.shared.batch_limit;
         self.shared.yard.collect(&mut t.spare, cap);
         r
+    }
+
+    /// Registers a held comparison that found no mask fill to fuse with.
+    fn release_held(&self, t: &mut Table) {
+        if let Some(cmp) = t.held.take() {
+            self.add(t, Work::Op(cmp));
+        }
+    }
+
+    /// Turns `work` into an instruction in the batch, and flushes the batch at its goal.
+    fn add(&self, t: &mut Table, work: Work) {
+        // Each operand once: a read is a `ReadOnly` use, a write a `NotInit` output or a
+        // `ReadWrite` last use; a tensor used twice, once as its last use, is only written
+        // (listing it also as a read would alias).
+        let mut operands: SmallVec<[(TensorId, TensorStatus); 4]> = SmallVec::new();
+        for n in work.operands() {
+            match operands.iter_mut().find(|(id, _)| *id == n.id) {
+                Some(o) if o.1 == TensorStatus::ReadOnly => o.1 = n.status,
+                Some(_) => {}
+                None => operands.push((n.id, n.status)),
+            }
+        }
+        let is_read = |s: TensorStatus| s == TensorStatus::ReadOnly;
+        // Reads first, then writes, each in the op's order.
+        operands.sort_by_key(|(_, s)| !is_read(*s));
+        let reads = operands.iter().take_while(|(_, s)| is_read(*s)).count();
+        let stream = if work.draws_random() {
+            0
+        } else if let Some(e) = operands
+            .iter()
+            .filter(|(_, s)| *s != TensorStatus::NotInit)
+            .find_map(|(id, _)| t.tensors.get(id))
+        {
+            e.stream
+        } else {
+            round_robin(t, self.shared.streams.len())
+        };
+        t.ops[stream] += 1;
+        // The first output takes over the first consumed input's ivm tensor and slot: the
+        // op writes that tensor anyway, and a chain of ops that each consume their input
+        // then allocates no ivm tensor and submits no release per op.
+        let mut donor = operands
+            .iter()
+            .find(|(_, s)| *s == TensorStatus::ReadWrite)
+            .map(|(id, _)| *id);
+        let mut inherited = None;
+        for &(id, _) in operands[reads..]
+            .iter()
+            .filter(|(_, s)| *s == TensorStatus::NotInit)
+        {
+            let e = match donor.take().and_then(|d| t.tensors.get(&d)) {
+                Some(d) => {
+                    inherited = Some(id);
+                    Entry {
+                        ivm: d.ivm.clone(),
+                        slot: d.slot.clone(),
+                        stream,
+                    }
+                }
+                None => self.new_entry(stream),
+            };
+            t.tensors.insert(id, e);
+        }
+        let tensors: SmallVec<[Tensor; 4]> = operands
+            .iter()
+            .filter(|(id, _)| inherited != Some(*id))
+            .map(|(id, _)| entry(t, *id).ivm.clone())
+            .collect();
+        let slots = operands
+            .iter()
+            .map(|(id, _)| (*id, entry(t, *id).slot.clone()))
+            .collect();
+        // A consumed input is gone once its last use was collected: the batch holds its
+        // ivm tensor until the instruction was received.
+        for (id, _) in operands
+            .iter()
+            .filter(|(_, s)| *s == TensorStatus::ReadWrite)
+        {
+            t.tensors.remove(id);
+        }
+        t.batch.push(Pending {
+            stream,
+            tensors,
+            inputs: reads,
+        });
+        let job = Ticket::new(&mut t.spare, &self.shared.yard, work, Operands { slots });
+        t.kernels.push(job);
+        if t.batch.len() >= t.batch_goal {
+            self.flush(t);
+            t.batch_goal = (t.batch_goal * 2).min(self.shared.batch_limit);
+        }
     }
 }
 
@@ -346,86 +494,19 @@ impl<M: VmMode> RunnerClient for IvmClient<M> {
             _ => {}
         }
         let mut t = self.table();
-        // Each operand once: a read is a `ReadOnly` use, a write a `NotInit` output or a
-        // `ReadWrite` last use; a tensor used twice, once as its last use, is only written
-        // (listing it also as a read would alias).
-        let mut operands: SmallVec<[(TensorId, TensorStatus); 4]> = SmallVec::new();
-        for n in dispatch::operands(&op) {
-            match operands.iter_mut().find(|(id, _)| *id == n.id) {
-                Some(o) if o.1 == TensorStatus::ReadOnly => o.1 = n.status,
-                Some(_) => {}
-                None => operands.push((n.id, n.status)),
+        if let Some(cmp) = t.held.take() {
+            if let Some(f) = FillWhereLe::pair(&cmp, &op) {
+                t.fused += 1;
+                self.add(&mut t, Work::FillWhereLe(f));
+                return;
             }
+            self.add(&mut t, Work::Op(cmp));
         }
-        let is_read = |s: TensorStatus| s == TensorStatus::ReadOnly;
-        // Reads first, then writes, each in the op's order.
-        operands.sort_by_key(|(_, s)| !is_read(*s));
-        let reads = operands.iter().take_while(|(_, s)| is_read(*s)).count();
-        let stream = if dispatch::draws_random(&op) {
-            0
-        } else if let Some(e) = operands
-            .iter()
-            .filter(|(_, s)| *s != TensorStatus::NotInit)
-            .find_map(|(id, _)| t.tensors.get(id))
-        {
-            e.stream
-        } else {
-            round_robin(&mut t, self.shared.streams.len())
-        };
-        t.ops[stream] += 1;
-        // The first output takes over the first consumed input's ivm tensor and slot: the
-        // op writes that tensor anyway, and a chain of ops that each consume their input
-        // then allocates no ivm tensor and submits no release per op.
-        let mut donor = operands
-            .iter()
-            .find(|(_, s)| *s == TensorStatus::ReadWrite)
-            .map(|(id, _)| *id);
-        let mut inherited = None;
-        for &(id, _) in operands[reads..]
-            .iter()
-            .filter(|(_, s)| *s == TensorStatus::NotInit)
-        {
-            let e = match donor.take().and_then(|d| t.tensors.get(&d)) {
-                Some(d) => {
-                    inherited = Some(id);
-                    Entry {
-                        ivm: d.ivm.clone(),
-                        slot: d.slot.clone(),
-                        stream,
-                    }
-                }
-                None => self.new_entry(stream),
-            };
-            t.tensors.insert(id, e);
+        if t.fuse && FillWhereLe::may_start(&op) {
+            t.held = Some(op);
+            return;
         }
-        let tensors: SmallVec<[Tensor; 4]> = operands
-            .iter()
-            .filter(|(id, _)| inherited != Some(*id))
-            .map(|(id, _)| entry(&t, *id).ivm.clone())
-            .collect();
-        let slots = operands
-            .iter()
-            .map(|(id, _)| (*id, entry(&t, *id).slot.clone()))
-            .collect();
-        // A consumed input is gone once its last use was collected: the batch holds its
-        // ivm tensor until the instruction was received.
-        for (id, _) in operands
-            .iter()
-            .filter(|(_, s)| *s == TensorStatus::ReadWrite)
-        {
-            t.tensors.remove(id);
-        }
-        t.batch.push(Pending {
-            stream,
-            tensors,
-            inputs: reads,
-        });
-        let job = Ticket::new(&mut t.spare, &self.shared.yard, op, Operands { slots });
-        t.kernels.push(job);
-        if t.batch.len() >= t.batch_goal {
-            self.flush(&mut t);
-            t.batch_goal = (t.batch_goal * 2).min(self.shared.batch_limit);
-        }
+        self.add(&mut t, Work::Op(op));
     }
 
     fn read_tensor(&self, tensor: TensorIr) -> DynFut<TensorData> {

@@ -73,7 +73,7 @@ impl Operands {
     }
 
     /// The input `ir`: moved out on its last use (`ReadWrite`), shared otherwise.
-    fn get(&self, ir: &TensorIr) -> NdArrayTensor {
+    pub(crate) fn get(&self, ir: &TensorIr) -> NdArrayTensor {
         let s = self.slot(ir.id);
         let v = match ir.status {
             TensorStatus::ReadWrite => s.take(),
@@ -86,7 +86,7 @@ impl Operands {
         ir.as_ref().map(|t| self.get(t))
     }
 
-    fn put(&self, ir: &TensorIr, t: NdArrayTensor) {
+    pub(crate) fn put(&self, ir: &TensorIr, t: NdArrayTensor) {
         self.slot(ir.id).put(t);
     }
 }

@@ -14,15 +14,48 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use burn_ir::OperationIr;
+use burn_ir::{OperationIr, TensorIr};
 
 use crate::dispatch::{self, Operands};
+use crate::fuse::FillWhereLe;
+
+/// What one instruction's kernel runs: one of burn's operations, or two the client fused
+/// (`fuse.rs`).
+pub(crate) enum Work {
+    Op(OperationIr),
+    FillWhereLe(FillWhereLe),
+}
+
+impl Work {
+    /// Every tensor the work reads or writes, with the status burn gave it.
+    pub(crate) fn operands(&self) -> Vec<&TensorIr> {
+        match self {
+            Work::Op(op) => dispatch::operands(op),
+            Work::FillWhereLe(f) => f.operands(),
+        }
+    }
+
+    /// Whether it draws from ndarray's random generator (`dispatch::draws_random`).
+    pub(crate) fn draws_random(&self) -> bool {
+        match self {
+            Work::Op(op) => dispatch::draws_random(op),
+            Work::FillWhereLe(_) => false,
+        }
+    }
+
+    fn run(&self, operands: &Operands) {
+        match self {
+            Work::Op(op) => dispatch::run(op, operands),
+            Work::FillWhereLe(f) => f.run(operands),
+        }
+    }
+}
 
 /// One operation and its operands' slots, in a box the client reuses.
 pub(crate) struct Job {
-    /// The operation: the next one while the job is on its way, the spent one (dropped
-    /// when the box is reused) once it came back.
-    op: OperationIr,
+    /// The work: the next one while the job is on its way, the spent one (dropped when the
+    /// box is reused) once it came back.
+    op: Work,
     operands: Operands,
 }
 
@@ -69,7 +102,7 @@ impl Ticket {
     pub(crate) fn new(
         spare: &mut Vec<JobBox>,
         yard: &Arc<Yard>,
-        op: OperationIr,
+        op: Work,
         operands: Operands,
     ) -> Self {
         let job = match spare.pop() {
@@ -86,10 +119,10 @@ impl Ticket {
         }
     }
 
-    /// Runs the operation on the inner backend (see [`dispatch::run`]).
+    /// Runs the work on the inner backend (see [`dispatch::run`]).
     pub(crate) fn run(self) {
         if let Some(JobBox(job)) = &self.job {
-            dispatch::run(&job.op, &job.operands);
+            job.op.run(&job.operands);
         }
     }
 }
@@ -108,13 +141,13 @@ impl Drop for Ticket {
 mod tests {
     use super::*;
 
-    fn drop_op() -> OperationIr {
-        OperationIr::Drop(burn_ir::TensorIr {
+    fn drop_op() -> Work {
+        Work::Op(OperationIr::Drop(burn_ir::TensorIr {
             id: burn_ir::TensorId::new(7),
             shape: burn_tensor::Shape::new([2, 3]),
             status: burn_ir::TensorStatus::ReadWrite,
             dtype: burn_tensor::DType::F32,
-        })
+        }))
     }
 
     #[test]
@@ -157,7 +190,11 @@ mod tests {
         let yard = Arc::new(Yard::default());
         let mut spare = Vec::new();
         // A custom op has no kernel here: `dispatch::run` panics.
-        let op = OperationIr::Custom(burn_ir::CustomOpIr::new("nope", &[], &[]));
+        let op = Work::Op(OperationIr::Custom(burn_ir::CustomOpIr::new(
+            "nope",
+            &[],
+            &[],
+        )));
         let t = Ticket::new(&mut spare, &yard, op, Operands::default());
         assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.run())).is_err());
         yard.collect(&mut spare, 8);

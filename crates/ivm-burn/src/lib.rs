@@ -23,6 +23,7 @@
 mod client;
 mod device;
 mod dispatch;
+mod fuse;
 mod job;
 
 use std::marker::PhantomData;
