@@ -1,12 +1,15 @@
 //! burn's tensor backend routed through ivm.
 //!
-//! [`Ivm`] is burn's [`BackendRouter`](burn_router::BackendRouter) over [`IvmChannel`]: burn does the shape inference
-//! and sends every operation as one [`burn_ir::OperationIr`]; the channel's client
-//! ([`IvmClient`]) turns each into one ivm instruction (its reads are the op's input
-//! tensors, its writes the outputs and every consuming last use) and returns before the
-//! kernel runs. The kernels run burn-ndarray's ops. `into_data` waits through the VM's
-//! sync door, `Backend::sync` is the VM's `sync`. ARCHITECTURE.md ("ivm-burn") says where a
-//! tensor's memory lives and why.
+//! [`Ivm`] is burn's [`BackendRouter`](burn_router::BackendRouter) over [`IvmChannel`]:
+//! burn does the shape inference and sends every operation as one
+//! [`burn_ir::OperationIr`]; the channel's client ([`IvmClient`]) turns each into one ivm
+//! instruction (its reads are the op's input tensors, its writes the outputs and every
+//! consuming last use) and returns before the kernel runs. The kernels run burn-ndarray's
+//! ops, except that a comparison and the mask fill that consumes its mask (burn's ReLU,
+//! forward and backward) run as one kernel of the client's with the same results
+//! ([`IvmClient::set_fusion`]). `into_data` waits through the VM's sync door,
+//! `Backend::sync` is the VM's `sync`. ARCHITECTURE.md ("ivm-burn") says where a tensor's
+//! memory lives and why.
 //!
 //! ```
 //! use burn_tensor::Tensor;
