@@ -70,8 +70,9 @@ struct Table {
     /// flush up to `batch_limit`.
     batch_goal: usize,
     /// A comparison held back for one op: if the next is the mask fill that consumes its
-    /// output, the two run as one kernel (`fuse.rs`). Registered before anything else
-    /// touches the table (`release_held`).
+    /// output, the two run as one kernel (`fuse.rs`). Registered (`release_held`) before
+    /// any other op, a read, `sync`, `seed` or a flush; a `Drop` or a new tensor only adds
+    /// to the table, so the order of what the VM receives is unchanged.
     held: Option<OperationIr>,
     /// How many pairs ran as one kernel.
     fused: u64,
@@ -213,17 +214,19 @@ impl<M: VmMode> IvmClient<M> {
         self.table().ops.clone()
     }
 
-    /// How many pairs of ops ran as one kernel so far: a comparison with a scalar and the
-    /// mask fill that consumed its mask, which is how burn's router sends ReLU and its
-    /// backward pass (each pair counts once in [`ops_per_stream`](Self::ops_per_stream)).
-    /// `IVM_BURN_FUSE=0` turns the fusion off.
+    /// How many pairs of ops ran as one kernel so far: a float `lower_equal_elem` with a
+    /// scalar and the mask fill that consumed its mask, which is how burn's router sends
+    /// ReLU and its backward pass (each pair counts once in
+    /// [`ops_per_stream`](Self::ops_per_stream), which does not count a comparison still
+    /// held back). `IVM_BURN_FUSE=0` turns the fusion off.
     pub fn fused_pairs(&self) -> u64 {
         self.table().fused
     }
 
     /// Turns the fusion of a comparison with the mask fill that consumes it on or off for
     /// the ops registered from now on (it starts on unless `IVM_BURN_FUSE` is `0`).
-    /// Results are the same either way, bit for bit; only the kernels' work differs.
+    /// Results are the same either way, bit for bit and layout for layout; only the
+    /// kernels' work differs.
     ///
     /// ```
     /// use burn_tensor::{Tensor, activation::relu};

@@ -1,20 +1,20 @@
-//! Two of burn's ops run as one kernel: a comparison with a scalar whose mask only a mask
-//! fill reads.
+//! Two of burn's ops run as one kernel: `lower_equal_elem` with a scalar, and the mask fill
+//! that consumes its mask.
 //!
 //! burn's router has no ReLU of its own: `ActivationOps`' defaults send ReLU as
 //! `mask = lower_equal_elem(x, 0)` then `mask_fill(x, mask, 0)`, and its backward pass as
-//! `mask = lower_equal_elem(output, 0)` then `mask_fill(grad, mask, 0)`. burn-ndarray called
-//! directly runs its own ReLU, one in-place pass. Through the router each pair makes a bool
-//! array, copies the filled tensor and walks both again, the mask often in another memory
-//! order than the tensor. The client holds such a comparison back for one op
-//! (`client.rs`); when the next op is the mask fill that consumes its mask, the two become
-//! one instruction running [`FillWhereLe`], which computes every element exactly as the
-//! pair does (same comparison, same values, NaN and signed zeros included: the tests
-//! compare the bits) without the mask. ARCHITECTURE.md ("ivm-burn") says why the client
-//! fuses this pair and no other.
+//! `mask = lower_equal_elem(x, 0)` then `mask_fill(grad, mask, 0)` (burn-autodiff keeps
+//! ReLU's input for it). burn-ndarray called directly runs its own ReLU forward, one
+//! in-place pass, and the same pair backward. Each pair makes a bool array, copies the
+//! filled tensor and walks both again with a branch per element. The client holds such a
+//! comparison back for one op (`client.rs`); when the next op is the mask fill that
+//! consumes its mask, the two become one instruction running [`FillWhereLe`], which gives
+//! every element the pair's bits (NaN and signed zeros included) and the output the pair's
+//! memory layout, without the mask: the tests compare bits and strides. ARCHITECTURE.md
+//! ("ivm-burn") says why the client fuses this pair and no other.
 
 use burn_ir::{NumericOperationIr, OperationIr, TensorIr, TensorStatus};
-use burn_ndarray::NdArrayTensor;
+use burn_ndarray::{NdArrayTensor, SharedArray};
 use burn_tensor::DType;
 use ndarray::Zip;
 
@@ -76,14 +76,14 @@ impl FillWhereLe {
         vec![&self.lhs, &self.tensor, &self.out]
     }
 
-    /// The kernel. The filled tensor is taken the way burn-ndarray's `mask_fill` takes it:
-    /// written in place when this op holds its only handle, else copied first (ndarray's
-    /// copy on write keeps its memory order), so the output's layout is the pair's too.
+    /// The kernel. The filled tensor is copied the way burn-ndarray's `mask_fill` copies
+    /// it (`copy_like_mask_fill`), so the output has the pair's memory layout too, and a
+    /// later op that walks it by its layout (a sum) rounds the same way.
     pub(crate) fn run(&self, c: &Operands) {
         let (t, f) = (self.threshold, self.fill);
         let out = if self.lhs.id == self.tensor.id {
             // ReLU's forward pass: one tensor, with the fill's (the stronger) status.
-            let mut x = f32_array(c.get(&self.tensor));
+            let mut x = copy_like_mask_fill(f32_array(c.get(&self.tensor)));
             match x.as_slice_memory_order_mut() {
                 Some(xs) => xs.iter_mut().for_each(|v| *v = select(*v <= t, f, *v)),
                 None => x.mapv_inplace(|v| select(v <= t, f, v)),
@@ -91,10 +91,8 @@ impl FillWhereLe {
             x
         } else {
             let lhs = f32_array(c.get(&self.lhs));
-            let mut x = f32_array(c.get(&self.tensor));
+            let mut x = copy_like_mask_fill(f32_array(c.get(&self.tensor)));
             let fill_where = |o: &mut f32, l: f32| *o = select(l <= t, f, *o);
-            // Copy on write first (when `x` is shared): it may change `x`'s memory order.
-            x.view_mut();
             let same_order = x.strides() == lhs.strides();
             match (same_order, lhs.as_slice_memory_order()) {
                 // One memory order, no gaps: element k of one slice is element k of the
@@ -126,7 +124,20 @@ fn select(c: bool, a: f32, b: f32) -> f32 {
     f32::from_bits((a.to_bits() & m) | (b.to_bits() & !m))
 }
 
-fn f32_array(t: NdArrayTensor) -> burn_ndarray::SharedArray<f32> {
+/// `x`, copied as burn-ndarray's `mask_fill` copies its tensor: it clones the handle and
+/// writes through the clone, so ndarray's copy on write always copies, and picks the copy's
+/// layout from the view and its buffer (a gapped view over at most half of its buffer
+/// becomes standard; otherwise the strides stay). Writing in place instead would keep a
+/// gapped view's strides, and a later sum over it would round differently. The copy costs
+/// about what the pair's own copy cost; it is not where the fused kernel saves.
+fn copy_like_mask_fill(x: SharedArray<f32>) -> SharedArray<f32> {
+    let mut output = x.clone();
+    output.view_mut();
+    drop(x);
+    output
+}
+
+fn f32_array(t: NdArrayTensor) -> SharedArray<f32> {
     match t {
         NdArrayTensor::F32(a) => a,
         // The ops' IR said f32 (`pair`); burn-ndarray's kernels would fail alike.
@@ -301,45 +312,81 @@ mod tests {
         }
     }
 
-    #[test]
-    fn relu_backward_matches_the_pair_on_views_and_shared_tensors() {
+    /// [4, 8] views of larger buffers: with gaps; without, in a buffer under twice their
+    /// size and in one over (a copy of the first keeps its strides and buffer, of the
+    /// second is compact); column-major; standard. Made afresh for each use, so that the
+    /// kernel may hold the only handle.
+    fn view(k: usize, salt: f32) -> SharedArray<f32> {
         use ndarray::s;
-        let big = |rows, cols, salt| {
+        let big = |rows, cols| {
             ndarray::Array::from_shape_vec((rows, cols), edgy(rows * cols, salt))
                 .unwrap()
                 .into_shared()
         };
-        // [4, 8] views of larger buffers: with gaps; without, in a buffer under twice their
-        // size and in one over (ndarray's copy on write keeps the first's layout and makes
-        // the second standard); column-major; standard.
-        let views = |salt: f32| {
-            [
-                big(6, 12, salt).slice_move(s![0..4, 2..10]),
-                big(6, 8, salt + 0.1).slice_move(s![1..5, ..]),
-                big(10, 8, salt + 0.2).slice_move(s![3..7, ..]),
-                array(edgy(32, salt + 0.3), 4, true).float_array(),
-                array(edgy(32, salt + 0.4), 4, false).float_array(),
-            ]
+        let v = match k {
+            0 => big(6, 12).slice_move(s![0..4, 2..10]),
+            1 => big(6, 8).slice_move(s![1..5, ..]),
+            2 => big(10, 8).slice_move(s![3..7, ..]),
+            3 => array(edgy(32, salt), 4, true).float_array(),
+            _ => array(edgy(32, salt), 4, false).float_array(),
         };
-        for (i, grad) in views(0.2).iter().enumerate() {
-            for (j, lhs) in views(1.3).iter().enumerate() {
-                for keep in [false, true] {
-                    let g = grad.clone().into_dyn();
-                    let kept = keep.then(|| g.clone());
-                    let l = lhs.clone().into_dyn();
-                    let before: Vec<u32> = g.iter().map(|v| v.to_bits()).collect();
+        v.into_dyn()
+    }
+
+    /// The pair and the fused kernel on views, each the only handle (`keep` false) or
+    /// shared with the test (which must not see it written): bits and strides.
+    #[test]
+    fn matches_the_pair_on_views_and_shared_tensors() {
+        let status = |keep| {
+            if keep {
+                TensorStatus::ReadOnly
+            } else {
+                TensorStatus::ReadWrite
+            }
+        };
+        for i in 0..5 {
+            for keep in [false, true] {
+                // The forward form: one tensor.
+                let want = {
+                    let x = view(i, 0.2);
+                    Inner::float_mask_fill(
+                        NdArrayTensor::F32(x.clone()),
+                        Inner::float_lower_equal_elem(NdArrayTensor::F32(x), 0.0),
+                        0.0,
+                    )
+                };
+                let x = view(i, 0.2);
+                let kept = keep.then(|| x.clone());
+                let f = FillWhereLe::pair(
+                    &cmp(ir(1, &[4, 8], TensorStatus::ReadOnly, DType::F32), 2, 0.0),
+                    &fill(
+                        ir(1, &[4, 8], status(keep), DType::F32),
+                        ir(2, &[4, 8], TensorStatus::ReadWrite, DType::Bool),
+                        0.0,
+                        3,
+                    ),
+                )
+                .unwrap();
+                let got = run(&f, vec![(1, NdArrayTensor::F32(x))]);
+                assert_eq!(
+                    bits_and_strides(got),
+                    bits_and_strides(want),
+                    "forward, view {i}, kept {keep}"
+                );
+                if let Some(k) = kept {
+                    let v = view(i, 0.2);
+                    assert!(k.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+
+                // The backward form: the output compared, the gradient filled.
+                for j in 0..5 {
                     let want = Inner::float_mask_fill(
-                        NdArrayTensor::F32(g.clone()),
-                        Inner::float_lower_equal_elem(NdArrayTensor::F32(l.clone()), 0.0),
+                        NdArrayTensor::F32(view(i, 1.7)),
+                        Inner::float_lower_equal_elem(NdArrayTensor::F32(view(j, 0.4)), 0.0),
                         0.0,
                     );
-                    let status = |keep| {
-                        if keep {
-                            TensorStatus::ReadOnly
-                        } else {
-                            TensorStatus::ReadWrite
-                        }
-                    };
+                    let g = view(i, 1.7);
+                    let kept = keep.then(|| g.clone());
                     let f = FillWhereLe::pair(
                         &cmp(ir(1, &[4, 8], TensorStatus::ReadWrite, DType::F32), 3, 0.0),
                         &fill(
@@ -350,18 +397,16 @@ mod tests {
                         ),
                     )
                     .unwrap();
-                    let got = run(
-                        &f,
-                        vec![(1, NdArrayTensor::F32(l)), (2, NdArrayTensor::F32(g))],
-                    );
+                    let l = NdArrayTensor::F32(view(j, 0.4));
+                    let got = run(&f, vec![(1, l), (2, NdArrayTensor::F32(g))]);
                     assert_eq!(
-                        bits_and_strides(got).0,
-                        bits_and_strides(want).0,
-                        "grad {i}, lhs {j}, kept {keep}"
+                        bits_and_strides(got),
+                        bits_and_strides(want),
+                        "backward, grad view {i}, output view {j}, kept {keep}"
                     );
                     if let Some(k) = kept {
-                        let now: Vec<u32> = k.iter().map(|v| v.to_bits()).collect();
-                        assert_eq!(before, now, "a shared input was written in place");
+                        let v = view(i, 1.7);
+                        assert!(k.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
                     }
                 }
             }
