@@ -38,7 +38,9 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use ivm_burn::{Inner, Ivm, IvmChannel, IvmSingle, MultiThread, SingleThread, VmMode};
+use ivm_burn::{
+    Inner, Ivm, IvmBackend, IvmChannel, IvmClient, IvmSingle, MultiThread, SingleThread, VmMode,
+};
 
 const SEED: u64 = 42;
 const BATCH: usize = 64;
@@ -80,28 +82,26 @@ struct Trainer<B: AutodiffBackend> {
 
 /// A trainer on ivm's client of mode `M` that sets the client's fusion before each epoch
 /// (the two ivm trainers share one client).
-struct Fused<B: AutodiffBackend, M: VmMode> {
+struct Fused<M: VmMode> {
     fuse: bool,
-    inner: Trainer<B>,
-    mode: std::marker::PhantomData<M>,
+    inner: Trainer<Autodiff<IvmBackend<M>>>,
 }
 
-impl<B: AutodiffBackend, M: VmMode> Fused<B, M> {
+impl<M: VmMode> Fused<M> {
     fn new(name: &'static str, fuse: bool, data: &data::Data, hidden: usize) -> Self {
         Self {
             fuse,
             inner: Trainer::new(name, data, hidden),
-            mode: std::marker::PhantomData,
         }
     }
 }
 
-impl<B: AutodiffBackend, M: VmMode> Run for Fused<B, M> {
+impl<M: VmMode> Run for Fused<M> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
     fn epoch(&mut self, data: &data::Data, order: &[u32], steps: usize) {
-        burn_router::get_client::<IvmChannel<M>>(&Default::default()).set_fusion(self.fuse);
+        client::<M>().set_fusion(self.fuse);
         self.inner.epoch(data, order, steps);
     }
     fn losses(&self) -> &[f32] {
@@ -272,10 +272,14 @@ fn per_op<B: Backend>(n: usize) -> f64 {
     dt.as_secs_f64() * 1e6 / n as f64
 }
 
-/// The counters of the VM behind ivm's client of mode `M` (one per process and mode).
+/// ivm's client of mode `M` (one per process and mode).
+fn client<M: VmMode>() -> IvmClient<M> {
+    burn_router::get_client::<IvmChannel<M>>(&Default::default())
+}
+
+/// The counters of the VM behind ivm's client of mode `M`.
 fn vm_stats<M: VmMode>() -> Option<ivm_std::VmStats> {
-    let client = burn_router::get_client::<IvmChannel<M>>(&Default::default());
-    client.vm().stats().ok()
+    client::<M>().vm().stats().ok()
 }
 
 /// The command line's `--epochs`, `--chain` and `--hidden`.
@@ -336,13 +340,9 @@ fn main() -> ExitCode {
     // without, switched before each of their epochs.
     for (name, fuse) in [("ivm", true), ("ivm-nofuse", false)] {
         runs.push(if single {
-            Box::new(Fused::<Autodiff<IvmSingle>, SingleThread>::new(
-                name, fuse, &data, hidden,
-            ))
+            Box::new(Fused::<SingleThread>::new(name, fuse, &data, hidden))
         } else {
-            Box::new(Fused::<Autodiff<Ivm>, MultiThread>::new(
-                name, fuse, &data, hidden,
-            ))
+            Box::new(Fused::<MultiThread>::new(name, fuse, &data, hidden))
         });
     }
     println!(
@@ -444,9 +444,9 @@ fn main() -> ExitCode {
     // What the VM did for the training: who ran the kernels, and how often it sensed
     // another thread taking a CPU (each sense has callers run the work for a while).
     let fused = if single {
-        burn_router::get_client::<IvmChannel<SingleThread>>(&Default::default()).fused_pairs()
+        client::<SingleThread>().fused_pairs()
     } else {
-        burn_router::get_client::<IvmChannel<MultiThread>>(&Default::default()).fused_pairs()
+        client::<MultiThread>().fused_pairs()
     };
     println!(
         "ivm: {fused} compare-then-fill pairs (ReLU and its backward pass) ran as one kernel \

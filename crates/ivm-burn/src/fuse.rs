@@ -94,12 +94,15 @@ impl FillWhereLe {
             let mut x = copy_like_mask_fill(f32_array(c.get(&self.tensor)));
             let fill_where = |o: &mut f32, l: f32| *o = select(l <= t, f, *o);
             let same_order = x.strides() == lhs.strides();
-            match (same_order, lhs.as_slice_memory_order()) {
+            match (
+                same_order,
+                lhs.as_slice_memory_order(),
+                x.as_slice_memory_order_mut(),
+            ) {
                 // One memory order, no gaps: element k of one slice is element k of the
                 // other. A plain loop over slices, where ndarray's `Zip` over dynamic
                 // dimensions (burn-ndarray's `mask_fill` uses it) costs several times more.
-                (true, Some(l)) if x.as_slice_memory_order_mut().is_some() => {
-                    let o = x.as_slice_memory_order_mut().expect("checked above");
+                (true, Some(l), Some(o)) => {
                     for (o, &l) in o.iter_mut().zip(l) {
                         fill_where(o, l);
                     }
@@ -333,6 +336,35 @@ mod tests {
         v.into_dyn()
     }
 
+    /// The fused pair comparing `lhs` with 0 and filling `tensor` with 0.
+    fn fused(lhs: TensorIr, tensor: TensorIr) -> FillWhereLe {
+        let mask = ir(90, &lhs.shape.dims, TensorStatus::ReadWrite, DType::Bool);
+        FillWhereLe::pair(&cmp(lhs, 90, 0.0), &fill(tensor, mask, 0.0, 91)).unwrap()
+    }
+
+    /// Runs `f` on `inputs` and compares its output with `want`, bits and strides; a
+    /// handle the test `kept` must still read as `fresh`, a new copy of its values.
+    fn check(
+        f: &FillWhereLe,
+        inputs: Vec<(u64, SharedArray<f32>)>,
+        want: NdArrayTensor,
+        kept: Option<(SharedArray<f32>, SharedArray<f32>)>,
+        what: &str,
+    ) {
+        let inputs = inputs
+            .into_iter()
+            .map(|(id, a)| (id, NdArrayTensor::F32(a)));
+        let got = run(f, inputs.collect());
+        assert_eq!(bits_and_strides(got), bits_and_strides(want), "{what}");
+        if let Some((k, fresh)) = kept {
+            let same = k
+                .iter()
+                .zip(&fresh)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what}: a shared input was written in place");
+        }
+    }
+
     /// The pair and the fused kernel on views, each the only handle (`keep` false) or
     /// shared with the test (which must not see it written): bits and strides.
     #[test]
@@ -344,70 +376,37 @@ mod tests {
                 TensorStatus::ReadWrite
             }
         };
+        let f32s = NdArrayTensor::F32;
+        let at = |id, status| ir(id, &[4, 8], status, DType::F32);
         for i in 0..5 {
             for keep in [false, true] {
                 // The forward form: one tensor.
                 let want = {
                     let x = view(i, 0.2);
                     Inner::float_mask_fill(
-                        NdArrayTensor::F32(x.clone()),
-                        Inner::float_lower_equal_elem(NdArrayTensor::F32(x), 0.0),
+                        f32s(x.clone()),
+                        Inner::float_lower_equal_elem(f32s(x), 0.0),
                         0.0,
                     )
                 };
                 let x = view(i, 0.2);
-                let kept = keep.then(|| x.clone());
-                let f = FillWhereLe::pair(
-                    &cmp(ir(1, &[4, 8], TensorStatus::ReadOnly, DType::F32), 2, 0.0),
-                    &fill(
-                        ir(1, &[4, 8], status(keep), DType::F32),
-                        ir(2, &[4, 8], TensorStatus::ReadWrite, DType::Bool),
-                        0.0,
-                        3,
-                    ),
-                )
-                .unwrap();
-                let got = run(&f, vec![(1, NdArrayTensor::F32(x))]);
-                assert_eq!(
-                    bits_and_strides(got),
-                    bits_and_strides(want),
-                    "forward, view {i}, kept {keep}"
-                );
-                if let Some(k) = kept {
-                    let v = view(i, 0.2);
-                    assert!(k.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
-                }
+                let kept = keep.then(|| (x.clone(), view(i, 0.2)));
+                let f = fused(at(1, TensorStatus::ReadOnly), at(1, status(keep)));
+                let what = format!("forward, view {i}, kept {keep}");
+                check(&f, vec![(1, x)], want, kept, &what);
 
-                // The backward form: the output compared, the gradient filled.
+                // The backward form: ReLU's input compared, the gradient filled.
                 for j in 0..5 {
                     let want = Inner::float_mask_fill(
-                        NdArrayTensor::F32(view(i, 1.7)),
-                        Inner::float_lower_equal_elem(NdArrayTensor::F32(view(j, 0.4)), 0.0),
+                        f32s(view(i, 1.7)),
+                        Inner::float_lower_equal_elem(f32s(view(j, 0.4)), 0.0),
                         0.0,
                     );
                     let g = view(i, 1.7);
-                    let kept = keep.then(|| g.clone());
-                    let f = FillWhereLe::pair(
-                        &cmp(ir(1, &[4, 8], TensorStatus::ReadWrite, DType::F32), 3, 0.0),
-                        &fill(
-                            ir(2, &[4, 8], status(keep), DType::F32),
-                            ir(3, &[4, 8], TensorStatus::ReadWrite, DType::Bool),
-                            0.0,
-                            4,
-                        ),
-                    )
-                    .unwrap();
-                    let l = NdArrayTensor::F32(view(j, 0.4));
-                    let got = run(&f, vec![(1, l), (2, NdArrayTensor::F32(g))]);
-                    assert_eq!(
-                        bits_and_strides(got),
-                        bits_and_strides(want),
-                        "backward, grad view {i}, output view {j}, kept {keep}"
-                    );
-                    if let Some(k) = kept {
-                        let v = view(i, 1.7);
-                        assert!(k.iter().zip(&v).all(|(a, b)| a.to_bits() == b.to_bits()));
-                    }
+                    let kept = keep.then(|| (g.clone(), view(i, 1.7)));
+                    let f = fused(at(1, TensorStatus::ReadWrite), at(2, status(keep)));
+                    let what = format!("backward, grad view {i}, input view {j}, kept {keep}");
+                    check(&f, vec![(1, view(j, 0.4)), (2, g)], want, kept, &what);
                 }
             }
         }
