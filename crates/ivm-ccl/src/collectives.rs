@@ -396,6 +396,10 @@ impl CollectiveOp {
         let deadline = deadline_after(self.timeout);
         let stream = k.device_stream();
         let r = match self.header.kind {
+            // Nothing to move, and every rank knows it (the headers agreed on the size), so
+            // every rank skips the transport. Transports need not take an empty tensor's
+            // dangling slice: MPI refuses it as an invalid argument and aborts the rank.
+            _ if self.header.bytes == 0 => Ok(()),
             CollectiveKind::AllReduceSum if k.num_outputs() > 1 => {
                 // A bucket: the tensors side by side in one buffer, one transport call.
                 let total: usize = (0..k.num_outputs()).map(|i| k.output(i).len()).sum();

@@ -171,6 +171,7 @@ fn sim_scenarios(launcher: bool, mode: Mode) {
     on_sim_ranks(2, launcher, mode, scenarios::racing_compute);
     on_sim_ranks(3, launcher, mode, scenarios::broadcast_and_gather);
     on_sim_ranks(2, launcher, mode, scenarios::size_mismatch);
+    on_sim_ranks(2, launcher, mode, scenarios::zero_byte_tensors);
 }
 
 #[test]
@@ -192,6 +193,12 @@ fn the_scenarios_on_a_launcher_sim_device_single_thread() {
 fn collectives_reach_the_transport_in_build_order() {
     on_ranks(2, scenarios::order_across_streams);
     on_ranks(3, scenarios::order_across_streams);
+}
+
+#[test]
+fn zero_byte_tensors_through_every_collective() {
+    on_ranks(2, scenarios::zero_byte_tensors);
+    on_ranks(3, scenarios::zero_byte_tensors);
 }
 
 #[test]

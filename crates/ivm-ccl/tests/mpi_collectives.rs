@@ -60,7 +60,7 @@ fn main() {
     let (universe, comm) = ivm_ccl::mpi::init().expect("MPI initialises");
     let (rank, size) = (comm.rank(), comm.size());
     let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
-    let all: [(&str, Scenario); 8] = [
+    let all: [(&str, Scenario); 9] = [
         ("order_across_streams", scenarios::order_across_streams),
         ("racing_compute", scenarios::racing_compute),
         ("broadcast_and_gather", scenarios::broadcast_and_gather),
@@ -71,6 +71,7 @@ fn main() {
         ),
         ("size_mismatch", scenarios::size_mismatch),
         ("wrong_device_refused", scenarios::wrong_device_refused),
+        ("zero_byte_tensors", scenarios::zero_byte_tensors),
         ("late_peer", late_peer),
     ];
     let mut failed = 0;

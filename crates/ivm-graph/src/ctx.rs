@@ -224,6 +224,10 @@ impl<'a> GraphCtx<'a> {
 }
 
 fn words(b: &[u8]) -> &[u64] {
+    if b.len() < 8 {
+        // No whole word; and an empty tensor's slice is dangling (address 1), not aligned.
+        return &[];
+    }
     // SAFETY: graph blobs and eager tensors are host memory at least 8-byte aligned (both
     // `ivm_std::HostMemory`, or an eager tensor under the `DeviceMemory` contract), so `b`
     // is; `len / 8` whole words lie inside it and every bit pattern is a valid u64.
@@ -231,6 +235,10 @@ fn words(b: &[u8]) -> &[u64] {
 }
 
 fn words_mut(b: &mut [u8]) -> &mut [u64] {
+    if b.len() < 8 {
+        // As in `words`.
+        return &mut [];
+    }
     // SAFETY: as in `words`, and `b` is borrowed mutably for the returned lifetime.
     unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u64>(), b.len() / 8) }
 }

@@ -77,3 +77,40 @@ fn impossible_graph_blobs_and_depths_are_out_of_memory() {
     g.output("y", y);
     g.build().unwrap().shutdown();
 }
+
+/// Zero-byte inputs, parameters and blobs (pure dependences) have empty word views in a
+/// graph kernel. Before, the view of an empty slice was cast from a dangling, unaligned
+/// pointer, and the debug check aborted the process.
+#[test]
+fn word_views_of_zero_byte_blobs_are_empty() {
+    for config in [ivm_std::Config::default(), ivm_std::Config::single_thread()] {
+        // A graph serves one VM: one per config.
+        let mut g = GraphBuilder::new("empty-words");
+        let x = g.input("x", 0);
+        let w = g.param("w", 0);
+        let e = g.blob("e", 0);
+        let y = g.blob("y", 8);
+        g.param_kernel("fill", &[x], &[e], move |k| {
+            assert!(k.input_u64(0).is_empty() && k.output_u64(0).is_empty());
+            assert!(k.param_u64(w).is_empty() && k.param_u64_mut(w).is_empty());
+        });
+        g.kernel("count", &[e], &[y], |k| {
+            k.output_u64(0)[0] = 7 + k.input_u64(0).len() as u64;
+        });
+        g.output("y", y);
+        let graph = g.build().unwrap();
+        let vm = ivm_std::VirtualMachine::new(config).unwrap();
+        let (xt, wt, yt) = (
+            vm.new_tensor(0).unwrap(),
+            vm.new_tensor(0).unwrap(),
+            vm.new_tensor(8).unwrap(),
+        );
+        vm.run(|b| b.launch_lazy_job(&[&xt], &[&yt], &[&wt], graph.lazy()))
+            .unwrap();
+        let mut out = [0u8; 8];
+        vm.read_small(&yt, 0, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 7);
+        drop((xt, wt, yt));
+        vm.shutdown().unwrap();
+    }
+}

@@ -76,3 +76,36 @@ fn host_memory_and_the_cpu_allocator_refuse_impossible_sizes() {
         0
     );
 }
+
+/// A zero-byte tensor (a pure dependence) and one shorter than a word have no whole
+/// `u64`: their word views are empty. Before, an empty tensor's view was cast from a
+/// dangling, unaligned pointer, and the debug check aborted the process.
+#[test]
+fn word_views_of_tensors_without_a_whole_word_are_empty() {
+    for config in [Config::default(), Config::single_thread()] {
+        let vm = VirtualMachine::new(config.with_timeout_period(Duration::from_secs(20))).unwrap();
+        let s = vm.default_stream();
+        let (empty, short, word) = (
+            vm.new_tensor(0).unwrap(),
+            vm.new_tensor(5).unwrap(),
+            vm.new_tensor(8).unwrap(),
+        );
+        vm.run(|b| {
+            b.call(&s, &[&empty, &short], &[&word], |k| {
+                let n = k.input_u64(0).len() + k.input_u64(1).len();
+                k.output_u64(0)[0] = n as u64 + 100;
+            })?;
+            b.call(&s, &[&word], &[&empty, &short], |k| {
+                let n = k.output_u64(0).len() + k.output_u64(1).len();
+                assert_eq!(n, 0, "no whole word to write");
+                k.output(1).copy_from_slice(&[1, 2, 3, 4, 5]);
+            })
+        })
+        .unwrap();
+        assert_eq!(read_u64(&vm, &word), 100);
+        let mut b = [0u8; 4];
+        vm.read_small(&short, 1, &mut b).unwrap();
+        assert_eq!(b, [2, 3, 4, 5], "the second kernel ran");
+        vm.shutdown().unwrap();
+    }
+}

@@ -321,6 +321,34 @@ pub fn size_mismatch(comm: Arc<dyn Communicator>) -> Outcome {
     ccl.global_sync(&vm).map_err(e)
 }
 
+/// Zero-byte tensors (pure dependences) through every collective: nothing to move, each
+/// completes, and work after it runs. Before, the MPI transport cast an empty tensor's
+/// dangling, unaligned slice to its element type, and the debug check aborted the rank.
+pub fn zero_byte_tensors(comm: Arc<dyn Communicator>) -> Outcome {
+    let (vm, ccl, s) = setup(comm)?;
+    let size = ccl.size();
+    let e = |e: Error| e.to_string();
+    let (t, gathered) = (
+        vm.new_tensor_on(&s, 0).map_err(e)?,
+        vm.new_tensor_on(&s, 0).map_err(e)?,
+    );
+    let after = vm.new_tensor_from(&s, &[ccl.rank() as u8; 8]).map_err(e)?;
+    vm.run(|b| {
+        ccl.all_reduce_sum(b, &t, DType::F32)?;
+        ccl.all_reduce_sum(b, &t, DType::F64)?;
+        ccl.broadcast(b, &t, size - 1)?;
+        ccl.all_gather(b, &t, &gathered)?;
+        ccl.broadcast(b, &after, size - 1)
+    })
+    .map_err(e)?;
+    let mut got = [0u8; 8];
+    vm.read_small(&after, 0, &mut got).map_err(e)?;
+    check(got == [size as u8 - 1; 8], || {
+        format!("a broadcast after the empty collectives: {got:?}")
+    })?;
+    ccl.global_sync(&vm).map_err(e)
+}
+
 /// A collective on a tensor of a device the transport does not serve is refused when it
 /// is built, before anything reaches the transport.
 pub fn wrong_device_refused(comm: Arc<dyn Communicator>) -> Outcome {

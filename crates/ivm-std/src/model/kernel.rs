@@ -172,6 +172,10 @@ impl<'a> KernelCtx<'a> {
 }
 
 fn words(b: &[u8]) -> &[u64] {
+    if b.len() < 8 {
+        // No whole word; and an empty tensor's slice is dangling (address 1), not aligned.
+        return &[];
+    }
     // SAFETY: a tensor's host memory is 8-byte aligned (the `DeviceMemory` contract; the
     // cpu's `HostMemory` is 128-byte aligned), so `b` is; `len / 8` whole words lie inside
     // it and every bit pattern is a valid u64.
@@ -179,6 +183,10 @@ fn words(b: &[u8]) -> &[u64] {
 }
 
 fn words_mut(b: &mut [u8]) -> &mut [u64] {
+    if b.len() < 8 {
+        // As in `words`.
+        return &mut [];
+    }
     // SAFETY: as in `words`, and `b` is borrowed mutably for the returned lifetime.
     unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<u64>(), b.len() / 8) }
 }
