@@ -143,3 +143,63 @@ fn dropping_a_vm_joins_its_threads_and_leaves_others_running() {
     keep.shutdown().unwrap();
     assert!(wait_for(|| vm_threads(keep_id) == 0));
 }
+
+/// VMs nest on one thread: a kernel of VM A drives single-thread VM B, whose kernel runs
+/// right there and makes blocking calls into A. Those would wait for A's kernel, which is
+/// this very thread: `Reentrant` at once, as from A's kernel directly. Before, entering B
+/// replaced A as the thread's VM, and the call waited for a whole timeout period (for
+/// ever with no timeout). Calls into B from B's kernel stay `Reentrant` too, and A's
+/// kernel still uses B normally once B's kernel has returned.
+#[test]
+fn blocking_calls_into_an_outer_vm_from_a_nested_vm_are_reentrant() {
+    for a_config in [Config::default(), Config::single_thread()] {
+        let long = Duration::from_secs(60);
+        let a =
+            std::sync::Arc::new(VirtualMachine::new(a_config.with_timeout_period(long)).unwrap());
+        let b = std::sync::Arc::new(
+            VirtualMachine::new(Config::single_thread().with_timeout_period(long)).unwrap(),
+        );
+        let (ta, tb) = (a.new_tensor(8).unwrap(), b.new_tensor(8).unwrap());
+        let sa = a.default_stream();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let (a2, b2, ta2, tb2) = (a.clone(), b.clone(), ta.clone(), tb.clone());
+        let start = std::time::Instant::now();
+        a.run(|bl| {
+            bl.call(&sa, &[], &[&ta], move |k| {
+                let sb = b2.default_stream();
+                let (a3, b3, ta3, tx2) = (a2.clone(), b2.clone(), ta2.clone(), tx.clone());
+                b2.run(|bl| {
+                    bl.call(&sb, &[], &[&tb2], move |k| {
+                        let mut buf = [0u8; 8];
+                        let outer = [
+                            ("A.sync", a3.sync()),
+                            ("A.read_small", a3.read_small(&ta3, 0, &mut buf)),
+                            ("B.sync", b3.sync()),
+                        ];
+                        for (what, r) in outer {
+                            if !matches!(r, Err(Error::Reentrant)) {
+                                tx2.send(format!("{what}: {r:?}")).unwrap();
+                            }
+                        }
+                        k.output_u64(0)[0] = 5;
+                    })
+                })
+                .unwrap();
+                let mut out = [0u8; 8];
+                b2.read_small(&tb2, 0, &mut out).unwrap();
+                k.output_u64(0)[0] = u64::from_ne_bytes(out) + 1;
+            })
+        })
+        .unwrap();
+        let mut out = [0u8; 8];
+        a.read_small(&ta, 0, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 6, "both kernels ran");
+        if let Ok(m) = rx.try_recv() {
+            panic!("a blocking call from the nested kernel was not Reentrant: {m}");
+        }
+        assert!(start.elapsed() < long / 2, "nothing waited for a timeout");
+        drop((ta, tb));
+        b.shutdown().unwrap();
+        a.shutdown().unwrap();
+    }
+}

@@ -7,7 +7,7 @@
 //! backpressure in `submission.rs`, single-thread driving in `single.rs`, who drives in
 //! multi-thread mode in `drive/`.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -30,6 +30,11 @@ thread_local! {
     /// The id of the VM whose thread, kernel, callback or engine step this thread is in
     /// (0: none). Keyed by VM id: blocking calls into *that* VM would deadlock.
     static CURRENT_VM: Cell<usize> = const { Cell::new(0) };
+    /// The VMs entered further out on this thread than `CURRENT_VM`, innermost last: a
+    /// kernel of VM A that drives VM B (single-thread B runs its kernels right there) is
+    /// still inside A, and a blocking call into A from B's kernel would deadlock too.
+    /// Touched only when VMs nest.
+    static OUTER_VMS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 thread_local! {
@@ -80,24 +85,35 @@ impl Drop for WaitScope {
 /// Marks the current thread as running on behalf of a VM until dropped.
 pub(crate) struct ReentryGuard {
     prev: usize,
+    /// `prev` was another VM, kept on `OUTER_VMS` until this guard drops.
+    nested: bool,
 }
 
 impl ReentryGuard {
     pub(crate) fn enter(vm: usize) -> Self {
-        Self {
-            prev: CURRENT_VM.with(|c| c.replace(vm)),
+        let prev = CURRENT_VM.with(|c| c.replace(vm));
+        let nested = prev != 0 && prev != vm;
+        if nested {
+            OUTER_VMS.with(|o| o.borrow_mut().push(prev));
         }
+        Self { prev, nested }
     }
 }
 
 impl Drop for ReentryGuard {
     fn drop(&mut self) {
+        if self.nested {
+            OUTER_VMS.with(|o| o.borrow_mut().pop());
+        }
         CURRENT_VM.with(|c| c.set(self.prev));
     }
 }
 
+/// Whether this thread is inside `vm`: its thread, kernel, callback or engine step, at
+/// any depth of nesting with other VMs.
 pub(crate) fn inside(vm: usize) -> bool {
-    CURRENT_VM.with(Cell::get) == vm
+    let current = CURRENT_VM.with(Cell::get);
+    current == vm || (current != 0 && OUTER_VMS.with(|o| o.borrow().contains(&vm)))
 }
 
 /// A closure polled on the scheduler thread (or by the engine's owner).
