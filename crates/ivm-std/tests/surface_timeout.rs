@@ -163,3 +163,51 @@ fn a_timed_wait_never_runs_the_kernel_it_waits_behind() {
         );
     }
 }
+
+/// A probe that never turns true fails its wait with `Timeout` after a period in which no
+/// instruction finished, as every blocking wait; the diagnostic counts it, the VM
+/// withdraws it (never called again), and a later `shutdown` does not wait for it. Before,
+/// the wait had no timeout at all and `shutdown` timed out behind the probe.
+#[test]
+fn a_probe_that_never_turns_true_times_out_and_is_withdrawn() {
+    for config in [Config::default(), Config::single_thread()] {
+        let vm =
+            VirtualMachine::new(config.with_timeout_period(Duration::from_millis(200))).unwrap();
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c2 = calls.clone();
+        let t0 = Instant::now();
+        let r = vm.blocking_run_probe(move || {
+            c2.fetch_add(1, Ordering::Relaxed);
+            false
+        });
+        let Err(Error::Timeout(d)) = r else {
+            panic!("expected a timeout, got {r:?}")
+        };
+        assert!(
+            t0.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(d.probes, 1, "{d}");
+        assert!(d.to_string().contains("1 probe(s) polled"), "{d}");
+        let polled = calls.load(Ordering::Relaxed);
+        assert!(polled > 0);
+        // Withdrawn: the VM goes on without it, and stops calling it.
+        let x = vm.new_tensor(8).unwrap();
+        let s = vm.default_stream();
+        vm.run(|b| b.call(&s, &[], &[&x], |k| k.output_u64(0)[0] = 3))
+            .unwrap();
+        vm.sync().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let after = calls.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            after,
+            "called after its withdrawal"
+        );
+        vm.blocking_run_probe(|| true).unwrap();
+        drop(x);
+        vm.shutdown().unwrap();
+    }
+}

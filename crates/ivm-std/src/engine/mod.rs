@@ -158,6 +158,8 @@ pub struct DebugCounters {
 pub(crate) struct Engine {
     pub(crate) core: Core,
     probes: Vec<Probe>,
+    /// User probes at the start of the last poll round (`run_probes`), for diagnostics.
+    user_probes: usize,
     /// Who runs the current steps (`drive/`): probes and user barriers are the
     /// scheduler thread's.
     driver: Driver,
@@ -182,6 +184,7 @@ impl Engine {
         Self {
             core,
             probes: Vec::new(),
+            user_probes: 0,
             driver: Driver::Scheduler,
             needs_scheduler: false,
             inline_small: false,
@@ -310,6 +313,11 @@ impl Engine {
         }
         let mut probes = std::mem::take(&mut self.probes);
         let before = probes.len();
+        // For a diagnostic asked in this round (it sees `self.probes` empty).
+        self.user_probes = probes
+            .iter()
+            .filter(|p| matches!(p, Probe::User(_)))
+            .count();
         probes.retain_mut(|p| match p {
             Probe::User(f) => !f(),
             Probe::Diagnose(slot) => {
@@ -333,6 +341,7 @@ impl Engine {
         const MAX: usize = 64;
         let mut d = Diagnostic {
             pending: self.core.pending_len(),
+            probes: self.user_probes,
             ..Diagnostic::default()
         };
         for l in self.core.lively() {

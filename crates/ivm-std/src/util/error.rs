@@ -250,6 +250,10 @@ pub struct Diagnostic {
     pub truncated: usize,
     /// Set when the scheduler did not answer the diagnostic request in time.
     pub scheduler_unresponsive: bool,
+    /// Probes still polled that have not returned true
+    /// ([`blocking_run_probe`](crate::VirtualMachine::blocking_run_probe)): they keep the
+    /// VM from being idle, so a `shutdown` waits for them.
+    pub probes: usize,
 }
 
 impl fmt::Display for Diagnostic {
@@ -280,6 +284,9 @@ impl fmt::Display for Diagnostic {
         }
         if self.truncated > 0 {
             writeln!(f, "  ... and {} more", self.truncated)?;
+        }
+        if self.probes > 0 {
+            writeln!(f, "  {} probe(s) polled, not yet true", self.probes)?;
         }
         Ok(())
     }

@@ -4,9 +4,9 @@
 //! [`blocking_run_probe`](VirtualMachine::blocking_run_probe) waits for a probe.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use ivm_core::counter::BlockingCounter;
+use ivm_core::sync::{AtomicBool, Ordering};
 
 use super::VirtualMachine;
 use crate::doors::builder::InstructionsBuilder;
@@ -57,18 +57,36 @@ impl VirtualMachine {
         sync_devices(&self.shared, deadline)
     }
 
-    /// Polls `probe` on the scheduler thread until it returns true, and waits for that.
+    /// Polls `probe` on the scheduler thread (in single-thread mode, on this thread, between
+    /// engine steps) until it returns true, and waits for that.
+    ///
+    /// # Errors
+    /// [`Error::KernelPanicked`] when the probe panics. [`Error::Timeout`] when the probe
+    /// has not returned true and no instruction at all finished during one whole
+    /// `timeout_period`, as every blocking wait: the probe is then withdrawn (never
+    /// called again once this returns) and the diagnostic counts it under `probes`.
     pub fn blocking_run_probe(
         &self,
         mut probe: impl FnMut() -> bool + Send + 'static,
     ) -> Result<()> {
         self.shared.core.check_caller()?;
-        let panicked: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-        if self.shared.core.single_thread() {
+        let core = &self.shared.core;
+        let period = core.config().timeout_period;
+        // A period without progress: no instruction finished since the last look.
+        let mut last = core.progress();
+        let mut stalled = move || {
+            let now = core.progress();
+            std::mem::replace(&mut last, now) == now
+        };
+        if core.single_thread() {
+            let mut period_end = crate::util::deadline_after(period);
             loop {
-                self.shared.core.drive()?;
-                let _reentry = ReentryGuard::enter(self.shared.id);
-                match catch(&mut probe) {
+                core.drive()?;
+                let r = {
+                    let _reentry = ReentryGuard::enter(self.shared.id);
+                    catch(&mut probe)
+                };
+                match r {
                     Ok(true) => return Ok(()),
                     Ok(false) => std::thread::yield_now(),
                     Err(message) => {
@@ -78,12 +96,28 @@ impl VirtualMachine {
                         });
                     }
                 }
+                if std::time::Instant::now() >= period_end {
+                    if stalled() {
+                        let mut d = core.diagnostic();
+                        d.probes += 1;
+                        return Err(Error::Timeout(d));
+                    }
+                    period_end = crate::util::deadline_after(period);
+                }
             }
         }
-        let _hook = self.shared.core.wait_scope();
+        let _hook = core.wait_scope();
+        let panicked: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         let done = Arc::new(BlockingCounter::<FutexWait>::new(1));
-        let (d2, p2) = (done.clone(), panicked.clone());
-        self.shared.core.submit_probe(Probe::User(Box::new(move || {
+        // Set by a caller that gave up: the scheduler drops the probe at its next poll.
+        let withdrawn = Arc::new(AtomicBool::new(false));
+        let (d2, p2, w2) = (done.clone(), panicked.clone(), withdrawn.clone());
+        core.submit_probe(Probe::User(Box::new(move || {
+            // Relaxed: a request to stop polling; the probe publishes nothing to a caller
+            // that has left.
+            if w2.load(Ordering::Relaxed) {
+                return true;
+            }
             let r = match catch(&mut probe) {
                 Ok(r) => r,
                 Err(message) => {
@@ -97,7 +131,17 @@ impl VirtualMachine {
             }
             r
         })));
-        let _ = done.wait_until_zero(Duration::MAX, || false);
+        if done.wait_until_zero(period, stalled).is_err() {
+            // Relaxed: see the probe.
+            withdrawn.store(true, Ordering::Relaxed);
+            // The scheduler's next poll drops the probe; the diagnostic, answered in that
+            // same round, still counts it.
+            let d = core.diagnostic();
+            // Acquire (in `is_zero`): the probe may have succeeded meanwhile.
+            if !done.is_zero() {
+                return Err(Error::Timeout(d));
+            }
+        }
         match lock(&panicked).take() {
             Some(m) => Err(Error::KernelPanicked {
                 instruction: "probe".into(),
