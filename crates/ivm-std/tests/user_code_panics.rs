@@ -272,3 +272,43 @@ fn captures_whose_drop_panics_do_not_stop_the_vm() {
         vm.shutdown().unwrap();
     }
 }
+
+/// A barrier's callback that panics has no outputs to poison and no caller waiting: the
+/// next `sync` reports it (the first one, once), naming the barrier and the message;
+/// the VM goes on, and the `sync` after that is `Ok`. Before, the panic was only printed.
+#[test]
+fn a_panicking_barrier_is_reported_by_the_next_sync() {
+    for mode in MODES {
+        let vm = vm(mode);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r2 = ran.clone();
+        vm.run(|b| {
+            b.barrier(|| panic!("barrier one broke"))?;
+            b.barrier(|| panic!("barrier two broke"))?;
+            b.barrier(move || {
+                r2.fetch_add(1, Ordering::Relaxed);
+            })
+        })
+        .unwrap();
+        match vm.sync() {
+            Err(Error::KernelPanicked {
+                instruction,
+                message,
+            }) => {
+                assert!(
+                    instruction.starts_with("barrier"),
+                    "{mode:?}: {instruction}"
+                );
+                assert!(message.contains("barrier one broke"), "{mode:?}: {message}");
+            }
+            other => panic!("{mode:?}: expected the barrier's panic, got {other:?}"),
+        }
+        assert_eq!(
+            ran.load(Ordering::Relaxed),
+            1,
+            "{mode:?}: later barriers ran"
+        );
+        vm.sync().unwrap();
+        still_serves(&vm, mode);
+    }
+}

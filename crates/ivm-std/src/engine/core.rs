@@ -21,7 +21,7 @@ use crate::engine::Engine;
 use crate::model::instruction::{Instruction, PendingTag};
 use crate::model::thread_ctx::ThreadCtx;
 use crate::util::config::Config;
-use crate::util::error::{Diagnostic, Error, Result};
+use crate::util::error::{Diagnostic, Error, Failure, Result};
 use crate::util::futex::FutexWait;
 use crate::util::hooks::{ForeignHooks, WaitHook};
 use crate::util::lock;
@@ -222,6 +222,9 @@ pub(crate) struct VmCore {
     /// Device work that drains gave up on, shared with every stream's device side:
     /// diagnostics name it while it stays uncompleted (`device/given_up.rs`).
     given_up: Arc<crate::device::given_up::GivenUpWork>,
+    /// The first user barrier callback that panicked since the last `sync` reported one:
+    /// a barrier has no outputs to poison and no caller waiting, so `sync` says it.
+    barrier_failure: Mutex<Option<Failure>>,
 }
 
 impl VmCore {
@@ -268,6 +271,7 @@ impl VmCore {
             scheduler_running: BlockingCounter::new(1),
             handle_dropped: AtomicBool::new(false),
             given_up: Arc::default(),
+            barrier_failure: Mutex::new(None),
             config,
         }
     }
@@ -302,6 +306,17 @@ impl VmCore {
     /// device sides.
     pub(crate) fn given_up(&self) -> &Arc<crate::device::given_up::GivenUpWork> {
         &self.given_up
+    }
+
+    /// A user barrier's callback failed (panicked): kept for the next `sync`, unless an
+    /// earlier one is kept already.
+    pub(crate) fn note_barrier_failure(&self, f: Failure) {
+        lock(&self.barrier_failure).get_or_insert(f);
+    }
+
+    /// The barrier failure kept for `sync`, cleared.
+    pub(crate) fn take_barrier_failure(&self) -> Option<Failure> {
+        lock(&self.barrier_failure).take()
     }
 
     /// Where instructions are taken from and recycled to.

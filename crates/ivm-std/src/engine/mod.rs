@@ -461,6 +461,12 @@ impl Executor<Job> for Exec<'_> {
         instr.status.fetch_or(status::DISPATCHED, Ordering::Relaxed);
         crate::model::trace::record(instr, crate::model::trace::Phase::Dispatch);
         crate::engine::execute::execute(instr);
+        if user {
+            // SAFETY: the barrier ran on this thread, which owns `failure` again.
+            if let Some(f) = instr.failure.with(|p| unsafe { (*p).clone() }) {
+                self.shared.note_barrier_failure(f);
+            }
+        }
         true
     }
 

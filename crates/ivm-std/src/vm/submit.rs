@@ -48,13 +48,20 @@ impl VirtualMachine {
     /// or an error the device reported. [`Error::Timeout`] when the device work has not
     /// completed one `timeout_period` after the release (an event that never completes):
     /// its diagnostic has a `device work of <stream>` entry per stream still waited for.
+    /// [`Error::KernelPanicked`] naming a barrier
+    /// ([`InstructionsBuilder::barrier`]) whose callback panicked since the last `sync`
+    /// that reported one (the first such barrier; reported once).
     pub fn sync(&self) -> Result<()> {
         self.shared.core.check_caller()?;
         // A reusable barrier from this thread's ring: no allocation in steady state.
         let instr = sync_access::sync_barrier(&self.shared);
         sync_access::sync_wait(&self.shared, instr)?;
         let deadline = crate::util::deadline_after(self.shared.core.config().timeout_period);
-        sync_devices(&self.shared, deadline)
+        sync_devices(&self.shared, deadline)?;
+        self.shared
+            .core
+            .take_barrier_failure()
+            .map_or(Ok(()), |f| Err(f.to_error()))
     }
 
     /// Polls `probe` on the scheduler thread (in single-thread mode, on this thread, between
