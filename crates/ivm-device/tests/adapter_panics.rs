@@ -341,3 +341,129 @@ fn an_adapter_that_panics_creating_a_stream_is_an_error_and_the_vm_goes_on() {
         }
     }
 }
+
+/// Memory whose `end_access` panics while `armed` is set.
+#[derive(Debug)]
+struct PanickyMemory {
+    inner: Arc<dyn DeviceMemory>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+// SAFETY: every call is the inner memory's, which keeps the contract.
+unsafe impl DeviceMemory for PanickyMemory {
+    fn device(&self) -> ivm_std::Device {
+        self.inner.device()
+    }
+    fn nbytes(&self) -> usize {
+        self.inner.nbytes()
+    }
+    fn host_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
+        self.inner.host_ptr()
+    }
+    fn device_ptr(&self) -> u64 {
+        self.inner.device_ptr()
+    }
+    fn begin_access(&self) -> Result<()> {
+        self.inner.begin_access()
+    }
+    fn end_access(&self) {
+        assert!(!self.armed.load(Ordering::SeqCst), "end_access panics");
+        self.inner.end_access();
+    }
+    fn as_any(&self) -> &dyn Any {
+        self.inner.as_any()
+    }
+}
+
+#[derive(Debug)]
+struct PanickyMemoryAllocator {
+    inner: Arc<dyn DeviceAllocator>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DeviceAllocator for PanickyMemoryAllocator {
+    fn allocate(&self, n: usize) -> Result<Arc<dyn DeviceMemory>> {
+        Ok(Arc::new(PanickyMemory {
+            inner: self.inner.allocate(n)?,
+            armed: self.armed.clone(),
+        }))
+    }
+    fn free_on(&self, mem: &Arc<dyn DeviceMemory>, stream: &dyn DeviceStream) -> Result<()> {
+        self.inner.free_on(mem, stream)
+    }
+}
+
+/// The sim, with memory whose `end_access` panics while armed.
+#[derive(Debug)]
+struct PanickyMemoryAdapter {
+    inner: Arc<SimAdapter>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl DeviceAdapter for PanickyMemoryAdapter {
+    fn kind(&self) -> DeviceKind {
+        self.inner.kind()
+    }
+    fn device_count(&self) -> u32 {
+        self.inner.device_count()
+    }
+    fn supports_events(&self) -> bool {
+        self.inner.supports_events()
+    }
+    fn stream_policy(&self, i: u32, t: StreamType, m: KernelMode) -> Box<dyn StreamPolicy> {
+        self.inner.stream_policy(i, t, m)
+    }
+    fn create_stream(&self, i: u32, t: StreamType) -> Result<Arc<dyn DeviceStream>> {
+        self.inner.create_stream(i, t)
+    }
+    fn allocator(&self, i: u32) -> Result<Arc<dyn DeviceAllocator>> {
+        Ok(Arc::new(PanickyMemoryAllocator {
+            inner: self.inner.allocator(i)?,
+            armed: self.armed.clone(),
+        }))
+    }
+}
+
+/// Memory whose `end_access` panics on the sim's own thread (in its copies): the copy
+/// fails with the panic's message, the sim's thread lives on, and the device keeps
+/// serving. Before, the panic killed the sim's thread: every later read, `sync` and
+/// `shutdown` on the device timed out.
+#[test]
+fn memory_that_panics_on_the_sims_thread_fails_that_copy_and_the_device_goes_on() {
+    for mode in MODES {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let adapter = Arc::new(PanickyMemoryAdapter {
+            inner: SimAdapter::new(SimConfig::default()),
+            armed: armed.clone(),
+        });
+        let vm = VirtualMachine::with_adapters(
+            Config::default()
+                .with_mode(mode)
+                .with_caching_allocator(false)
+                .with_timeout_period(Duration::from_secs(20)),
+            vec![adapter],
+        )
+        .unwrap();
+        let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+        let (bad, good) = (
+            vm.new_tensor_on(&s, 8).unwrap(),
+            vm.new_tensor_on(&s, 8).unwrap(),
+        );
+        vm.run(|b| b.call(&s, &[], &[&bad], |k| k.output_u64(0)[0] = 1))
+            .unwrap();
+        vm.sync().unwrap();
+        armed.store(true, Ordering::SeqCst);
+        let r = read_u64(&vm, &bad);
+        armed.store(false, Ordering::SeqCst);
+        match r {
+            Err(e) => assert!(e.to_string().contains("end_access panics"), "{mode:?}: {e}"),
+            Ok(v) => panic!("{mode:?}: a read whose copy panicked gave {v}"),
+        }
+        let _ = vm.sync();
+        vm.run(|b| b.call(&s, &[], &[&good], |k| k.output_u64(0)[0] = 77))
+            .unwrap();
+        assert_eq!(read_u64(&vm, &good).unwrap(), 77, "{mode:?}");
+        drop((bad, good));
+        vm.shutdown().unwrap();
+    }
+}

@@ -254,51 +254,69 @@ fn run(state: &StreamState) {
         if !item.latency.is_zero() {
             std::thread::sleep(item.latency);
         }
-        match item.op {
-            Op::Host(f) => {
-                if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-                    let msg = p
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_string())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "non-string panic payload".into());
-                    let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
-                    state.set_error(format!("{}: host closure panicked: {msg}", state.device));
-                }
+        // Adapter code runs in an operation too (a memory's accesses, its drop when freed):
+        // a panic there fails the stream, never this thread.
+        let op = item.op;
+        if let Err(p) = catch_unwind(AssertUnwindSafe(|| run_op(state, op))) {
+            let msg = panic_message(p);
+            state.set_error(format!("{}: an operation panicked: {msg}", state.device));
+        }
+    }
+}
+
+/// Runs one queued operation on the stream's thread.
+fn run_op(state: &StreamState, op: Op) {
+    match op {
+        Op::Host(f) => {
+            if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
+                let msg = panic_message(p);
+                state.set_error(format!("{}: host closure panicked: {msg}", state.device));
             }
-            Op::Copy {
-                src,
-                src_offset,
-                dst,
-                dst_offset,
-                len,
-                fail,
-            } => {
-                if fail {
-                    state.set_error(format!("{}: sim fault: copy failed", state.device));
-                } else if let Err(e) = copy_now(&*src, src_offset, &*dst, dst_offset, len) {
-                    state.set_error(format!("{}: copy failed: {e}", state.device));
-                }
+        }
+        Op::Copy {
+            src,
+            src_offset,
+            dst,
+            dst_offset,
+            len,
+            fail,
+        } => {
+            if fail {
+                state.set_error(format!("{}: sim fault: copy failed", state.device));
+            } else if let Err(e) = copy_now(&*src, src_offset, &*dst, dst_offset, len) {
+                state.set_error(format!("{}: copy failed: {e}", state.device));
             }
-            Op::Record(ev, fault) => match fault {
-                EventFault::NeverCompletes if state.faults.leave_stuck(&ev) => {}
-                EventFault::Error => {
-                    state.set_error(format!(
-                        "{}: sim fault: event completed with an error",
-                        state.device
-                    ));
-                    ev.complete();
-                }
-                _ => ev.complete(),
-            },
-            Op::Wait(ev) => ev.wait(),
-            Op::Free(mem) => {
-                if let Some(m) = mem.as_any().downcast_ref::<SimMemory>() {
-                    m.free_now();
-                }
+        }
+        Op::Record(ev, fault) => match fault {
+            EventFault::NeverCompletes if state.faults.leave_stuck(&ev) => {}
+            EventFault::Error => {
+                state.set_error(format!(
+                    "{}: sim fault: event completed with an error",
+                    state.device
+                ));
+                ev.complete();
+            }
+            _ => ev.complete(),
+        },
+        Op::Wait(ev) => ev.wait(),
+        Op::Free(mem) => {
+            if let Some(m) = mem.as_any().downcast_ref::<SimMemory>() {
+                m.free_now();
             }
         }
     }
+}
+
+/// A panic's message; the payload is dropped under a catch of its own (a payload whose
+/// drop panics must not unwind out of the stream's thread).
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    let msg = p
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into());
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
+    msg
 }
 
 fn copy_now(
