@@ -342,11 +342,22 @@ fn an_adapter_that_panics_creating_a_stream_is_an_error_and_the_vm_goes_on() {
     }
 }
 
-/// Memory whose `end_access` panics while `armed` is set.
+/// Memory whose `end_access` panics while `armed` is set, and whose drop panics while
+/// `drop_armed` is.
 #[derive(Debug)]
 struct PanickyMemory {
     inner: Arc<dyn DeviceMemory>,
     armed: Arc<std::sync::atomic::AtomicBool>,
+    drop_armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for PanickyMemory {
+    fn drop(&mut self) {
+        assert!(
+            !self.drop_armed.load(Ordering::SeqCst),
+            "memory drop panics"
+        );
+    }
 }
 
 // SAFETY: every call is the inner memory's, which keeps the contract.
@@ -379,6 +390,7 @@ unsafe impl DeviceMemory for PanickyMemory {
 struct PanickyMemoryAllocator {
     inner: Arc<dyn DeviceAllocator>,
     armed: Arc<std::sync::atomic::AtomicBool>,
+    drop_armed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DeviceAllocator for PanickyMemoryAllocator {
@@ -386,6 +398,7 @@ impl DeviceAllocator for PanickyMemoryAllocator {
         Ok(Arc::new(PanickyMemory {
             inner: self.inner.allocate(n)?,
             armed: self.armed.clone(),
+            drop_armed: self.drop_armed.clone(),
         }))
     }
     fn free_on(&self, mem: &Arc<dyn DeviceMemory>, stream: &dyn DeviceStream) -> Result<()> {
@@ -398,6 +411,7 @@ impl DeviceAllocator for PanickyMemoryAllocator {
 struct PanickyMemoryAdapter {
     inner: Arc<SimAdapter>,
     armed: Arc<std::sync::atomic::AtomicBool>,
+    drop_armed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DeviceAdapter for PanickyMemoryAdapter {
@@ -420,6 +434,7 @@ impl DeviceAdapter for PanickyMemoryAdapter {
         Ok(Arc::new(PanickyMemoryAllocator {
             inner: self.inner.allocator(i)?,
             armed: self.armed.clone(),
+            drop_armed: self.drop_armed.clone(),
         }))
     }
 }
@@ -435,6 +450,7 @@ fn memory_that_panics_on_the_sims_thread_fails_that_copy_and_the_device_goes_on(
         let adapter = Arc::new(PanickyMemoryAdapter {
             inner: SimAdapter::new(SimConfig::default()),
             armed: armed.clone(),
+            drop_armed: Arc::default(),
         });
         let vm = VirtualMachine::with_adapters(
             Config::default()
@@ -465,5 +481,60 @@ fn memory_that_panics_on_the_sims_thread_fails_that_copy_and_the_device_goes_on(
         assert_eq!(read_u64(&vm, &good).unwrap(), 77, "{mode:?}");
         drop((bad, good));
         vm.shutdown().unwrap();
+    }
+}
+
+/// Memory whose drop panics, wherever its last handle goes: a VM thread (a freed tensor's
+/// memory, without the caching allocator), the user's (the caching allocator's blocks at
+/// `drop(vm)`). The panic becomes the stream's next device error, which `sync` reports;
+/// no thread dies, and `shutdown` and the drops return. Before, the panic unwound through
+/// the worker (every later call timed out) or out of `drop(vm)`.
+#[test]
+fn memory_whose_drop_panics_is_a_device_error_on_any_thread() {
+    for mode in MODES {
+        for caching in [false, true] {
+            let drop_armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let adapter = Arc::new(PanickyMemoryAdapter {
+                inner: SimAdapter::new(SimConfig::default()),
+                armed: Arc::default(),
+                drop_armed: drop_armed.clone(),
+            });
+            let vm = VirtualMachine::with_adapters(
+                Config::default()
+                    .with_mode(mode)
+                    .with_caching_allocator(caching)
+                    .with_timeout_period(Duration::from_secs(20)),
+                vec![adapter],
+            )
+            .unwrap();
+            let what = format!("{mode:?}, caching {caching}");
+            let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
+            let good = vm.new_tensor_on(&s, 8).unwrap();
+            drop_armed.store(true, Ordering::SeqCst);
+            for i in 0..3u64 {
+                let t = vm.new_tensor_on(&s, 8).unwrap();
+                vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = i))
+                    .unwrap();
+                drop(t);
+            }
+            if !caching {
+                // The freed tensors' memory went on the sim's thread or a VM thread; the
+                // next observation of the stream (here `sync`; a read would do) says so.
+                match vm.sync() {
+                    Err(Error::Device(m)) => {
+                        assert!(m.contains("memory drop panicked"), "{what}: {m}");
+                    }
+                    other => panic!("{what}: expected the drop's panic, got {other:?}"),
+                }
+            }
+            vm.run(|b| b.call(&s, &[], &[&good], |k| k.output_u64(0)[0] = 77))
+                .unwrap();
+            assert_eq!(read_u64(&vm, &good).unwrap(), 77, "{what}");
+            drop(good);
+            vm.shutdown().unwrap();
+            // The caching allocator's blocks go here, on this thread.
+            drop(vm);
+            drop_armed.store(false, Ordering::SeqCst);
+        }
     }
 }

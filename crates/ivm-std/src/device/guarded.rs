@@ -12,6 +12,8 @@
 
 use std::any::Any;
 use std::fmt;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use crate::device::{DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
@@ -72,14 +74,18 @@ pub(crate) struct GuardedStream {
     /// Asked once, when the stream is created (it returns a reference, so a panic could
     /// not be answered later).
     pinned: Arc<dyn DeviceMemory>,
-    /// Panics of the stream's events' `on_complete`, reported as the stream's next device
-    /// error ([`DeviceStream::take_error`]).
+    /// Panics of the stream's events' `on_complete` and of its allocator's memory,
+    /// reported as the stream's next device error ([`DeviceStream::take_error`]).
     errors: Arc<Mutex<Option<String>>>,
 }
 
 impl GuardedStream {
-    /// Wraps `inner`, asking it once for what it must answer without failing.
-    pub(crate) fn wrap(inner: Arc<dyn DeviceStream>) -> Result<Arc<dyn DeviceStream>> {
+    /// Wraps `inner`, asking it once for what it must answer without failing. `errors`:
+    /// its next device errors, shared with the allocator made with it (its memory's).
+    pub(crate) fn wrap(
+        inner: Arc<dyn DeviceStream>,
+        errors: Arc<Mutex<Option<String>>>,
+    ) -> Result<Arc<dyn DeviceStream>> {
         let (device, mode, pinned) = catch(|| {
             (
                 inner.device(),
@@ -93,7 +99,7 @@ impl GuardedStream {
             device,
             mode,
             pinned,
-            errors: Arc::default(),
+            errors,
         }))
     }
 }
@@ -234,23 +240,118 @@ impl Event for GuardedEvent {
 pub(crate) struct GuardedAllocator {
     inner: Arc<dyn DeviceAllocator>,
     device: Device,
+    /// Where its memory's panics go: the stream's next device error (the stream made with
+    /// this allocator shares the slot, [`GuardedStream::wrap`]).
+    errors: Arc<Mutex<Option<String>>>,
 }
 
 impl GuardedAllocator {
     pub(crate) fn wrap(
         inner: Arc<dyn DeviceAllocator>,
         device: Device,
+        errors: Arc<Mutex<Option<String>>>,
     ) -> Arc<dyn DeviceAllocator> {
-        Arc::new(Self { inner, device })
+        Arc::new(Self {
+            inner,
+            device,
+            errors,
+        })
     }
 }
 
 impl DeviceAllocator for GuardedAllocator {
     fn allocate(&self, nbytes: usize) -> Result<Arc<dyn DeviceMemory>> {
-        guard(self.device, "allocate", || self.inner.allocate(nbytes))
+        guard(self.device, "allocate", || {
+            let inner = self.inner.allocate(nbytes)?;
+            Ok(Arc::new(GuardedMemory {
+                nbytes: inner.nbytes(),
+                host: inner.host_ptr().map(SendPtr),
+                inner: ManuallyDrop::new(inner),
+                device: self.device,
+                errors: self.errors.clone(),
+            }) as Arc<dyn DeviceMemory>)
+        })
     }
 
     fn free_on(&self, mem: &Arc<dyn DeviceMemory>, stream: &dyn DeviceStream) -> Result<()> {
         guard(self.device, "free_on", || self.inner.free_on(mem, stream))
+    }
+}
+
+/// An adapter's memory, as the VM holds it: the two calls that cannot answer with an error,
+/// `end_access` and the drop (a tensor's last handle may go on any thread, the user's
+/// included), run under a catch, and a panic becomes the stream's next device error.
+/// Its size and host pointer are asked once, when it is allocated.
+#[derive(Debug)]
+struct GuardedMemory {
+    inner: ManuallyDrop<Arc<dyn DeviceMemory>>,
+    nbytes: usize,
+    host: Option<SendPtr>,
+    device: Device,
+    errors: Arc<Mutex<Option<String>>>,
+}
+
+/// A host pointer the memory answered once.
+#[derive(Debug, Clone, Copy)]
+struct SendPtr(NonNull<u8>);
+
+// SAFETY: the pointer is only handed back to the VM, as the wrapped memory would (which
+// is `Send + Sync` by its trait); nothing is read or written through it here.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl GuardedMemory {
+    fn note(&self, call: &str, message: &str) {
+        let e = format!(
+            "the {} adapter's memory {call} panicked: {message}",
+            self.device
+        );
+        lock(&self.errors).get_or_insert(e);
+    }
+}
+
+// SAFETY: the wrapped memory keeps the contract; the host pointer is the answer it gave
+// (the same every time, by that contract), the size the one it gave.
+unsafe impl DeviceMemory for GuardedMemory {
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    fn host_ptr(&self) -> Option<NonNull<u8>> {
+        self.host.map(|p| p.0)
+    }
+
+    fn device_ptr(&self) -> u64 {
+        self.inner.device_ptr()
+    }
+
+    fn begin_access(&self) -> Result<()> {
+        guard(self.device, "begin_access", || self.inner.begin_access())
+    }
+
+    fn end_access(&self) {
+        if let Err(m) = catch(|| self.inner.end_access()) {
+            self.note("end_access", &m);
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        // The adapter's own memory type, for its downcasts.
+        self.inner.as_any()
+    }
+}
+
+impl Drop for GuardedMemory {
+    fn drop(&mut self) {
+        // SAFETY: `inner` is taken once, here, and not touched after.
+        let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
+        if let Err(m) = catch(move || drop(inner)) {
+            self.note("drop", &m);
+        }
     }
 }

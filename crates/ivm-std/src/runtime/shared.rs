@@ -181,9 +181,10 @@ impl VmShared {
         let (device_stream, mut allocator) = if builtin {
             (device_stream, allocator)
         } else {
+            let errors: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
             (
-                GuardedStream::wrap(device_stream)?,
-                GuardedAllocator::wrap(allocator, id.device),
+                GuardedStream::wrap(device_stream, errors.clone())?,
+                GuardedAllocator::wrap(allocator, id.device, errors),
             )
         };
         let cache = self.core.config().caching_allocator.then(|| {
