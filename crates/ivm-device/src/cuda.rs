@@ -459,8 +459,10 @@ enum Side {
 unsafe extern "C" fn trampoline(arg: *mut c_void) {
     // SAFETY: `arg` is the `Box<HostFn>` leaked by `launch_host` for exactly this call.
     let f = unsafe { Box::from_raw(arg.cast::<HostFn>()) };
-    // Never unwind into the driver.
-    let _ = catch_unwind(AssertUnwindSafe(move || (*f)()));
+    // Never unwind into the driver, nor drop a payload outside a catch.
+    if let Err(p) = catch_unwind(AssertUnwindSafe(move || (*f)())) {
+        crate::drop_payload(p);
+    }
 }
 
 // SAFETY: a CUDA stream runs its work in order; copies are followed by a host function that
@@ -482,7 +484,7 @@ unsafe impl DeviceStream for CudaDeviceStream {
                     .map(|s| (*s).to_string())
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic payload".into());
-                let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
+                crate::drop_payload(p);
                 let mut e = lock(&err);
                 if e.is_none() {
                     *e = Some(format!("{device}: host closure panicked: {msg}"));

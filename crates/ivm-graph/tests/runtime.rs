@@ -199,6 +199,70 @@ fn kernel_panic_fails_downstream_only_and_the_graph_keeps_serving() {
     assert_drained(vm);
 }
 
+/// A panic value whose drop panics again, `0` more times after the first.
+struct PanicsOnDrop(u32);
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            std::panic::panic_any(PanicsOnDrop(self.0 - 1));
+        }
+        panic!("the panic value's drop panicked");
+    }
+}
+
+/// Panics whose values panic again when dropped, in a kernel (twice nested) and in the
+/// trace callback: the kernel's output is poisoned, the trace's panic ignored, and the
+/// graph's threads live on: the next runs are served. Before, dropping the payload
+/// outside a catch killed the graph thread, and every later run timed out.
+#[test]
+fn panic_values_that_panic_when_dropped_kill_no_graph_thread() {
+    let mut g = GraphBuilder::new("nested-panics");
+    let x = g.input("x", 8);
+    let y = g.blob("y", 8);
+    g.kernel("k", &[x], &[y], |k| {
+        if k.iteration() == 0 {
+            std::panic::panic_any(PanicsOnDrop(1));
+        }
+        let v = k.input_u64(0)[0];
+        k.output_u64(0)[0] = v + 1;
+    });
+    g.output("y", y);
+    g.trace(|ev| {
+        if ev.iteration == 1 {
+            std::panic::panic_any(PanicsOnDrop(0));
+        }
+    });
+    let graph = g.build().unwrap();
+    let vm = VirtualMachine::new(Config::default().with_timeout_period(Duration::from_secs(20)))
+        .unwrap();
+    let x0 = tensor(&vm, &3u64.to_ne_bytes());
+    let ys: Vec<Tensor> = (0..3).map(|_| tensor(&vm, &[0; 8])).collect();
+    for y in &ys {
+        launch(&vm, &graph, &[&x0], &[y], &[]);
+    }
+    match u64_of(&vm, &ys[0]) {
+        Err(Error::Poisoned {
+            instruction,
+            message,
+        }) => {
+            assert!(
+                instruction.contains("`k`") || message.contains("`k`"),
+                "{instruction}: {message}"
+            );
+        }
+        other => panic!("expected Poisoned, got {other:?}"),
+    }
+    assert_eq!(
+        u64_of(&vm, &ys[1]).unwrap(),
+        4,
+        "the run whose trace panicked"
+    );
+    assert_eq!(u64_of(&vm, &ys[2]).unwrap(), 4);
+    drop((x0, ys));
+    assert_drained(vm);
+}
+
 #[test]
 fn parameter_kernels_update_in_run_order() {
     let mut g = GraphBuilder::new("sgd");

@@ -315,7 +315,7 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".into());
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(p)));
+    crate::drop_payload(p);
     msg
 }
 

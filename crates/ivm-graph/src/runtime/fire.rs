@@ -369,12 +369,20 @@ fn run_kernel(
         Ok(()) => None,
         Err(payload) => {
             let message = panic_message(&*payload);
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            drop_payload(payload);
             Some(Error::KernelPanicked {
                 instruction: s.failure_name(id),
                 message,
             })
         }
+    }
+}
+
+/// Drops a panic's payload without unwinding out of a graph thread: a payload whose drop
+/// panics too is caught, and that second payload forgotten (its drop could panic again).
+pub(super) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
     }
 }
 

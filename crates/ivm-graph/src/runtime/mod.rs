@@ -506,7 +506,10 @@ impl Shared {
                 phase,
                 failed,
             };
-            let _ = catch_unwind(AssertUnwindSafe(|| f(&ev)));
+            // Ignored, payload included (its drop may panic too).
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(&ev))) {
+                fire::drop_payload(payload);
+            }
         }
     }
 
