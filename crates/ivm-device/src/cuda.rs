@@ -22,7 +22,6 @@
 
 use std::any::Any;
 use std::ffi::c_void;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
@@ -31,6 +30,7 @@ use cudarc::driver::safe::{CudaContext, CudaEvent, CudaStream};
 use cudarc::driver::{DriverError, result, sys};
 use ivm_core::sync::{AtomicBool, Ordering};
 use ivm_std::device::check_range;
+use ivm_std::panics::catch;
 use ivm_std::{
     Device, DeviceAdapter, DeviceAllocator, DeviceKind, DeviceMemory, DeviceStream, Error, Event,
     HostFn, KernelMode, Result, StreamType,
@@ -459,10 +459,8 @@ enum Side {
 unsafe extern "C" fn trampoline(arg: *mut c_void) {
     // SAFETY: `arg` is the `Box<HostFn>` leaked by `launch_host` for exactly this call.
     let f = unsafe { Box::from_raw(arg.cast::<HostFn>()) };
-    // Never unwind into the driver, nor drop a payload outside a catch.
-    if let Err(p) = catch_unwind(AssertUnwindSafe(move || (*f)())) {
-        crate::drop_payload(p);
-    }
+    // Never unwind into the driver (the payload is dropped under a catch of its own).
+    let _ = catch(move || (*f)());
 }
 
 // SAFETY: a CUDA stream runs its work in order; copies are followed by a host function that
@@ -478,13 +476,7 @@ unsafe impl DeviceStream for CudaDeviceStream {
         let err = self.error.clone();
         let device = self.device;
         let g: HostFn = Box::new(move || {
-            if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-                let msg = p
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".into());
-                crate::drop_payload(p);
+            if let Err(msg) = catch(f) {
                 let mut e = lock(&err);
                 if e.is_none() {
                     *e = Some(format!("{device}: host closure panicked: {msg}"));

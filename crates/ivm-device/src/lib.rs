@@ -23,14 +23,3 @@ pub mod cuda;
 pub mod sim;
 
 pub use sim::{SimAdapter, SimConfig};
-
-/// Drops a panic's payload without unwinding out of a device thread or into a driver: a
-/// payload whose drop panics too is caught, and that second payload forgotten (its drop
-/// could panic again).
-pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(again) =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)))
-    {
-        std::mem::forget(again);
-    }
-}

@@ -111,5 +111,6 @@ pub use util::error::{Diagnostic, Error, LivelyInstruction, Result};
 pub use util::futex;
 pub use util::hooks::{Captures, DropSink, ForeignHooks, WaitHook};
 pub use util::ids::{Device, DeviceKind, StreamId, StreamType};
+pub use util::panics;
 pub use util::tuning::RING_MAX;
 pub use vm::VirtualMachine;

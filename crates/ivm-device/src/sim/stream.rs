@@ -3,12 +3,12 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use ivm_std::device::check_range;
+use ivm_std::panics::catch;
 use ivm_std::{
     Device, DeviceMemory, DeviceStream, Error, Event, HostFn, HostMemory, KernelMode, Result,
 };
@@ -257,8 +257,7 @@ fn run(state: &StreamState) {
         // Adapter code runs in an operation too (a memory's accesses, its drop when freed):
         // a panic there fails the stream, never this thread.
         let op = item.op;
-        if let Err(p) = catch_unwind(AssertUnwindSafe(|| run_op(state, op))) {
-            let msg = panic_message(p);
+        if let Err(msg) = catch(|| run_op(state, op)) {
             state.set_error(format!("{}: an operation panicked: {msg}", state.device));
         }
     }
@@ -268,8 +267,7 @@ fn run(state: &StreamState) {
 fn run_op(state: &StreamState, op: Op) {
     match op {
         Op::Host(f) => {
-            if let Err(p) = catch_unwind(AssertUnwindSafe(f)) {
-                let msg = panic_message(p);
+            if let Err(msg) = catch(f) {
                 state.set_error(format!("{}: host closure panicked: {msg}", state.device));
             }
         }
@@ -305,18 +303,6 @@ fn run_op(state: &StreamState, op: Op) {
             }
         }
     }
-}
-
-/// A panic's message; the payload is dropped under a catch of its own (a payload whose
-/// drop panics must not unwind out of the stream's thread).
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    let msg = p
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into());
-    crate::drop_payload(p);
-    msg
 }
 
 fn copy_now(

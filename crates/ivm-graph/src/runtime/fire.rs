@@ -1,7 +1,6 @@
 //! Firing one actor: the readiness checks of the register protocol (parent module docs),
 //! then what each kind of actor does for one iteration.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use ivm_core::sync::Ordering;
@@ -365,33 +364,10 @@ fn run_kernel(
         writes: outs,
         job,
     };
-    match catch_unwind(AssertUnwindSafe(|| body(&mut ctx))) {
-        Ok(()) => None,
-        Err(payload) => {
-            let message = panic_message(&*payload);
-            drop_payload(payload);
-            Some(Error::KernelPanicked {
-                instruction: s.failure_name(id),
-                message,
-            })
-        }
-    }
-}
-
-/// Drops a panic's payload without unwinding out of a graph thread: a payload whose drop
-/// panics too is caught, and that second payload forgotten (its drop could panic again).
-pub(super) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-        std::mem::forget(again);
-    }
-}
-
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
+    ivm_std::panics::catch(|| body(&mut ctx))
+        .err()
+        .map(|message| Error::KernelPanicked {
+            instruction: s.failure_name(id),
+            message,
+        })
 }

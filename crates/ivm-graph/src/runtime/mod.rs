@@ -20,7 +20,6 @@ mod fire;
 mod layout;
 
 use std::collections::VecDeque;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -506,10 +505,8 @@ impl Shared {
                 phase,
                 failed,
             };
-            // Ignored, payload included (its drop may panic too).
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(&ev))) {
-                fire::drop_payload(payload);
-            }
+            // Ignored (the payload dropped under its own catch).
+            let _ = ivm_std::panics::catch(|| f(&ev));
         }
     }
 

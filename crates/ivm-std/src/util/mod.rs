@@ -10,7 +10,7 @@ pub(crate) mod fork;
 pub mod futex;
 pub(crate) mod hooks;
 pub(crate) mod ids;
-pub(crate) mod panics;
+pub mod panics;
 pub(crate) mod tuning;
 
 use std::sync::{Mutex, MutexGuard};

@@ -3,12 +3,22 @@
 //! through a VM thread or the engine: every such call goes through [`catch`], every value
 //! whose drop is the user's through [`drop_caught`], every caught payload through
 //! [`drop_payload`] (ARCHITECTURE.md, "Code the user hands to the VM").
+//!
+//! Public for the crates that run user code on threads of their own the same way: a graph
+//! runtime's kernels and trace callbacks, an adapter's device thread or driver callback.
+//!
+//! ```
+//! use ivm_std::panics::catch;
+//!
+//! assert_eq!(catch(|| 2 + 2), Ok(4));
+//! assert_eq!(catch(|| -> u32 { panic!("boom") }), Err("boom".to_string()));
+//! ```
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// The message of a panic's payload (`&str` and `String` payloads; a placeholder otherwise).
-pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
+pub fn panic_message(p: &(dyn Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -20,14 +30,14 @@ pub(crate) fn panic_message(p: &(dyn Any + Send)) -> String {
 
 /// Drops a caught panic's payload, whose own drop may panic: that second payload is
 /// leaked, not dropped (its drop could panic again, without end).
-pub(crate) fn drop_payload(payload: Box<dyn Any + Send>) {
+pub fn drop_payload(payload: Box<dyn Any + Send>) {
     if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
         std::mem::forget(again);
     }
 }
 
 /// Runs `f` (user code); a panic becomes its message (the payload dropped here).
-pub(crate) fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+pub fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
         let message = panic_message(&*payload);
         drop_payload(payload);
@@ -37,7 +47,7 @@ pub(crate) fn catch<R>(f: impl FnOnce() -> R) -> Result<R, String> {
 
 /// Drops `value`, whose drop runs user code (a closure's captures); a panic in it is
 /// caught and its message returned.
-pub(crate) fn drop_caught<T>(value: T) -> Option<String> {
+pub fn drop_caught<T>(value: T) -> Option<String> {
     catch(move || drop(value)).err()
 }
 
