@@ -16,7 +16,9 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use crate::device::{DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, KernelMode};
+use crate::device::{
+    DeviceAllocator, DeviceMemory, DeviceStream, Event, HostFn, HostPtr, KernelMode,
+};
 use crate::util::error::{Error, Result};
 use crate::util::ids::Device;
 use crate::util::lock;
@@ -265,7 +267,7 @@ impl DeviceAllocator for GuardedAllocator {
             let inner = self.inner.allocate(nbytes)?;
             Ok(Arc::new(GuardedMemory {
                 nbytes: inner.nbytes(),
-                host: inner.host_ptr().map(SendPtr),
+                host: HostPtr(inner.host_ptr()),
                 inner: ManuallyDrop::new(inner),
                 device: self.device,
                 errors: self.errors.clone(),
@@ -286,20 +288,10 @@ impl DeviceAllocator for GuardedAllocator {
 struct GuardedMemory {
     inner: ManuallyDrop<Arc<dyn DeviceMemory>>,
     nbytes: usize,
-    host: Option<SendPtr>,
+    host: HostPtr,
     device: Device,
     errors: Arc<Mutex<Option<String>>>,
 }
-
-/// A host pointer the memory answered once.
-#[derive(Debug, Clone, Copy)]
-struct SendPtr(NonNull<u8>);
-
-// SAFETY: the pointer is only handed back to the VM, as the wrapped memory would (which
-// is `Send + Sync` by its trait); nothing is read or written through it here.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
 
 impl GuardedMemory {
     fn note(&self, call: &str, message: &str) {
@@ -323,7 +315,7 @@ unsafe impl DeviceMemory for GuardedMemory {
     }
 
     fn host_ptr(&self) -> Option<NonNull<u8>> {
-        self.host.map(|p| p.0)
+        self.host.0
     }
 
     fn device_ptr(&self) -> u64 {

@@ -121,6 +121,20 @@ pub unsafe trait DeviceMemory: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// A copy of a memory's host pointer ([`DeviceMemory::host_ptr`], asked once, the same
+/// answer every time by its contract), kept next to that memory (a blob, a guarded
+/// adapter memory).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HostPtr(pub(crate) Option<NonNull<u8>>);
+
+// SAFETY: the pointer is a copy of what a `DeviceMemory` (which is `Send + Sync`) returned,
+// pointing into memory that memory keeps alive; it is dereferenced only under that
+// memory's own rules (for a blob, the engine-ordered invariant of `Blob::bytes` and
+// `Blob::bytes_mut`).
+unsafe impl Send for HostPtr {}
+// SAFETY: as above.
+unsafe impl Sync for HostPtr {}
+
 /// An allocator of one device's memory.
 pub trait DeviceAllocator: Send + Sync + fmt::Debug + 'static {
     /// Allocates `nbytes` zero-filled bytes. The memory is ready for every stream of the

@@ -9,23 +9,11 @@ use crossbeam_utils::CachePadded;
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
-use crate::device::DeviceMemory;
 use crate::device::cpu::HostMemory;
+use crate::device::{DeviceMemory, HostPtr};
 use crate::model::dependence::Dependence;
 use crate::util::error::Failure;
 use crate::util::ids::Device;
-
-/// A copy of a blob's host pointer (see `Blob::host`).
-#[derive(Clone, Copy)]
-struct HostPtr(Option<NonNull<u8>>);
-
-// SAFETY: the pointer is a copy of what the blob's `mem` (a `DeviceMemory`, which is
-// `Send + Sync`) returned, pointing into memory that `mem` keeps alive; it is dereferenced
-// only under the same engine-ordered invariant as `mem` itself (`Blob::bytes`,
-// `Blob::bytes_mut`).
-unsafe impl Send for HostPtr {}
-// SAFETY: as above.
-unsafe impl Sync for HostPtr {}
 
 /// The eager blob object: memory on a device plus its dependence. Instructions hold it
 /// through `Arc<Blob>`, never through a user [`Tensor`].
