@@ -28,13 +28,22 @@ enum Panics {
     Copy,
 }
 
-/// The sim, whose streams panic once in the chosen call when armed.
+/// The sim, whose streams panic once in the chosen call when armed, and whose memory
+/// panics as `memory` says.
 #[derive(Debug)]
 struct Panicky {
     inner: Arc<SimAdapter>,
     which: Panics,
     /// Panics left to throw (shared by every stream).
     armed: Arc<AtomicUsize>,
+    memory: MemoryPanics,
+}
+
+/// Which calls of the adapter's memory panic, while set (neither by default).
+#[derive(Debug, Clone, Default)]
+struct MemoryPanics {
+    end_access: Arc<std::sync::atomic::AtomicBool>,
+    drop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -144,7 +153,10 @@ impl DeviceAdapter for Panicky {
         }))
     }
     fn allocator(&self, index: u32) -> Result<Arc<dyn DeviceAllocator>> {
-        self.inner.allocator(index)
+        Ok(Arc::new(PanickyMemoryAllocator {
+            inner: self.inner.allocator(index)?,
+            panics: self.memory.clone(),
+        }))
     }
 }
 
@@ -160,6 +172,7 @@ fn vm_with(mode: Mode, which: Panics) -> (VirtualMachine, Arc<AtomicUsize>) {
         inner: SimAdapter::new(SimConfig::default()),
         which,
         armed: armed.clone(),
+        memory: MemoryPanics::default(),
     });
     let config = Config::default()
         .with_mode(mode)
@@ -342,19 +355,17 @@ fn an_adapter_that_panics_creating_a_stream_is_an_error_and_the_vm_goes_on() {
     }
 }
 
-/// Memory whose `end_access` panics while `armed` is set, and whose drop panics while
-/// `drop_armed` is.
+/// Memory that panics in the calls `panics` names.
 #[derive(Debug)]
 struct PanickyMemory {
     inner: Arc<dyn DeviceMemory>,
-    armed: Arc<std::sync::atomic::AtomicBool>,
-    drop_armed: Arc<std::sync::atomic::AtomicBool>,
+    panics: MemoryPanics,
 }
 
 impl Drop for PanickyMemory {
     fn drop(&mut self) {
         assert!(
-            !self.drop_armed.load(Ordering::SeqCst),
+            !self.panics.drop.load(Ordering::SeqCst),
             "memory drop panics"
         );
     }
@@ -378,7 +389,10 @@ unsafe impl DeviceMemory for PanickyMemory {
         self.inner.begin_access()
     }
     fn end_access(&self) {
-        assert!(!self.armed.load(Ordering::SeqCst), "end_access panics");
+        assert!(
+            !self.panics.end_access.load(Ordering::SeqCst),
+            "end_access panics"
+        );
         self.inner.end_access();
     }
     fn as_any(&self) -> &dyn Any {
@@ -389,16 +403,14 @@ unsafe impl DeviceMemory for PanickyMemory {
 #[derive(Debug)]
 struct PanickyMemoryAllocator {
     inner: Arc<dyn DeviceAllocator>,
-    armed: Arc<std::sync::atomic::AtomicBool>,
-    drop_armed: Arc<std::sync::atomic::AtomicBool>,
+    panics: MemoryPanics,
 }
 
 impl DeviceAllocator for PanickyMemoryAllocator {
     fn allocate(&self, n: usize) -> Result<Arc<dyn DeviceMemory>> {
         Ok(Arc::new(PanickyMemory {
             inner: self.inner.allocate(n)?,
-            armed: self.armed.clone(),
-            drop_armed: self.drop_armed.clone(),
+            panics: self.panics.clone(),
         }))
     }
     fn free_on(&self, mem: &Arc<dyn DeviceMemory>, stream: &dyn DeviceStream) -> Result<()> {
@@ -406,37 +418,19 @@ impl DeviceAllocator for PanickyMemoryAllocator {
     }
 }
 
-/// The sim, with memory whose `end_access` panics while armed.
-#[derive(Debug)]
-struct PanickyMemoryAdapter {
-    inner: Arc<SimAdapter>,
-    armed: Arc<std::sync::atomic::AtomicBool>,
-    drop_armed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl DeviceAdapter for PanickyMemoryAdapter {
-    fn kind(&self) -> DeviceKind {
-        self.inner.kind()
-    }
-    fn device_count(&self) -> u32 {
-        self.inner.device_count()
-    }
-    fn supports_events(&self) -> bool {
-        self.inner.supports_events()
-    }
-    fn stream_policy(&self, i: u32, t: StreamType, m: KernelMode) -> Box<dyn StreamPolicy> {
-        self.inner.stream_policy(i, t, m)
-    }
-    fn create_stream(&self, i: u32, t: StreamType) -> Result<Arc<dyn DeviceStream>> {
-        self.inner.create_stream(i, t)
-    }
-    fn allocator(&self, i: u32) -> Result<Arc<dyn DeviceAllocator>> {
-        Ok(Arc::new(PanickyMemoryAllocator {
-            inner: self.inner.allocator(i)?,
-            armed: self.armed.clone(),
-            drop_armed: self.drop_armed.clone(),
-        }))
-    }
+/// A VM on the sim whose memory panics as `memory` says (its streams never panic).
+fn vm_with_memory(mode: Mode, caching: bool, memory: MemoryPanics) -> VirtualMachine {
+    let adapter = Arc::new(Panicky {
+        inner: SimAdapter::new(SimConfig::default()),
+        which: Panics::LaunchHost,
+        armed: Arc::default(),
+        memory,
+    });
+    let config = Config::default()
+        .with_mode(mode)
+        .with_caching_allocator(caching)
+        .with_timeout_period(Duration::from_secs(20));
+    VirtualMachine::with_adapters(config, vec![adapter]).unwrap()
 }
 
 /// Memory whose `end_access` panics on the sim's own thread (in its copies): the copy
@@ -446,20 +440,9 @@ impl DeviceAdapter for PanickyMemoryAdapter {
 #[test]
 fn memory_that_panics_on_the_sims_thread_fails_that_copy_and_the_device_goes_on() {
     for mode in MODES {
-        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let adapter = Arc::new(PanickyMemoryAdapter {
-            inner: SimAdapter::new(SimConfig::default()),
-            armed: armed.clone(),
-            drop_armed: Arc::default(),
-        });
-        let vm = VirtualMachine::with_adapters(
-            Config::default()
-                .with_mode(mode)
-                .with_caching_allocator(false)
-                .with_timeout_period(Duration::from_secs(20)),
-            vec![adapter],
-        )
-        .unwrap();
+        let panics = MemoryPanics::default();
+        let armed = panics.end_access.clone();
+        let vm = vm_with_memory(mode, false, panics);
         let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
         let (bad, good) = (
             vm.new_tensor_on(&s, 8).unwrap(),
@@ -493,20 +476,9 @@ fn memory_that_panics_on_the_sims_thread_fails_that_copy_and_the_device_goes_on(
 fn memory_whose_drop_panics_is_a_device_error_on_any_thread() {
     for mode in MODES {
         for caching in [false, true] {
-            let drop_armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let adapter = Arc::new(PanickyMemoryAdapter {
-                inner: SimAdapter::new(SimConfig::default()),
-                armed: Arc::default(),
-                drop_armed: drop_armed.clone(),
-            });
-            let vm = VirtualMachine::with_adapters(
-                Config::default()
-                    .with_mode(mode)
-                    .with_caching_allocator(caching)
-                    .with_timeout_period(Duration::from_secs(20)),
-                vec![adapter],
-            )
-            .unwrap();
+            let panics = MemoryPanics::default();
+            let drop_armed = panics.drop.clone();
+            let vm = vm_with_memory(mode, caching, panics);
             let what = format!("{mode:?}, caching {caching}");
             let s = vm.stream(StreamId::compute(sim_device(0), 0)).unwrap();
             let good = vm.new_tensor_on(&s, 8).unwrap();
