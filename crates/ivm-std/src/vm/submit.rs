@@ -139,11 +139,12 @@ impl VirtualMachine {
             r
         })));
         if done.wait_until_zero(period, stalled).is_err() {
+            // The diagnostic first, so that it counts the probe: the scheduler still polls
+            // it in the round that answers. Withdrawn first, a round that began between
+            // the two would drop it before the diagnostic's round counts.
+            let d = core.diagnostic();
             // Relaxed: see the probe.
             withdrawn.store(true, Ordering::Relaxed);
-            // The scheduler's next poll drops the probe; the diagnostic, answered in that
-            // same round, still counts it.
-            let d = core.diagnostic();
             // Acquire (in `is_zero`): the probe may have succeeded meanwhile.
             if !done.is_zero() {
                 return Err(Error::Timeout(d));
