@@ -169,3 +169,49 @@ fn a_waiting_caller_asks_the_graphs_progress_probe() {
     assert_eq!(runtime.join().unwrap(), runs);
     vm.shutdown().unwrap();
 }
+
+/// A runtime's state probe (`LazyGraph::set_state_probe`) speaks in a timeout's
+/// diagnostic, on either mode; one that panics is reported there instead of unwinding
+/// out of the wait, and the VM goes on (closing the graph fails the launch).
+#[test]
+fn a_timeout_diagnostic_carries_the_graphs_state_probe() {
+    use std::time::Duration;
+    for (config, panics) in [
+        (Config::default(), false),
+        (Config::single_thread(), false),
+        (Config::default(), true),
+        (Config::single_thread(), true),
+    ] {
+        let vm =
+            VirtualMachine::new(config.with_timeout_period(Duration::from_millis(200))).unwrap();
+        // Nobody serves this graph: its first launch never finishes.
+        let lazy = LazyGraph::builder("unserved")
+            .output("y", 8)
+            .build()
+            .unwrap();
+        assert!(lazy.set_state_probe(move || {
+            assert!(!panics, "probe boom");
+            "no thread serves me".to_string()
+        }));
+        let y = vm.new_tensor(8).unwrap();
+        vm.run(|b| b.launch_lazy_job(&[], &[&y], &[], &lazy))
+            .unwrap();
+        let mut out = [0u8; 8];
+        let r = vm.read_small(&y, 0, &mut out);
+        let Err(ivm_std::Error::Timeout(d)) = r else {
+            panic!("expected a timeout, got {r:?}")
+        };
+        let want = if panics {
+            "unserved: (its state probe panicked: probe boom)"
+        } else {
+            "unserved: no thread serves me"
+        };
+        assert_eq!(d.graphs, [want.to_string()], "{d}");
+        assert!(!lazy.set_state_probe(String::new), "sealed by the launch");
+        lazy.close();
+        assert!(vm.read_small(&y, 0, &mut out).is_err(), "the run failed");
+        drop(y);
+        vm.sync().ok();
+        vm.shutdown().unwrap();
+    }
+}

@@ -685,3 +685,55 @@ fn an_offer_to_run_on_the_caller_after_the_first_launch_is_refused() {
         assert_drained(vm);
     }
 }
+
+/// A launch that does not finish shows in a timeout's diagnostic as one lively
+/// instruction; the graph's state probe adds what the graph was doing: its runs, each
+/// thread's actors, each actor's finished iterations and the buffers holding records.
+#[test]
+fn a_timeout_diagnostic_says_what_the_graph_was_doing() {
+    let mut g = GraphBuilder::new("stuck");
+    let x = g.input("x", 8);
+    let h = g.blob("h", 8);
+    let y = g.blob("y", 8);
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    g.kernel("first", &[x], &[h], |k| {
+        k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+    });
+    let open = gate.clone();
+    g.kernel("blocked", &[h], &[y], move |k| {
+        // Until the test has its diagnostic (at most 20 s, so a regression fails instead
+        // of hanging).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !open.load(std::sync::atomic::Ordering::Acquire)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        k.output_u64(0)[0] = k.input_u64(0)[0];
+    });
+    g.output("y", y);
+    let graph = g.build().unwrap();
+    let vm = VirtualMachine::new(Config::default().with_timeout_period(Duration::from_millis(300)))
+        .unwrap();
+    let (xt, yt) = (tensor(&vm, &5u64.to_ne_bytes()), vm.new_tensor(8).unwrap());
+    launch(&vm, &graph, &[&xt], &[&yt], &[]);
+    let r = u64_of(&vm, &yt);
+    gate.store(true, std::sync::atomic::Ordering::Release);
+    let Err(Error::Timeout(d)) = r else {
+        panic!("expected a timeout, got {r:?}")
+    };
+    assert_eq!(d.graphs.len(), 1, "{d}");
+    let state = &d.graphs[0];
+    assert!(
+        state.starts_with("stuck: 0 run(s) finished, 1 started"),
+        "{state}"
+    );
+    assert!(state.contains("thread 0: actors"), "{state}");
+    assert!(state.contains(" first=1 "), "{state}");
+    assert!(state.contains(" blocked=0"), "{state}");
+    assert!(d.to_string().contains("graph stuck: "), "{d}");
+    // The look at the threads' actors lost no wake: the run finishes.
+    assert_eq!(u64_of(&vm, &yt).unwrap(), 6);
+    drop((xt, yt));
+    assert_drained(vm);
+}

@@ -485,7 +485,7 @@ fn spawn_threads(shared: &Arc<Shared>) -> Result<Graph> {
     Ok(graph)
 }
 
-/// Hands the VM the caller helper (if `on_caller`) and the progress probe.
+/// Hands the VM the caller helper (if `on_caller`), the progress probe and the state probe.
 fn connect_to_vm(shared: &Arc<Shared>, on_caller: bool) {
     if on_caller {
         // A weak reference: the VM keeps the helper as long as it lives, the graph's
@@ -500,4 +500,10 @@ fn connect_to_vm(shared: &Arc<Shared>, on_caller: bool) {
     // holds the counts only: no reference count of the graph's state is touched per wait.
     let progress = shared.progress.clone();
     shared.lazy.set_progress_probe(move || progress.total());
+    // A timeout's diagnostic says what the graph was doing (weak, as the helper).
+    let weak = Arc::downgrade(shared);
+    shared.lazy.set_state_probe(move || {
+        weak.upgrade()
+            .map_or_else(|| "dropped".to_string(), |s| s.describe())
+    });
 }

@@ -16,6 +16,7 @@
 //! Each actor's `done` is written only by the thread that runs the actor.
 
 mod blob;
+mod describe;
 mod fire;
 mod layout;
 

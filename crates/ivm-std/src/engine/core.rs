@@ -225,7 +225,13 @@ pub(crate) struct VmCore {
     /// The first user barrier callback that panicked since the last `sync` reported one:
     /// a barrier has no outputs to poison and no caller waiting, so `sync` says it.
     barrier_failure: Mutex<Option<Failure>>,
+    /// What the layers above add to every diagnostic (the lazy graphs' states), set once
+    /// by the first use of the lazy door; called on the thread that builds the diagnostic.
+    diagnostic_extra: OnceLock<DiagnosticExtra>,
 }
+
+/// See [`VmCore::set_diagnostic_extra`].
+pub(crate) type DiagnosticExtra = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 
 impl VmCore {
     /// A core for a VM with id `id`: an empty engine (in the token's cell, or behind the
@@ -272,6 +278,7 @@ impl VmCore {
             handle_dropped: AtomicBool::new(false),
             given_up: Arc::default(),
             barrier_failure: Mutex::new(None),
+            diagnostic_extra: OnceLock::new(),
             config,
         }
     }
@@ -599,12 +606,26 @@ impl VmCore {
 
     /// A diagnostic of the engine (asks the scheduler; bounded wait).
     pub(crate) fn diagnostic(&self) -> Diagnostic {
-        let mut d = self.engine_diagnostic();
+        self.completed_diagnostic(self.engine_diagnostic())
+    }
+
+    /// The engine's diagnostic `d` with what the core knows beside the engine: device
+    /// work given up on, and what the layers above add (the lazy graphs' states).
+    pub(crate) fn completed_diagnostic(&self, mut d: Diagnostic) -> Diagnostic {
         // Device work no lively instruction holds any more: first, as it is what the
         // rest waits behind.
         let given_up = self.given_up.still_stuck();
         d.lively.splice(0..0, given_up);
+        if let Some(extra) = self.diagnostic_extra.get() {
+            d.graphs = extra();
+        }
         d
+    }
+
+    /// Installs what the layers above add to every diagnostic (`Diagnostic::graphs`);
+    /// only the first call counts (the lazy door's state is created once).
+    pub(crate) fn set_diagnostic_extra(&self, extra: DiagnosticExtra) {
+        let _ = self.diagnostic_extra.set(extra);
     }
 
     /// The engine's lively instructions (asks the scheduler; bounded wait).

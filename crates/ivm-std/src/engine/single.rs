@@ -292,7 +292,11 @@ impl VmCore {
                     return Ok(());
                 }
                 if expired(&mut last, &mut period_end) {
-                    return Err(Error::Timeout(engine.diagnostic()));
+                    let d = engine.diagnostic();
+                    // What the core adds (device work given up, graphs' states) runs
+                    // user code: not while holding the engine.
+                    drop(engine);
+                    return Err(Error::Timeout(self.completed_diagnostic(d)));
                 }
                 let busy = engine.has_work();
                 engine.unlock_own(&mut seen);

@@ -254,6 +254,10 @@ pub struct Diagnostic {
     /// ([`blocking_run_probe`](crate::VirtualMachine::blocking_run_probe)): they keep the
     /// VM from being idle, so a `shutdown` waits for them.
     pub probes: usize,
+    /// The lazy graphs launched here that describe their state
+    /// ([`LazyGraph::set_state_probe`](crate::lazy::LazyGraph::set_state_probe); ivm-graph's
+    /// do): `job: state` each, as the graph runtime told it when the diagnostic was built.
+    pub graphs: Vec<String>,
 }
 
 impl fmt::Display for Diagnostic {
@@ -287,6 +291,9 @@ impl fmt::Display for Diagnostic {
         }
         if self.probes > 0 {
             writeln!(f, "  {} probe(s) polled, not yet true", self.probes)?;
+        }
+        for g in &self.graphs {
+            writeln!(f, "  graph {g}")?;
         }
         Ok(())
     }

@@ -126,6 +126,15 @@ impl JobBuffers {
             .collect()
     }
 
+    /// Every buffer's name and how many records it holds now (a snapshot, for a graph
+    /// runtime's [state probe](LazyGraph::set_state_probe)).
+    pub fn occupancy(&self) -> Vec<(&str, usize)> {
+        self.cs_buffers()
+            .map(|b| (b.name(), b.len()))
+            .chain(self.job_buffers().map(|b| (b.name(), b.len())))
+            .collect()
+    }
+
     /// Closes every buffer and fails what was left inside with [`Error::GraphClosed`].
     pub fn close(&self) {
         for b in self.cs_buffers() {
@@ -164,6 +173,9 @@ pub(crate) struct LazyInner {
     /// The graph runtime's progress count ([`LazyGraph::set_progress_probe`]); set and
     /// sealed like `helper`.
     pub(crate) progress: std::sync::OnceLock<Option<ProgressProbe>>,
+    /// The graph runtime's account of its state for timeout diagnostics
+    /// ([`LazyGraph::set_state_probe`]); set and sealed like `helper`.
+    pub(crate) state: std::sync::OnceLock<Option<StateProbe>>,
 }
 
 /// A graph runtime's offer to make progress on a thread of the VM's caller: runs what of
@@ -174,6 +186,10 @@ pub type CallerHelper = Arc<dyn Fn(&dyn Fn() -> bool) -> bool + Send + Sync>;
 /// A graph runtime's progress count: any number that grows while the graph does work
 /// (kernels fired, say) and stays put while it waits.
 pub type ProgressProbe = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// A graph runtime's account of what its threads are doing, for a timeout's diagnostic
+/// ([`LazyGraph::set_state_probe`]).
+pub type StateProbe = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The description of a lazy job that the VM launches: job name, interface ops, parameters
 /// and the job's named buffers. Cheap to clone (shared). Build one with
@@ -354,6 +370,36 @@ impl LazyGraph {
         self.inner.progress.set(Some(Arc::new(probe))).is_ok()
     }
 
+    /// Tells the VM how to describe this graph's state when a wait times out: `probe`
+    /// returns a short text (its threads, what each waits for, its actors' progress),
+    /// which [`Diagnostic::graphs`](crate::Diagnostic::graphs) carries with the job's
+    /// name. A lazy job's launch that never finishes shows in a diagnostic as one lively
+    /// instruction; what the graph was doing is the runtime's to say. The VM calls
+    /// `probe` only while it builds a diagnostic, on the thread whose wait timed out,
+    /// under a catch; it must not block or call into the VM.
+    ///
+    /// Set once, before the first launch; returns `false` (and drops `probe`) when one
+    /// was set before or the graph was launched already, like
+    /// [`set_caller_helper`](Self::set_caller_helper).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use ivm_std::lazy::LazyGraph;
+    ///
+    /// let g = LazyGraph::builder("step").output("loss", 4).build()?;
+    /// assert!(g.set_state_probe(|| "thread 0: idle".to_string()));
+    /// assert!(!g.set_state_probe(String::new)); // set once
+    /// # Ok::<(), ivm_std::Error>(())
+    /// ```
+    pub fn set_state_probe(&self, probe: impl Fn() -> String + Send + Sync + 'static) -> bool {
+        // Relaxed: as in `set_caller_helper`.
+        if self.inner.vm.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        self.inner.state.set(Some(Arc::new(probe))).is_ok()
+    }
+
     /// Closes the job's buffers (graph runtime shutdown): later runs fail with
     /// [`Error::GraphClosed`] instead of waiting.
     pub fn close(&self) {
@@ -490,6 +536,7 @@ impl LazyGraphBuilder {
                 buffers,
                 helper: std::sync::OnceLock::new(),
                 progress: std::sync::OnceLock::new(),
+                state: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -9,7 +9,7 @@ use ivm_core::sync::{AtomicBool, Ordering};
 use super::launcher_queue::LauncherQueue;
 #[cfg(doc)]
 use crate::doors::lazy::LazyGraph;
-use crate::doors::lazy::{CallerHelper, LazyInner, ProgressProbe};
+use crate::doors::lazy::{CallerHelper, LazyInner, ProgressProbe, StateProbe};
 use crate::engine::core::NEXT_BLOB_ID;
 use crate::model::blob::Blob;
 use crate::util::ids::Device;
@@ -23,11 +23,13 @@ pub(crate) struct VmLazy {
     pub(crate) transport: Arc<Blob>,
     /// What the graphs this VM launched offered a waiting caller: a caller helper
     /// ([`LazyGraph::set_caller_helper`]) and a progress probe
-    /// ([`LazyGraph::set_progress_probe`]), registered at each graph's first launch (a
-    /// graph serves one VM), with the graph's description to tell when it is gone. At most
+    /// ([`LazyGraph::set_progress_probe`]), and a state probe for diagnostics
+    /// ([`LazyGraph::set_state_probe`]), registered at each graph's first launch (a graph
+    /// serves one VM), with the graph's description to tell when it is gone. At most
     /// [`OFFERS`] graphs alive at once; more are not registered (those run on their own
-    /// threads only, and a caller waiting for them sleeps as for any long work).
-    offers: Mutex<heapless::Vec<GraphOffer, OFFERS>>,
+    /// threads only, and a caller waiting for them sleeps as for any long work). Shared
+    /// with the VM core's diagnostic (`VmShared::lazy`).
+    offers: Offers,
     /// Whether a registered offer ever had a helper: a wait looks at it without the lock.
     has_helpers: AtomicBool,
     /// Whether a registered offer ever had a progress probe (as `has_helpers`).
@@ -40,10 +42,13 @@ struct GraphOffer {
     graph: Weak<LazyInner>,
     helper: Option<CallerHelper>,
     progress: Option<ProgressProbe>,
+    state: Option<StateProbe>,
 }
 
 /// Most graph offers one VM keeps.
 const OFFERS: usize = 8;
+
+type Offers = Arc<Mutex<heapless::Vec<GraphOffer, OFFERS>>>;
 
 impl VmLazy {
     pub(crate) fn new(vm_id: usize) -> Self {
@@ -55,7 +60,7 @@ impl VmLazy {
                 Device::CPU,
                 0,
             )),
-            offers: Mutex::new(heapless::Vec::new()),
+            offers: Arc::default(),
             has_helpers: AtomicBool::new(false),
             has_probes: AtomicBool::new(false),
         }
@@ -66,7 +71,8 @@ impl VmLazy {
         // The first launch seals both slots (see `LazyInner::helper`).
         let helper = graph.helper.get_or_init(|| None).clone();
         let progress = graph.progress.get_or_init(|| None).clone();
-        if helper.is_none() && progress.is_none() {
+        let state = graph.state.get_or_init(|| None).clone();
+        if helper.is_none() && progress.is_none() && state.is_none() {
             return;
         }
         let (has_helper, has_probe) = (helper.is_some(), progress.is_some());
@@ -77,6 +83,7 @@ impl VmLazy {
             graph: Arc::downgrade(graph),
             helper,
             progress,
+            state,
         };
         if offers.push(offer).is_ok() {
             // Relaxed: hints for waits; the offers themselves are read under the lock.
@@ -109,11 +116,26 @@ impl VmLazy {
             })
     }
 
-    /// The offers of the graphs still alive, copied out of the lock (nothing allocated:
-    /// a fixed-capacity vector of shared handles), so that what they call runs unlocked.
+    /// The offers of the graphs still alive (see the free function).
     fn live_offers(&self) -> impl Iterator<Item = GraphOffer> {
-        let offers = lock(&self.offers).clone();
-        offers.into_iter().filter(|o| o.graph.strong_count() > 0)
+        live_offers(&self.offers)
+    }
+
+    /// What a diagnostic adds for the live graphs with a state probe: `job: state` each
+    /// (see [`Diagnostic::graphs`](crate::Diagnostic::graphs)).
+    pub(crate) fn diagnostic_extra(&self) -> impl Fn() -> Vec<String> + Send + Sync + use<> {
+        let offers = self.offers.clone();
+        move || {
+            live_offers(&offers)
+                .filter_map(|o| Some((o.graph.upgrade()?, o.state?)))
+                .map(|(g, probe)| {
+                    // A probe that panics says so instead of its state.
+                    let state = catch(|| probe())
+                        .unwrap_or_else(|m| format!("(its state probe panicked: {m})"));
+                    format!("{}: {state}", g.job)
+                })
+                .collect()
+        }
     }
 
     /// The sum of the live graphs' progress counts (wrapping), or `None` when no graph
@@ -134,11 +156,24 @@ impl VmLazy {
     }
 }
 
+/// The offers of the graphs still alive, copied out of the lock (nothing allocated: a
+/// fixed-capacity vector of shared handles), so that what they call runs unlocked.
+fn live_offers(offers: &Offers) -> impl Iterator<Item = GraphOffer> + use<> {
+    let offers = lock(offers).clone();
+    offers.into_iter().filter(|o| o.graph.strong_count() > 0)
+}
+
 impl crate::runtime::shared::VmShared {
-    /// The VM's lazy-job state, created on first use.
+    /// The VM's lazy-job state, created on first use; its graphs' states join the core's
+    /// diagnostics from then on.
     pub(crate) fn lazy(&self) -> &VmLazy {
         self.lazy
-            .get_or_init(|| Box::new(VmLazy::new(self.id)))
+            .get_or_init(|| {
+                let lazy = VmLazy::new(self.id);
+                self.core
+                    .set_diagnostic_extra(Box::new(lazy.diagnostic_extra()));
+                Box::new(lazy)
+            })
             .downcast_ref()
             .expect("ivm: the lazy slot holds a VmLazy (only this function fills it)")
     }
