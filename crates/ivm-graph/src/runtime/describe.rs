@@ -28,12 +28,10 @@ impl Shared {
             out.push_str(", stopped");
         }
         for (t, actors) in self.threads.iter().enumerate() {
-            // Before the look below, which notifies.
             let notifier = format!("{:?}", self.notifiers[t]);
+            // A thread that finds them locked by this look polls on if it owes a scan
+            // (`thread_loop`, `owed`): the look loses no wake.
             let held = if try_lock(actors).is_some() {
-                // The thread may have found them locked by this look and taken it for a
-                // helper's scan, whose end notifies it (`thread_loop`): so does this one.
-                let _ = self.notifiers[t].notify();
                 "free"
             } else {
                 "in a scan"

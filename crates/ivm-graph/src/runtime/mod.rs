@@ -19,6 +19,8 @@ mod blob;
 mod describe;
 mod fire;
 mod layout;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -326,6 +328,11 @@ fn thread_loop(s: &Shared, t: usize) {
     // us) until the poll window ends.
     let backoff = ivm_core::sync::Backoff::new();
     let mut idle_since: Option<Instant> = None;
+    // Whether our last wait consumed a notification that no scan of ours has followed
+    // yet. A helper holding our actors then (`Shared::help`) may have made its last scan
+    // before what the notification announced, and it leaves without notifying us when
+    // that scan fires nothing: until we have scanned, we poll instead of sleeping.
+    let mut owed = false;
     loop {
         // Acquire: pairs with `shutdown`'s Release store.
         if s.stop.load(Ordering::Acquire) {
@@ -339,6 +346,7 @@ fn thread_loop(s: &Shared, t: usize) {
         // (ARCHITECTURE.md, "ivm-graph").
         let any = match try_lock(&s.threads[t]) {
             Some(mut actors) => {
+                owed = false;
                 let any = scan(s, t, &mut actors);
                 if !any {
                     // Idle: let go of the last job instance (its parameter tensors)
@@ -367,11 +375,18 @@ fn thread_loop(s: &Shared, t: usize) {
         }
         idle_since = None;
         backoff.reset();
+        if owed {
+            // A helper holds our actors (our lock failed) since our last wake: until it
+            // lets go, at most `HELP_SCANS` scans.
+            std::thread::yield_now();
+            continue;
+        }
         // Whatever makes one of our actors ready afterwards notifies us; a notification
         // that arrived during the scan is still pending, so this returns at once.
         if notifier.wait_and_clear().is_err() {
             break;
         }
+        owed = true;
     }
     // Held critical-section instances drop here: unfinished ones fail their records.
     drop(std::mem::take(&mut *lock(&s.threads[t])));

@@ -1,0 +1,132 @@
+//! A graph thread that consumes a wake while a helper holds its actors (the helper's last
+//! scan came before what the wake announced) must still scan them: `thread_loop`'s `owed`.
+//! The test thread holds a graph thread's actor lock as a helping caller preempted in its
+//! last scan would; both tests hung for ever before that rule (a vm_program fuzz run once
+//! timed out this way).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::lock;
+use crate::{GraphBuilder, Phase};
+use ivm_std::{Config, Error, VirtualMachine};
+
+/// Waits (at most `limit`) until `cond`; whether it held.
+fn eventually(limit: Duration, cond: impl Fn() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !cond() {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+#[test]
+fn a_wake_consumed_while_a_helper_holds_the_actors_is_not_lost() {
+    let mut g = GraphBuilder::new("lost_wake");
+    let x = g.input("x", 8);
+    let h = g.blob("h", 8);
+    g.kernel("inc", &[x], &[h], |k| {
+        k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+    });
+    g.output("h", h);
+    let graph = g.build().unwrap();
+    let s = graph.shared.clone();
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let i = vm
+        .new_tensor_from(&vm.default_stream(), &5u64.to_ne_bytes())
+        .unwrap();
+    let o = vm.new_tensor(8).unwrap();
+    {
+        let held = lock(&s.threads[0]);
+        vm.run(|b| b.launch_lazy_job(&[&i], &[&o], &[], graph.lazy()))
+            .unwrap();
+        // The launch and the critical sections' begins push to the job's buffers, which
+        // notify thread 0; it wakes, consumes the wake and finds its actors held.
+        let bufs = s.lazy.buffers();
+        assert!(eventually(Duration::from_secs(10), || {
+            !bufs.source_tick.is_empty() && bufs.wait.len() >= 2 && s.notifiers[0].pending() == 0
+        }));
+        // Well past the poll window: the thread would be asleep by now.
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+    }
+    let finished = eventually(Duration::from_secs(10), || graph.iterations_done() == 1);
+    // Unstick a stalled graph, so that a failure ends instead of hanging.
+    let _ = s.notifiers[0].notify();
+    assert!(
+        finished,
+        "graph thread 0 slept on a run whose wake it consumed"
+    );
+    let mut b = [0u8; 8];
+    vm.read_small(&o, 0, &mut b).unwrap();
+    assert_eq!(u64::from_ne_bytes(b), 6);
+}
+
+/// The fuzz run's shape, end to end: `fuzz_a`'s kernel thread consumes the wake of the
+/// run's input while a helper holds its actors; a sync write of the parameter then looks,
+/// finds nothing to help with, and waits; the helper lets go without notifying.
+#[test]
+fn a_sync_write_behind_a_helped_run_does_not_time_out() {
+    let mut a = GraphBuilder::new("fuzz_a_like");
+    let x = a.input("a", 8);
+    let w = a.param("w", 8);
+    let h = a.blob("h", 8);
+    let (o0, o1) = (a.blob("o0", 8), a.blob("o1", 8));
+    a.param_kernel("fwd", &[x], &[h], move |k| {
+        k.output_u64(0)[0] = k.input_u64(0)[0] ^ k.param_u64(w)[0];
+    });
+    a.kernel("out", &[h], &[o0, o1], |k| {
+        let v = k.input_u64(0)[0];
+        k.output_u64(0)[0] = v;
+        k.output_u64(1)[0] = v + 2;
+    });
+    a.param_kernel("upd", &[h], &[], move |k| {
+        k.param_u64_mut(w)[0] += k.input_u64(0)[0];
+    });
+    a.output("o0", o0);
+    a.output("o1", o1);
+    a.run_on_caller(true);
+    let input_in = Arc::new(AtomicBool::new(false));
+    let seen = input_in.clone();
+    a.trace(move |e| {
+        if e.actor.starts_with("input/") && e.phase == Phase::End {
+            seen.store(true, Ordering::Release);
+        }
+    });
+    let graph = a.build().unwrap();
+    let s = graph.shared.clone();
+    let kernels = (0..s.threads.len())
+        .find(|&t| s.actors.iter().any(|a| a.thread == t && &*a.name == "fwd"))
+        .unwrap();
+    let vm =
+        VirtualMachine::new(Config::default().with_timeout_period(Duration::from_secs(5))).unwrap();
+    let t = |v: u64| {
+        vm.new_tensor_from(&vm.default_stream(), &v.to_ne_bytes())
+            .unwrap()
+    };
+    let (i, o0t, o1t, p) = (t(5), t(0), t(0), t(1));
+    let result = std::thread::scope(|sc| {
+        let held = lock(&s.threads[kernels]);
+        vm.run(|b| b.launch_lazy_job(&[&i], &[&o0t, &o1t], &[&p], graph.lazy()))
+            .unwrap();
+        assert!(eventually(Duration::from_secs(10), || input_in.load(Ordering::Acquire)));
+        std::thread::sleep(Duration::from_millis(20));
+        let writer = sc.spawn(|| vm.write_small(&p, 0, &7u64.to_ne_bytes()));
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        writer.join().unwrap()
+    });
+    let _ = s.notifiers[kernels].notify();
+    assert!(
+        !matches!(result, Err(Error::Timeout(_))),
+        "the sync write timed out: {result:?}"
+    );
+    result.unwrap();
+    let mut b = [0u8; 8];
+    vm.read_small(&o1t, 0, &mut b).unwrap();
+    assert_eq!(u64::from_ne_bytes(b), (5 ^ 1) + 2);
+}
