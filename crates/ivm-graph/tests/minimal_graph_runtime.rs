@@ -215,3 +215,39 @@ fn a_timeout_diagnostic_carries_the_graphs_state_probe() {
         vm.shutdown().unwrap();
     }
 }
+
+/// A state probe that calls into the VM (which its docs forbid) is refused at once: it
+/// would otherwise wait, time out, and build a diagnostic that calls it again.
+#[test]
+fn a_state_probe_that_calls_into_the_vm_is_refused() {
+    use std::time::Duration;
+    for config in [Config::default(), Config::single_thread()] {
+        let vm = Arc::new(
+            VirtualMachine::new(config.with_timeout_period(Duration::from_millis(200))).unwrap(),
+        );
+        let lazy = LazyGraph::builder("calls_back")
+            .output("y", 8)
+            .build()
+            .unwrap();
+        let weak = Arc::downgrade(&vm);
+        assert!(lazy.set_state_probe(move || {
+            let vm = weak.upgrade().expect("the VM outlives its diagnostics");
+            format!("sync from the probe: {:?}", vm.sync())
+        }));
+        let y = vm.new_tensor(8).unwrap();
+        vm.run(|b| b.launch_lazy_job(&[], &[&y], &[], &lazy))
+            .unwrap();
+        let Err(ivm_std::Error::Timeout(d)) = vm.sync() else {
+            panic!("expected a timeout")
+        };
+        assert_eq!(
+            d.graphs,
+            ["calls_back: sync from the probe: Err(Reentrant)".to_string()],
+            "{d}"
+        );
+        lazy.close();
+        drop(y);
+        vm.sync().ok();
+        vm.shutdown().unwrap();
+    }
+}

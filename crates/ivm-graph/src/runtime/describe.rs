@@ -2,7 +2,8 @@
 //! (`LazyGraph::set_state_probe`): what a launch that never finishes was waiting for.
 //!
 //! Separate because it reads every part of [`Shared`] and changes none: a snapshot made
-//! of Relaxed loads and `try_lock`s, never a wait on the graph's threads.
+//! of Relaxed loads, `try_lock`s and the buffers' short locks (none is held across user
+//! code or a wait), never a wait on the graph's threads.
 
 use std::fmt::Write;
 
@@ -29,8 +30,8 @@ impl Shared {
         }
         for (t, actors) in self.threads.iter().enumerate() {
             let notifier = format!("{:?}", self.notifiers[t]);
-            // A thread that finds them locked by this look polls on if it owes a scan
-            // (`thread_loop`, `owed`): the look loses no wake.
+            // A thread that finds them locked by this look and owes them a scan sleeps
+            // only for a bounded stretch (`thread_loop`, `owed`): the look loses no wake.
             let held = if try_lock(actors).is_some() {
                 "free"
             } else {

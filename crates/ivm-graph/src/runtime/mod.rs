@@ -43,6 +43,10 @@ pub(crate) use layout::build;
 /// ([`Shared::help`]).
 const HELP_SCANS: usize = 64;
 
+/// How long a graph thread that owes its actors a scan sleeps at a time while someone
+/// else holds them (see `thread_loop`, `owed`).
+const OWED_RECHECK: Duration = Duration::from_millis(1);
+
 /// How long an idle graph thread polls with spin-loop hints only before it starts
 /// yielding (see `thread_loop`).
 const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
@@ -328,10 +332,12 @@ fn thread_loop(s: &Shared, t: usize) {
     // us) until the poll window ends.
     let backoff = ivm_core::sync::Backoff::new();
     let mut idle_since: Option<Instant> = None;
-    // Whether our last wait consumed a notification that no scan of ours has followed
-    // yet. A helper holding our actors then (`Shared::help`) may have made its last scan
-    // before what the notification announced, and it leaves without notifying us when
-    // that scan fires nothing: until we have scanned, we poll instead of sleeping.
+    // Whether we owe our actors a scan: since our last scan that fired nothing, we took a
+    // wake or fired something (which readies our own actors without a notification).
+    // Whoever holds our actors meanwhile may not cover it: a helper (`Shared::help`)
+    // whose last scan came before what the wake announced leaves without notifying us,
+    // and a diagnostic's look (`describe.rs`) scans nothing. Until we have scanned, we
+    // never sleep without a bound.
     let mut owed = false;
     loop {
         // Acquire: pairs with `shutdown`'s Release store.
@@ -346,8 +352,8 @@ fn thread_loop(s: &Shared, t: usize) {
         // (ARCHITECTURE.md, "ivm-graph").
         let any = match try_lock(&s.threads[t]) {
             Some(mut actors) => {
-                owed = false;
                 let any = scan(s, t, &mut actors);
+                owed = any;
                 if !any {
                     // Idle: let go of the last job instance (its parameter tensors)
                     // meanwhile.
@@ -373,14 +379,20 @@ fn thread_loop(s: &Shared, t: usize) {
                 continue;
             }
         }
-        idle_since = None;
-        backoff.reset();
         if owed {
-            // A helper holds our actors (our lock failed) since our last wake: until it
-            // lets go, at most `HELP_SCANS` scans.
-            std::thread::yield_now();
+            // Someone holds our actors, for as long as its scans take (kernels of any
+            // length): sleep in bounded stretches until we get them, woken at once by a
+            // helper that leaves work to us. A missed wake costs `OWED_RECHECK`, not a
+            // stall; a spin here would take a core from whoever runs our actors.
+            let deadline = <FutexWait as ivm_core::Wait>::now().saturating_add(OWED_RECHECK);
+            if notifier.timed_wait_and_clear(deadline).is_err() {
+                break;
+            }
+            // `idle_since` kept: the poll window is over, the next miss sleeps at once.
             continue;
         }
+        idle_since = None;
+        backoff.reset();
         // Whatever makes one of our actors ready afterwards notifies us; a notification
         // that arrived during the scan is still pending, so this returns at once.
         if notifier.wait_and_clear().is_err() {

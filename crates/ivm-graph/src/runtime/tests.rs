@@ -130,3 +130,50 @@ fn a_sync_write_behind_a_helped_run_does_not_time_out() {
     vm.read_small(&o1t, 0, &mut b).unwrap();
     assert_eq!(u64::from_ne_bytes(b), (5 ^ 1) + 2);
 }
+
+/// A diagnostic's look at a thread's actors (`describe`) right after the thread's own
+/// productive scan: a one-thread graph with no poll window fires its input, and the look
+/// makes the rescan's lock fail; its kernel, readied by its own input without a
+/// notification, must still run. (Before `owed` counted productive scans, a run stalled
+/// after a few thousand; this checks for 3 s.)
+#[test]
+fn a_look_at_the_actors_after_a_productive_scan_loses_no_rescan() {
+    let mut g = GraphBuilder::new("looked_at");
+    let x = g.input("x", 8);
+    let h = g.blob("h", 8);
+    g.kernel("inc", &[x], &[h], |k| {
+        k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+    });
+    g.output("h", h);
+    g.threads(1).poll_window(Duration::ZERO);
+    let graph = g.build().unwrap();
+    let s = graph.shared.clone();
+    let vm =
+        VirtualMachine::new(Config::default().with_timeout_period(Duration::from_secs(2))).unwrap();
+    let i = vm
+        .new_tensor_from(&vm.default_stream(), &5u64.to_ne_bytes())
+        .unwrap();
+    let o = vm.new_tensor(8).unwrap();
+    let quit = Arc::new(AtomicBool::new(false));
+    let looker = {
+        let (s, quit) = (s.clone(), quit.clone());
+        std::thread::spawn(move || {
+            while !quit.load(Ordering::Relaxed) {
+                let _ = s.describe();
+                std::thread::yield_now();
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let mut result = Ok(());
+    while t0.elapsed() < Duration::from_secs(3) && result.is_ok() {
+        vm.run(|b| b.launch_lazy_job(&[&i], &[&o], &[], graph.lazy()))
+            .unwrap();
+        let mut b = [0u8; 8];
+        result = vm.read_small(&o, 0, &mut b);
+    }
+    quit.store(true, Ordering::Relaxed);
+    looker.join().unwrap();
+    let _ = s.notifiers[0].notify();
+    result.unwrap();
+}

@@ -617,6 +617,9 @@ impl VmCore {
         let given_up = self.given_up.still_stuck();
         d.lively.splice(0..0, given_up);
         if let Some(extra) = self.diagnostic_extra.get() {
+            // User code (a graph's probe): a call into this VM from it is refused, as
+            // from a kernel, where it would wait and time out into this again.
+            let _reentry = ReentryGuard::enter(self.id);
             d.graphs = extra();
         }
         d

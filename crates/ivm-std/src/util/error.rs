@@ -240,7 +240,9 @@ impl LivelyInstruction {
 }
 
 /// What the engine was doing when a wait timed out: every lively instruction, oldest first.
+/// Non-exhaustive: later versions add what else a timeout can name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Diagnostic {
     /// Instructions received but not yet handled by the engine.
     pub pending: usize,
@@ -256,7 +258,8 @@ pub struct Diagnostic {
     pub probes: usize,
     /// The lazy graphs launched here that describe their state
     /// ([`LazyGraph::set_state_probe`](crate::lazy::LazyGraph::set_state_probe); ivm-graph's
-    /// do): `job: state` each, as the graph runtime told it when the diagnostic was built.
+    /// do): `job: state` each, as the graph runtime told it when the diagnostic was built
+    /// (the live graphs whose offers the VM keeps, eight at most).
     pub graphs: Vec<String>,
 }
 

@@ -376,7 +376,11 @@ impl LazyGraph {
     /// name. A lazy job's launch that never finishes shows in a diagnostic as one lively
     /// instruction; what the graph was doing is the runtime's to say. The VM calls
     /// `probe` only while it builds a diagnostic, on the thread whose wait timed out,
-    /// under a catch; it must not block or call into the VM.
+    /// under a catch (a panic is reported in its line); it must not block, and a call
+    /// into the VM from it fails with [`Error::Reentrant`]. Capture the graph's state
+    /// weakly: the VM keeps `probe` while it lives, so a strong reference to the graph
+    /// (or to the VM) in it keeps that alive. Like the other offers, a VM keeps those of
+    /// eight live graphs at most.
     ///
     /// Set once, before the first launch; returns `false` (and drops `probe`) when one
     /// was set before or the graph was launched already, like
