@@ -24,22 +24,33 @@ fn eventually(limit: Duration, cond: impl Fn() -> bool) -> bool {
     true
 }
 
-#[test]
-fn a_wake_consumed_while_a_helper_holds_the_actors_is_not_lost() {
-    let mut g = GraphBuilder::new("lost_wake");
+/// The graph `h = x + 1`, built after `configure`.
+fn increment(job: &str, configure: impl FnOnce(&mut GraphBuilder)) -> crate::Graph {
+    let mut g = GraphBuilder::new(job);
     let x = g.input("x", 8);
     let h = g.blob("h", 8);
     g.kernel("inc", &[x], &[h], |k| {
         k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
     });
     g.output("h", h);
-    let graph = g.build().unwrap();
-    let s = graph.shared.clone();
-    let vm = VirtualMachine::new(Config::default()).unwrap();
+    configure(&mut g);
+    g.build().unwrap()
+}
+
+/// An input tensor holding 5 and an output tensor.
+fn five_and_out(vm: &VirtualMachine) -> (ivm_std::Tensor, ivm_std::Tensor) {
     let i = vm
         .new_tensor_from(&vm.default_stream(), &5u64.to_ne_bytes())
         .unwrap();
-    let o = vm.new_tensor(8).unwrap();
+    (i, vm.new_tensor(8).unwrap())
+}
+
+#[test]
+fn a_wake_consumed_while_a_helper_holds_the_actors_is_not_lost() {
+    let graph = increment("lost_wake", |_| {});
+    let s = graph.shared.clone();
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let (i, o) = five_and_out(&vm);
     {
         let held = lock(&s.threads[0]);
         vm.run(|b| b.launch_lazy_job(&[&i], &[&o], &[], graph.lazy()))
@@ -138,22 +149,13 @@ fn a_sync_write_behind_a_helped_run_does_not_time_out() {
 /// after a few thousand; this checks for 3 s.)
 #[test]
 fn a_look_at_the_actors_after_a_productive_scan_loses_no_rescan() {
-    let mut g = GraphBuilder::new("looked_at");
-    let x = g.input("x", 8);
-    let h = g.blob("h", 8);
-    g.kernel("inc", &[x], &[h], |k| {
-        k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+    let graph = increment("looked_at", |g| {
+        g.threads(1).poll_window(Duration::ZERO);
     });
-    g.output("h", h);
-    g.threads(1).poll_window(Duration::ZERO);
-    let graph = g.build().unwrap();
     let s = graph.shared.clone();
     let vm =
         VirtualMachine::new(Config::default().with_timeout_period(Duration::from_secs(2))).unwrap();
-    let i = vm
-        .new_tensor_from(&vm.default_stream(), &5u64.to_ne_bytes())
-        .unwrap();
-    let o = vm.new_tensor(8).unwrap();
+    let (i, o) = five_and_out(&vm);
     let quit = Arc::new(AtomicBool::new(false));
     let looker = {
         let (s, quit) = (s.clone(), quit.clone());
