@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use ivm_core::notifier::Notifier;
 use ivm_core::sync::{AtomicBool, AtomicUsize, Ordering};
+use ivm_core::wait::Wait;
 
 use super::{GraphBuilder, GraphCtx, GraphEvent, KernelBody, Phase, TraceFn, describe};
 use blob::GBlob;
@@ -346,7 +347,8 @@ fn thread_loop(s: &Shared, t: usize) {
         }
         // A helping caller (`Shared::help`) that holds our actors scans until nothing is
         // ready or notifies us when it stops with work left, so we poll and sleep as if
-        // idle instead of blocking on the lock: a thread blocked there made every
+        // idle (in bounded stretches while we owe a scan, below) instead of blocking on
+        // the lock: a thread blocked there made every
         // helper's unlock a futex wake on the caller's path, and, woken, took the
         // actors back from a caller that was running the graph on a CPU of its own
         // (ARCHITECTURE.md, "ivm-graph").
@@ -384,7 +386,7 @@ fn thread_loop(s: &Shared, t: usize) {
             // length): sleep in bounded stretches until we get them, woken at once by a
             // helper that leaves work to us. A missed wake costs `OWED_RECHECK`, not a
             // stall; a spin here would take a core from whoever runs our actors.
-            let deadline = <FutexWait as ivm_core::Wait>::now().saturating_add(OWED_RECHECK);
+            let deadline = FutexWait::now().saturating_add(OWED_RECHECK);
             if notifier.timed_wait_and_clear(deadline).is_err() {
                 break;
             }

@@ -1,8 +1,8 @@
 //! A graph thread that consumes a wake while a helper holds its actors (the helper's last
 //! scan came before what the wake announced) must still scan them: `thread_loop`'s `owed`.
-//! The test thread holds a graph thread's actor lock as a helping caller preempted in its
-//! last scan would; both tests hung for ever before that rule (a vm_program fuzz run once
-//! timed out this way).
+//! The tests hold a graph thread's actor lock as a helping caller preempted in its last
+//! scan, or a diagnostic's look, would; each hung for ever before that rule (a vm_program
+//! fuzz run once timed out this way).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -107,18 +107,13 @@ impl VmLazy {
     /// `wait_over`: whether any ran something. Allocates nothing; the helpers run without
     /// the lock.
     pub(crate) fn help(&self, wait_over: &dyn Fn() -> bool) -> bool {
-        self.live_offers()
+        live_offers(&self.offers)
             .filter_map(|o| o.helper)
             // A helper that panics ran nothing this caller can count on; the graph's own
             // launch reports its failure (the helper is the graph runtime's code).
             .fold(false, |any, h| {
                 (!wait_over() && catch(|| h(wait_over)).unwrap_or(false)) | any
             })
-    }
-
-    /// The offers of the graphs still alive (see the free function).
-    fn live_offers(&self) -> impl Iterator<Item = GraphOffer> {
-        live_offers(&self.offers)
     }
 
     /// What a diagnostic adds for the live graphs with a state probe: `job: state` each
@@ -148,7 +143,7 @@ impl VmLazy {
             return None;
         }
         Some(
-            self.live_offers()
+            live_offers(&self.offers)
                 .filter_map(|o| o.progress)
                 // A probe that panics counts nothing (no progress seen through it).
                 .fold(0u64, |sum, p| sum.wrapping_add(catch(|| p()).unwrap_or(0))),
