@@ -96,8 +96,8 @@ for root, _, files in os.walk(src):
             m = p[:-3]
             if m.endswith("/mod"):
                 m = m[:-4]
-            if f == "tests.rs":
-                continue  # a test module may use any layer, as integration tests do
+            if f == "tests.rs" or "tests" in m.split("/")[:-1]:
+                continue  # a test module (and its children) may use any layer, as integration tests do
             # Code only: comments and doc comments may name any module, and so may an
             # inline test module (by convention the last item of its file).
             # Any `#[cfg(...test...)]` module (`cfg(test)`, `cfg(all(test, loom))`) is a test.

@@ -210,6 +210,11 @@ pub(crate) struct VmCore {
     neighbours: Mutex<crate::engine::neighbours::Neighbours>,
     /// A hint: the scheduler thread's id, once it runs (`engine/neighbours.rs`).
     pub(crate) scheduler_tid: AtomicUsize,
+    /// A hint: until when the VM's callers count as losing their CPU to other threads,
+    /// as each worker's `ThreadCtx::callers_contended_until` (set together,
+    /// `engine/preemption.rs`): read without a lock by a submission's catch-up
+    /// (`engine/submission.rs`).
+    pub(crate) callers_contended_until: crate::util::HintUntil,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
     foreign: OnceLock<ForeignHooks>,
     /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
@@ -273,6 +278,7 @@ impl VmCore {
             stats: crate::engine::stats::StatsCells::new(),
             neighbours: Mutex::new(Default::default()),
             scheduler_tid: AtomicUsize::new(0),
+            callers_contended_until: crate::util::HintUntil::default(),
             foreign: OnceLock::new(),
             scheduler_running: BlockingCounter::new(1),
             handle_dropped: AtomicBool::new(false),

@@ -172,6 +172,10 @@ pub(crate) fn sense_caller(shared: &VmCore) {
     if !contended && mine == 0 {
         return;
     }
+    if contended {
+        shared.callers_contended_until.hold_for(CONTENDED_HOLD);
+    }
+    let mut same_cpu = false;
     shared.with_workers(|all| {
         for ctx in all {
             if contended {
@@ -180,12 +184,16 @@ pub(crate) fn sense_caller(shared: &VmCore) {
             }
             // Relaxed: a hint (see `note_sole_cpu`).
             if mine != 0 && ctx.sole_cpu.load(Ordering::Relaxed) == mine {
+                same_cpu = true;
                 mark_contended(ctx, SAME_CPU_HOLD);
                 ctx.callers_contended_until.hold_for(SAME_CPU_HOLD);
                 ctx.same_cpu_until.hold_for(SAME_CPU_HOLD);
             }
         }
     });
+    if same_cpu {
+        shared.callers_contended_until.hold_for(SAME_CPU_HOLD);
+    }
 }
 
 /// A caller's look at the threads beside its VM's (`neighbours.rs`): when a busy
@@ -225,6 +233,7 @@ fn look_neighbours(shared: &VmCore) -> bool {
     if !busy.is_some_and(|b| crowded(b, workers, cpus)) {
         return false;
     }
+    shared.callers_contended_until.hold_for(3 * LOOK_EVERY);
     shared.with_workers(|all| {
         for ctx in all {
             mark_contended(ctx, 3 * LOOK_EVERY);

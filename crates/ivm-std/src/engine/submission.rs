@@ -13,6 +13,7 @@ use ivm_core::wait::Wait;
 use crate::engine::core::{VmCore, inside};
 use crate::engine::drive::Claim;
 use crate::model::instruction::Instruction;
+use crate::model::thread_ctx::ThreadCtx;
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 
@@ -34,13 +35,17 @@ impl VmCore {
                 return Err(e);
             }
         };
-        if backpressure
-            && !self.single_thread()
-            && self.flying() > self.config().high_water_mark
-            && let Err(e) = self.wait_backpressure()
-        {
-            list.clear();
-            return Err(e);
+        if backpressure && !self.single_thread() {
+            let flying = self.flying();
+            if flying > self.config().high_water_mark
+                && let Err(e) = self.wait_backpressure()
+            {
+                list.clear();
+                return Err(e);
+            }
+            if self.flying() > self.config().contended_high_water_mark {
+                self.catch_up_when_contended(list[0].id);
+            }
         }
         // From here to its drive the submission never waits for anything: a worker that
         // finishes an instruction meanwhile may leave the release to it for one kernel
@@ -113,6 +118,39 @@ impl VmCore {
         Ok(())
     }
 
+    /// Backpressure while the VM's callers lose their CPU to other threads
+    /// (`Config::contended_high_water_mark`; ARCHITECTURE.md, "When another thread takes a
+    /// core"): their workers then doze, and a caller's pushes leave the wakes to the dozes'
+    /// deadlines, so what a woken worker would run beside the caller, on the CPU the busy
+    /// thread leaves, the submitting caller runs first, between its own calls. Only what
+    /// was built before this submission (ids below `bound`; its own instructions run after
+    /// `run` returns, as always), and only from sleeping workers' queues, in order, what a
+    /// waiting caller may run (`worker::caller_runs_built_before`), inside the wait hook.
+    fn catch_up_when_contended(&self, bound: usize) {
+        // The hint first: no lock and, most of the time, no clock on a quiet machine.
+        if inside(self.id()) || !self.callers_contended_until.holds_or_clear() {
+            return;
+        }
+        let workers = self.with_workers(|all| {
+            let mut mine: heapless::Vec<Arc<ThreadCtx>, CATCH_UP_WORKERS> = heapless::Vec::new();
+            for c in all.iter().filter(|c| c.is_parked() && !c.queue.is_empty()) {
+                if mine.push(c.clone()).is_err() {
+                    break;
+                }
+            }
+            mine
+        });
+        if workers.is_empty() {
+            return;
+        }
+        // Inside the embedder's wait hook, as a wait: a kernel may need what the caller
+        // holds between its calls (a front end's global lock, `WaitHook`'s example).
+        let _hook = self.wait_scope();
+        for ctx in &workers {
+            crate::engine::worker::caller_runs_built_before(self, ctx, bound);
+        }
+    }
+
     /// Blocks until fewer than the low-water mark are in flight.
     fn wait_backpressure(&self) -> Result<()> {
         let _hook = self.wait_scope();
@@ -170,3 +208,7 @@ fn busy_worker(instr: &Instruction) -> bool {
         w.long_kernels.load(Ordering::Relaxed) && !w.queue.is_empty()
     })
 }
+
+/// The most workers one catch-up runs the queues of (`catch_up_when_contended`): the
+/// first ones of the VM, looked up under one lock, without allocating.
+const CATCH_UP_WORKERS: usize = 8;

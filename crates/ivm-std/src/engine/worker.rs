@@ -583,10 +583,11 @@ pub(crate) fn caller_runs(
 }
 
 /// [`caller_runs`] for a caller that has submitted nothing to wait for yet (a small read
-/// about to take its fast path, `doors/sync_access.rs`): runs only instructions built
-/// before id `bound` (`instruction::peek_next_id` as the caller looked), and at most as
-/// many as were in flight then, so that work other threads keep submitting meanwhile
-/// stays with the worker and the call returns in bounded time.
+/// about to take its fast path, `doors/sync_access.rs`; a submission that catches up on
+/// a busy machine, `engine/submission.rs`): runs only instructions built before id
+/// `bound` (`instruction::peek_next_id` as the caller looked, or the submission's first),
+/// and at most as many as were in flight then, so that work other threads keep
+/// submitting meanwhile stays with the worker and the call returns in bounded time.
 pub(crate) fn caller_runs_built_before(shared: &VmCore, ctx: &ThreadCtx, bound: usize) -> bool {
     let mut left = shared.flying();
     caller_runs_while(shared, ctx, |instr| {

@@ -26,6 +26,7 @@ pub enum Mode {
 /// | `IVM_SCHEDULER_WINDOW_US` | [`scheduler_work_window`](Self::scheduler_work_window) | 1000 (0 below 4 cores) |
 /// | `IVM_HIGH_WATER` | [`high_water_mark`](Self::high_water_mark) | 65536 |
 /// | `IVM_LOW_WATER` | [`low_water_mark`](Self::low_water_mark) | 32768 |
+/// | `IVM_CONTENDED_HIGH_WATER` | [`contended_high_water_mark`](Self::contended_high_water_mark) | 16 |
 /// | `IVM_SKIP_THRESHOLD` | [`skip_blocking_threshold`](Self::skip_blocking_threshold) | 2 |
 /// | `IVM_TIMEOUT_MS` | [`timeout_period`](Self::timeout_period) | 30000 |
 /// | `IVM_PENDING_WINDOW` | [`pending_window`](Self::pending_window) | 256 |
@@ -67,6 +68,17 @@ pub struct Config {
     pub high_water_mark: usize,
     /// ... until fewer than this are in flight.
     pub low_water_mark: usize,
+    /// Backpressure on a busy machine. While the VM's callers lose their CPU to other
+    /// threads (ARCHITECTURE.md, "When another thread takes a core": its workers then doze
+    /// and a caller's pushes leave their wakes to the dozes' deadlines), a
+    /// [`run`](crate::VirtualMachine::run) that finds more than this many instructions in
+    /// flight first runs, on its own thread, what sleeping workers have queued (built
+    /// before it, in queue order, on the streams a waiting caller may run), rather than
+    /// leave it to a worker that would take turns with the caller on the CPU left. A
+    /// `run`'s own kernels still run after it returns; but one that waits for something its
+    /// caller does later may then be run by a later `run` of that caller, which would wait
+    /// for ever: for such work, `usize::MAX` turns this off.
+    pub contended_high_water_mark: usize,
     /// A sync access skips the blocking phase of its wait (notify-skip) when fewer than this
     /// many instructions are in flight right after it was received.
     pub skip_blocking_threshold: usize,
@@ -163,6 +175,14 @@ impl Config {
     #[must_use]
     pub fn with_low_water_mark(mut self, low_water_mark: usize) -> Self {
         self.low_water_mark = low_water_mark;
+        self
+    }
+
+    /// This configuration with [`contended_high_water_mark`](Self::contended_high_water_mark)
+    /// set to `contended_high_water_mark`.
+    #[must_use]
+    pub fn with_contended_high_water_mark(mut self, contended_high_water_mark: usize) -> Self {
+        self.contended_high_water_mark = contended_high_water_mark;
         self
     }
 
@@ -277,6 +297,7 @@ impl Default for Config {
             scheduler_work_window: window,
             high_water_mark: 65536,
             low_water_mark: 32768,
+            contended_high_water_mark: 16,
             skip_blocking_threshold: 2,
             timeout_period: Duration::from_secs(30),
             pending_window: 256,
@@ -343,6 +364,9 @@ impl Config {
         }
         if let Some(v) = num("IVM_LOW_WATER")? {
             c.low_water_mark = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = num("IVM_CONTENDED_HIGH_WATER")? {
+            c.contended_high_water_mark = usize::try_from(v).unwrap_or(usize::MAX);
         }
         if let Some(v) = num("IVM_SKIP_THRESHOLD")? {
             c.skip_blocking_threshold = usize::try_from(v).unwrap_or(usize::MAX);

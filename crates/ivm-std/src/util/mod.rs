@@ -52,6 +52,26 @@ impl HintUntil {
         self.holds_at(now_us())
     }
 
+    /// [`holds`](Self::holds), reading no clock when the hint was never set or was last
+    /// found expired (then cleared here: a later [`hold_for`](Self::hold_for) wins).
+    pub(crate) fn holds_or_clear(&self) -> bool {
+        let until = self.0.load(ivm_core::sync::Ordering::Relaxed);
+        if until == 0 {
+            return false;
+        }
+        if now_us() < until {
+            return true;
+        }
+        // Relaxed: as everywhere here. A failure means a new hold: it stands.
+        let _ = self.0.compare_exchange(
+            until,
+            0,
+            ivm_core::sync::Ordering::Relaxed,
+            ivm_core::sync::Ordering::Relaxed,
+        );
+        false
+    }
+
     /// Whether the hint holds at `now` (a reading of [`now_us`], for several hints).
     pub(crate) fn holds_at(&self, now: usize) -> bool {
         let until = self.0.load(ivm_core::sync::Ordering::Relaxed);

@@ -1,0 +1,139 @@
+//! Backpressure on a busy machine (`Config::contended_high_water_mark`): a submission that
+//! finds more than the mark in flight while the callers count as losing their CPU runs
+//! what the dozing worker has queued, built before it, and never its own kernels.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::{read_u64, spin_until, vm_with_a_contended_worker};
+
+/// Submissions at most, each one kernel, before a test gives up on seeing a catch-up.
+const RUNS: usize = 2_000;
+
+/// The worker of `vm_with_a_contended_worker`, with its callers marked as losing their
+/// CPU too (as `preemption::sense_caller` marks them beside a busy thread).
+fn contended_callers() -> super::VmRig {
+    let (vm, s, worker, t) = vm_with_a_contended_worker();
+    let hold = Duration::from_secs(600);
+    worker.callers_contended_until.hold_for(hold);
+    vm.shared().core.callers_contended_until.hold_for(hold);
+    (vm, s, worker, t)
+}
+
+/// Submits one kernel per `run` until one ran on this thread (or `RUNS`); each kernel
+/// records, when it runs on the submitting thread, its own run's index and the index of
+/// the run being submitted then. Returns those pairs, and how many runs it took.
+fn submit_until_caught_up(
+    vm: &crate::VirtualMachine,
+    s: &crate::Stream,
+    t: &crate::Tensor,
+    kernel_panics: bool,
+) -> (Vec<(usize, usize)>, usize) {
+    let me = std::thread::current().id();
+    let submitting = Arc::new(AtomicUsize::new(0));
+    let on_caller = Arc::new(Mutex::new(Vec::new()));
+    let mut runs = 0;
+    while runs < RUNS && on_caller.lock().unwrap().is_empty() {
+        let (sub, seen) = (submitting.clone(), on_caller.clone());
+        // Relaxed: read on this same thread when a kernel runs on it.
+        submitting.store(runs, Ordering::Relaxed);
+        vm.run(|b| {
+            b.call(s, &[], &[t], move |k| {
+                if std::thread::current().id() == me {
+                    seen.lock()
+                        .unwrap()
+                        .push((runs, sub.load(Ordering::Relaxed)));
+                }
+                assert!(!kernel_panics, "a kernel that fails on whichever thread");
+                k.output_u64(0)[0] = runs as u64;
+            })
+        })
+        .unwrap();
+        runs += 1;
+    }
+    let seen = std::mem::take(&mut *on_caller.lock().unwrap());
+    (seen, runs)
+}
+
+#[test]
+// Waits in real time for the worker's states (Miri covers the VM's unsafe code in
+// `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn a_contended_submission_runs_the_dozing_workers_queue_built_before_it() {
+    let (vm, s, worker, t) = contended_callers();
+    spin_until("the worker never dozed", || {
+        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
+    });
+    let before = vm.stats().unwrap().caller_ran;
+    let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
+    assert!(
+        !seen.is_empty(),
+        "no kernel ran on the submitting thread in {runs} runs"
+    );
+    for &(own, during) in &seen {
+        assert!(
+            own < during,
+            "the kernel of run {own} ran inside run {during}: a run's own kernels run after it returns"
+        );
+    }
+    assert!(vm.stats().unwrap().caller_ran > before);
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), runs as u64 - 1);
+    vm.shutdown().unwrap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_kernel_that_panics_in_a_catch_up_poisons_its_output_not_the_caller() {
+    let (vm, s, worker, t) = contended_callers();
+    spin_until("the worker never dozed", || {
+        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
+    });
+    let (seen, runs) = submit_until_caught_up(&vm, &s, &t, true);
+    assert!(
+        !seen.is_empty(),
+        "no kernel ran on the submitting thread in {runs} runs"
+    );
+    // Every run returned; the failure is the tensor's, reported where it is read.
+    let mut out = [0u8; 8];
+    let r = vm.read_small(&t, 0, &mut out);
+    assert!(
+        matches!(
+            r,
+            Err(crate::Error::Poisoned { .. } | crate::Error::KernelPanicked { .. })
+        ),
+        "the read reports the kernel's failure: {r:?}"
+    );
+    vm.shutdown().unwrap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn with_the_mark_off_no_submission_runs_a_kernel() {
+    let vm = crate::VirtualMachine::new(
+        crate::Config::default().with_contended_high_water_mark(usize::MAX),
+    )
+    .unwrap();
+    let s = vm.default_stream();
+    let worker = s
+        .shared
+        .thread
+        .clone()
+        .expect("the default stream's worker");
+    crate::engine::preemption::mark_contended(&worker, Duration::from_secs(600));
+    worker
+        .callers_contended_until
+        .hold_for(Duration::from_secs(600));
+    vm.shared()
+        .core
+        .callers_contended_until
+        .hold_for(Duration::from_secs(600));
+    let t = vm.new_tensor(8).unwrap();
+    let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
+    assert!(seen.is_empty(), "{seen:?}");
+    assert_eq!(runs, RUNS);
+    vm.sync().unwrap();
+    vm.shutdown().unwrap();
+}
