@@ -210,10 +210,12 @@ pub(crate) struct VmCore {
     neighbours: Mutex<crate::engine::neighbours::Neighbours>,
     /// A hint: the scheduler thread's id, once it runs (`engine/neighbours.rs`).
     pub(crate) scheduler_tid: AtomicUsize,
-    /// A hint: until when the VM's callers count as losing their CPU to other threads,
-    /// as each worker's `ThreadCtx::callers_contended_until` (set together,
-    /// `engine/preemption.rs`): read without a lock by a submission's catch-up
-    /// (`engine/submission.rs`).
+    /// A hint: until when the VM's callers count as losing their CPU to threads that are
+    /// not the VM's: a busy neighbour (`engine/neighbours.rs`), or workers bound to the
+    /// caller's one CPU (`engine/preemption.rs`), which also set each worker's
+    /// `ThreadCtx::callers_contended_until`. Not a caller's own involuntary switches
+    /// (`CallerSense`): under a flood the VM's own threads cause those. Read without a lock
+    /// by a submission's catch-up (`engine/submission.rs`).
     pub(crate) callers_contended_until: crate::util::HintUntil,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
     foreign: OnceLock<ForeignHooks>,

@@ -172,9 +172,6 @@ pub(crate) fn sense_caller(shared: &VmCore) {
     if !contended && mine == 0 {
         return;
     }
-    if contended {
-        shared.callers_contended_until.hold_for(CONTENDED_HOLD);
-    }
     let mut same_cpu = false;
     shared.with_workers(|all| {
         for ctx in all {
