@@ -62,6 +62,9 @@ pub(crate) struct Args {
     pub(crate) pin: bool,
     /// `--data-parallel`: train over MPI ranks (`dp.rs`).
     pub(crate) data_parallel: bool,
+    /// `--bucket-kib N`: with `--data-parallel`, the reduced buffers travel in buckets of
+    /// at most N KiB, one all-gather each (`dp.rs`; 0: one per buffer).
+    pub(crate) bucket_kib: usize,
     /// `--hog N`: N busy threads beside every mode, from before the first epoch to after
     /// the last (`../common/hog.rs`).
     pub(crate) hog: usize,
@@ -69,7 +72,7 @@ pub(crate) struct Args {
 
 const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
 [--device cpu|sim:<latency_us>|sim-launcher:<latency_us>|cuda] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] [--hog N] \
-[--data-parallel (under mpirun; build with --features mpi)]";
+[--data-parallel (under mpirun; build with --features mpi)] [--bucket-kib N (data parallel; default 64)]";
 
 pub(crate) fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -85,6 +88,7 @@ pub(crate) fn parse_args() -> Result<Args, String> {
         runs: 20,
         pin: true,
         data_parallel: false,
+        bucket_kib: 64,
         hog: 0,
     };
     let mut it = std::env::args().skip(1);
@@ -112,6 +116,7 @@ pub(crate) fn parse_args() -> Result<Args, String> {
             "--runs" => a.runs = num(&flag, value(&flag)?)?,
             "--quiet" | "-q" => a.quiet = true,
             "--data-parallel" => a.data_parallel = true,
+            "--bucket-kib" => a.bucket_kib = num(&flag, value(&flag)?)?,
             "--trace" => a.trace = Some(value(&flag)?.into()),
             "--no-trace" => a.trace = None,
             "--no-pin" => a.pin = false,

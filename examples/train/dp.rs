@@ -7,13 +7,17 @@
 //!
 //! Every rank trains a replica of the MLP on its share of every batch (rank `r` of `R`
 //! takes rows `r·B/R .. (r+1)·B/R` of the global batch of `B` rows; `R` must divide `B`,
-//! the run refuses otherwise), eagerly on its own VM. Each gradient is all-gathered on the
-//! collective stream as soon as the backward kernel that wrote it is done, and reduced
-//! there by [`fold`]: the shares added in rank order from rank 0's, then divided by `R`,
-//! while the compute stream goes on with the rest of the backward pass; the Adam step of
-//! a parameter waits for its gradient's fold (the engine orders it: it reads the tensor
-//! the fold writes). The loss is reduced the same way, so every rank reads the global
-//! batch's loss.
+//! the run refuses otherwise), eagerly on its own VM. The loss and the gradients travel
+//! in buckets, as DDP's do ([`bucket_members`], `--bucket-kib`, 64 by default): in the
+//! order the step writes them, up to the cap, a larger one alone. A bucket is packed on
+//! the compute stream once its last member is written, all-gathered on the collective
+//! stream and reduced there by [`fold`]: the shares added in rank order from rank 0's,
+//! then divided by `R`, while the compute stream goes on with the rest of the backward
+//! pass; the Adam step of a parameter waits for its gradient's fold (the engine orders
+//! it: it reads the tensor the fold writes). Every rank reads the global batch's loss.
+//! The default model's five buffers (18 KB) make one bucket: each all-gather waits for
+//! the slower rank, and with one CPU per rank (as `mpirun` binds them) nothing overlaps,
+//! so one wait per step costs less than five (`docs/perf-2026-12-06.md`).
 //!
 //! Not an all-reduce: MPI leaves a reduction's order to the library, and Open MPI's
 //! changes with the rank count and the message size (Open MPI 4.1: rank order for 2 and 3
@@ -23,8 +27,8 @@
 //!
 //! The single-process reference (rank 0 runs it, interleaved epoch by epoch with the
 //! data-parallel epochs) is gradient accumulation over the same shares: the program of
-//! one share run on each share in turn, each reduced buffer copied into its share's slot
-//! (where the all-gather puts it), the same fold, then the Adam step. Checked, exit code
+//! one share run on each share in turn, each bucket packed into its share's slot (where
+//! the all-gather puts it), the same fold, then the Adam step. Checked, exit code
 //! non-zero otherwise, each check with its own verdict: every rank's per-step losses and
 //! final weights are bit-identical to rank 0's, and bit-identical to the reference's, at
 //! any length. Printed: steps/s with 1 rank and with `R`, and the share of all-gather
@@ -71,9 +75,8 @@ struct Replica {
     reduce: Reduce,
     prog: Arc<Program>,
     tensors: Vec<Tensor>,
-    /// Per reduced buffer (the loss and the gradients): `(buffer, its shares)`, the
-    /// shares side by side in rank order, as an all-gather writes them.
-    gathered: Vec<(usize, Tensor)>,
+    /// The reduced buffers (the loss and the gradients) in buckets, one all-gather each.
+    buckets: Vec<Bucket>,
     /// The shares of every global batch this replica computes: its rank's, or all.
     shares: Vec<usize>,
     /// The rank count: shares per global batch.
@@ -83,6 +86,50 @@ struct Replica {
     width: usize,
 }
 
+/// Reduced buffers that travel together, as DDP's buckets do: one all-gather, one fold.
+struct Bucket {
+    /// `(buffer, its offset in the bucket, its length)`, in f32s, in the order the step
+    /// writes them; the last one written closes the bucket.
+    members: Vec<(usize, usize, usize)>,
+    /// f32s in the bucket.
+    len: usize,
+    /// This replica's share of the bucket, packed (what it sends).
+    packed: Tensor,
+    /// Every share of the bucket side by side in rank order, as an all-gather writes them.
+    gathered: Tensor,
+}
+
+/// The reduced buffers of `p`, in the order its forward and backward ops write them, in
+/// buckets of at most `cap` bytes (a buffer larger than that travels alone; 0: one buffer
+/// per bucket): the first bucket's all-gather starts while the backward pass goes on.
+fn bucket_members(p: &Program, cap: usize) -> Vec<Vec<(usize, usize, usize)>> {
+    let mut buckets: Vec<Vec<(usize, usize, usize)>> = Vec::new();
+    let mut bytes = 0;
+    for op in p
+        .ops
+        .iter()
+        .filter(|op| p.bufs[op.write].role != Role::State)
+    {
+        let i = op.write;
+        if !reduced(p, i) {
+            continue;
+        }
+        let len = p.bufs[i].len;
+        match buckets.last_mut() {
+            Some(b) if bytes + 4 * len <= cap => {
+                let off = b.last().map_or(0, |&(_, o, l)| o + l);
+                b.push((i, off, len));
+                bytes += 4 * len;
+            }
+            _ => {
+                buckets.push(vec![(i, 0, len)]);
+                bytes = 4 * len;
+            }
+        }
+    }
+    buckets
+}
+
 /// Whether buffer `i` is reduced over the shares: the loss and the gradients.
 fn reduced(p: &Program, i: usize) -> bool {
     let name = &p.bufs[i].name;
@@ -90,15 +137,15 @@ fn reduced(p: &Program, i: usize) -> bool {
         || (p.bufs[i].role == Role::Temp && (name.starts_with("dw") || name.starts_with("db")))
 }
 
-/// `out = (Σ_r parts[r]) / ranks`, element by element, the shares (`parts`, `ranks`
-/// slices of `out.len()`) added in rank order from share 0: the one order every replica,
-/// whatever its transport, uses, so the ranks and the single-process run agree bit for
-/// bit.
-fn fold(parts: &[f32], ranks: usize, out: &mut [f32]) {
+/// `out = (Σ_r parts[r]) / ranks`, element by element, over one member of a bucket: the
+/// shares (`parts`, `ranks` buckets of `bucket` f32s side by side) hold it at `offset`,
+/// and are added in rank order from share 0: the one order every replica, whatever its
+/// transport, uses, so the ranks and the single-process run agree bit for bit.
+fn fold(parts: &[f32], ranks: usize, bucket: usize, offset: usize, out: &mut [f32]) {
     let n = out.len();
-    out.copy_from_slice(&parts[..n]);
-    for share in parts.chunks_exact(n).skip(1) {
-        for (o, &v) in out.iter_mut().zip(share) {
+    out.copy_from_slice(&parts[offset..offset + n]);
+    for share in parts.chunks_exact(bucket).skip(1) {
+        for (o, &v) in out.iter_mut().zip(&share[offset..offset + n]) {
             *o += v;
         }
     }
@@ -106,6 +153,30 @@ fn fold(parts: &[f32], ranks: usize, out: &mut [f32]) {
     for o in out {
         *o /= r;
     }
+}
+
+/// Builds the fold of `bucket` on `stream`: every member's global value, from the
+/// gathered shares.
+fn fold_bucket(
+    b: &mut InstructionsBuilder<'_>,
+    stream: &Stream,
+    bucket: &Bucket,
+    tensors: &[Tensor],
+    ranks: usize,
+) -> Result<()> {
+    let outs: Vec<&Tensor> = bucket
+        .members
+        .iter()
+        .map(|&(i, _, _)| &tensors[i])
+        .collect();
+    let at: Vec<usize> = bucket.members.iter().map(|&(_, o, _)| o).collect();
+    let len = bucket.len;
+    b.call_named("fold", stream, &[&bucket.gathered], &outs, move |k| {
+        let parts = f32s(k.input(0));
+        for (j, &o) in at.iter().enumerate() {
+            fold(parts, ranks, len, o, f32s_mut(k.output(j)));
+        }
+    })
 }
 
 impl Replica {
@@ -117,6 +188,7 @@ impl Replica {
         data: &Data,
         shares: Vec<usize>,
         ranks: usize,
+        bucket_cap: usize,
     ) -> Result<Self> {
         // The step runs every forward and backward op, then the updates: the program's
         // order, checked (the sequential replica runs the updates once, after all shares).
@@ -150,9 +222,17 @@ impl Replica {
                 vm.new_tensor_from(&compute, &init)
             })
             .collect::<Result<Vec<_>>>()?;
-        let gathered = (0..prog.bufs.len())
-            .filter(|&i| reduced(&prog, i))
-            .map(|i| Ok((i, vm.new_tensor_on(&compute, 4 * prog.bufs[i].len * ranks)?)))
+        let buckets = bucket_members(&prog, bucket_cap)
+            .into_iter()
+            .map(|members| {
+                let len = members.iter().map(|&(_, _, l)| l).sum::<usize>();
+                Ok(Bucket {
+                    members,
+                    len,
+                    packed: vm.new_tensor_on(&compute, 4 * len)?,
+                    gathered: vm.new_tensor_on(&compute, 4 * len * ranks)?,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             vm,
@@ -160,7 +240,7 @@ impl Replica {
             reduce,
             prog,
             tensors,
-            gathered,
+            buckets,
             shares,
             ranks,
             rows: Arc::new(data.train.x.clone()),
@@ -202,36 +282,40 @@ impl Replica {
                     .filter(|op| p.bufs[op.write].role != Role::State);
                 for op in forward_backward {
                     self.call(b, op)?;
-                    let Some((_, g)) = self.gathered.iter().find(|(i, _)| *i == op.write) else {
+                    let Some(bucket) = self
+                        .buckets
+                        .iter()
+                        .find(|bk| bk.members.last().is_some_and(|&(i, _, _)| i == op.write))
+                    else {
                         continue;
                     };
-                    let mine = &t[op.write];
-                    match &self.reduce {
-                        // Reduced over the ranks as soon as it is written, on the
-                        // collective stream, while the compute stream goes on.
-                        Reduce::Ranks(ccl) => {
-                            ccl.all_gather(b, mine, g)?;
-                            b.call_named("fold", ccl.stream(), &[g], &[mine], move |k| {
-                                fold(f32s(k.input(0)), ranks, f32s_mut(k.output(0)));
-                            })?;
+                    let members: Vec<&Tensor> =
+                        bucket.members.iter().map(|&(i, _, _)| &t[i]).collect();
+                    let at: Vec<usize> = bucket.members.iter().map(|&(_, o, _)| o).collect();
+                    let len = bucket.len;
+                    // This share's bucket, packed: into the tensor it is sent from, or
+                    // into its share's slot, where the all-gather would put it.
+                    let (dst, base) = match &self.reduce {
+                        Reduce::Ranks(_) => (&bucket.packed, 0),
+                        Reduce::Sequential => (&bucket.gathered, share * len),
+                    };
+                    b.call_named("pack", &self.compute, &members, &[dst], move |k| {
+                        for (j, &o) in at.iter().enumerate() {
+                            let v = f32s(k.input(j));
+                            f32s_mut(k.output(0))[base + o..base + o + v.len()].copy_from_slice(v);
                         }
-                        // Into this share's slot, where the all-gather would put it.
-                        Reduce::Sequential => {
-                            b.call_named("stash", &self.compute, &[mine], &[g], move |k| {
-                                let v = f32s(k.input(0));
-                                let n = v.len();
-                                f32s_mut(k.output(0))[share * n..(share + 1) * n]
-                                    .copy_from_slice(v);
-                            })?;
-                        }
+                    })?;
+                    // Reduced over the ranks as soon as its last member is written, on
+                    // the collective stream, while the compute stream goes on.
+                    if let Reduce::Ranks(ccl) = &self.reduce {
+                        ccl.all_gather(b, &bucket.packed, &bucket.gathered)?;
+                        fold_bucket(b, ccl.stream(), bucket, t, ranks)?;
                     }
                 }
             }
             if let Reduce::Sequential = self.reduce {
-                for (i, g) in &self.gathered {
-                    b.call_named("fold", &self.compute, &[g], &[&t[*i]], move |k| {
-                        fold(f32s(k.input(0)), ranks, f32s_mut(k.output(0)));
-                    })?;
+                for bucket in &self.buckets {
+                    fold_bucket(b, &self.compute, bucket, t, ranks)?;
                 }
             }
             for op in p
@@ -371,6 +455,7 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
         data,
         vec![rank],
         ranks,
+        args.bucket_kib * 1024,
     )?;
     // Rank 0's single-process reference: every share of each global batch in turn, then
     // the same fold.
@@ -381,6 +466,7 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
             data,
             (0..ranks).collect(),
             ranks,
+            args.bucket_kib * 1024,
         )?)
     } else {
         None
