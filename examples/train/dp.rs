@@ -455,7 +455,7 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
         data,
         vec![rank],
         ranks,
-        args.bucket_kib * 1024,
+        args.bucket_kib.saturating_mul(1024),
     )?;
     // Rank 0's single-process reference: every share of each global batch in turn, then
     // the same fold.
@@ -466,7 +466,7 @@ pub fn run(args: &Args, data: &Data, adam: Adam) -> Result<ExitCode> {
             data,
             (0..ranks).collect(),
             ranks,
-            args.bucket_kib * 1024,
+            args.bucket_kib.saturating_mul(1024),
         )?)
     } else {
         None

@@ -81,7 +81,7 @@ impl<'vm> InstructionsBuilder<'vm> {
     /// Hands the collected instructions to the VM, then drops the handles given up with
     /// [`release_tensor`](Self::release_tensor) (their releases follow the instructions).
     pub(crate) fn submit(&mut self) -> Result<()> {
-        let r = self.vm.core.receive_list(&mut self.list, true);
+        let r = self.vm.core.receive_run(&mut self.list);
         self.released.clear();
         r
     }

@@ -35,17 +35,13 @@ impl VmCore {
                 return Err(e);
             }
         };
-        if backpressure && !self.single_thread() {
-            let flying = self.flying();
-            if flying > self.config().high_water_mark
-                && let Err(e) = self.wait_backpressure()
-            {
-                list.clear();
-                return Err(e);
-            }
-            if self.flying() > self.config().contended_high_water_mark {
-                self.catch_up_when_contended(list[0].id);
-            }
+        if backpressure
+            && !self.single_thread()
+            && self.flying() > self.config().high_water_mark
+            && let Err(e) = self.wait_backpressure()
+        {
+            list.clear();
+            return Err(e);
         }
         // From here to its drive the submission never waits for anything: a worker that
         // finishes an instruction meanwhile may leave the release to it for one kernel
@@ -63,6 +59,25 @@ impl VmCore {
         let wake = self.pending().push_chain(list.drain(..));
         self.pushed_claiming(wake, Claim::NONE, want);
         drop(token);
+        Ok(())
+    }
+
+    /// [`receive_list`](Self::receive_list) for a `run`'s instructions (with
+    /// backpressure), then, beside a busy thread, the catch-up
+    /// ([`catch_up_when_contended`](Self::catch_up_when_contended)): only here, since the
+    /// timed doors promise their deadline and the async ones not to block. After the
+    /// push and outside the shutdown gate: the run's work is in whatever the catch-up's
+    /// kernels or the wait hook do, and shutdown's drain never waits for user code.
+    pub(crate) fn receive_run(&self, list: &mut Vec<Arc<Instruction>>) -> Result<()> {
+        // The count before the push: the work already in flight is what may be run.
+        let bound = (!self.single_thread()
+            && !list.is_empty()
+            && self.flying() > self.config().contended_high_water_mark)
+            .then(|| list[0].id);
+        self.receive_list(list, true)?;
+        if let Some(bound) = bound {
+            self.catch_up_when_contended(bound);
+        }
         Ok(())
     }
 
@@ -122,10 +137,11 @@ impl VmCore {
     /// (`Config::contended_high_water_mark`; ARCHITECTURE.md, "When another thread takes a
     /// core"): their workers then doze, and a caller's pushes leave the wakes to the dozes'
     /// deadlines, so what a woken worker would run beside the caller, on the CPU the busy
-    /// thread leaves, the submitting caller runs first, between its own calls. Only what
-    /// was built before this submission (ids below `bound`; its own instructions run after
-    /// `run` returns, as always), and only from sleeping workers' queues, in order, what a
-    /// waiting caller may run (`worker::caller_runs_built_before`), inside the wait hook.
+    /// thread leaves, the submitting caller runs itself, between its own calls. Only what
+    /// was built before this submission (ids below `bound`, whichever thread built it; the
+    /// submission's own instructions run after `run` returns, as always), and only from
+    /// sleeping workers' queues, in order, what a waiting caller may run
+    /// (`worker::caller_runs_built_before`), inside the wait hook.
     fn catch_up_when_contended(&self, bound: usize) {
         // The hint first: no lock and, most of the time, no clock on a quiet machine.
         if inside(self.id()) || !self.callers_contended_until.holds_or_clear() {

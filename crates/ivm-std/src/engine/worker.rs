@@ -591,12 +591,31 @@ pub(crate) fn caller_runs(
 pub(crate) fn caller_runs_built_before(shared: &VmCore, ctx: &ThreadCtx, bound: usize) -> bool {
     let mut left = shared.flying();
     caller_runs_while(shared, ctx, |instr| {
-        if left == 0 || instr.id >= bound {
+        if left == 0 || !run_built_before(instr, bound) {
             return false;
         }
         left -= 1;
         true
     })
+}
+
+/// Whether the queued `head` and every member of the fused run it heads were built before
+/// id `bound`: a run dispatched after a submission may end in that submission's own
+/// instructions (members are consecutive in the order received, ids in the order built).
+fn run_built_before(head: &Instruction, bound: usize) -> bool {
+    let mut m = head;
+    loop {
+        if m.id >= bound {
+            return false;
+        }
+        // SAFETY: called under the queue's consumer role (`caller_runs_while`'s `take`),
+        // so the queued run's bodies are the executor's, this thread's, and nobody mutates
+        // them meanwhile (ownership step 3); the borrow ends before anything runs.
+        match unsafe { m.body() }.fused_next.as_deref() {
+            Some(next) => m = next,
+            None => return true,
+        }
+    }
 }
 
 /// [`caller_runs`], taking the queue's head only while `take(head)` holds.

@@ -68,16 +68,17 @@ pub struct Config {
     pub high_water_mark: usize,
     /// ... until fewer than this are in flight.
     pub low_water_mark: usize,
-    /// Backpressure on a busy machine. While the VM's callers lose their CPU to other
-    /// threads (ARCHITECTURE.md, "When another thread takes a core": its workers then doze
-    /// and a caller's pushes leave their wakes to the dozes' deadlines), a
-    /// [`run`](crate::VirtualMachine::run) that finds more than this many instructions in
-    /// flight first runs, on its own thread, what sleeping workers have queued (built
-    /// before it, in queue order, on the streams a waiting caller may run), rather than
-    /// leave it to a worker that would take turns with the caller on the CPU left. A
-    /// `run`'s own kernels still run after it returns; but one that waits for something its
-    /// caller does later may then be run by a later `run` of that caller, which would wait
-    /// for ever: for such work, `usize::MAX` turns this off.
+    /// Backpressure on a busy machine. While busy neighbours take the VM's CPUs
+    /// (ARCHITECTURE.md, "When another thread takes a core": its workers then doze and a
+    /// caller's pushes leave their wakes to the dozes' deadlines), a
+    /// [`run`](crate::VirtualMachine::run) (or `run_async`) that finds more than this many
+    /// instructions in flight submits its own, then runs, on its thread and inside the
+    /// wait hook, what sleeping workers have queued before it (whichever thread built it,
+    /// in queue order, on the streams a waiting caller may run), rather than leave it to a
+    /// worker that would take turns with the caller on the CPU left. Its own kernels still
+    /// run after it returns, and the timed and async doors never do this; but a queued
+    /// kernel that waits for something its caller does later would then hold up the
+    /// `run` that caught up with it, for ever: for such work, `usize::MAX` turns this off.
     pub contended_high_water_mark: usize,
     /// A sync access skips the blocking phase of its wait (notify-skip) when fewer than this
     /// many instructions are in flight right after it was received.

@@ -137,3 +137,102 @@ fn with_the_mark_off_no_submission_runs_a_kernel() {
     vm.sync().unwrap();
     vm.shutdown().unwrap();
 }
+
+/// A timed read keeps its deadline: beside a busy thread and with more than the mark in
+/// flight it runs no queued kernel (only `run` catches up).
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_timed_read_runs_no_queued_kernel() {
+    use std::sync::atomic::AtomicBool;
+    let (vm, s, worker, t) = contended_callers();
+    let other = vm
+        .stream(crate::util::ids::StreamId::compute(crate::Device::CPU, 1))
+        .unwrap();
+    let (t2, t3) = (vm.new_tensor(8).unwrap(), vm.new_tensor(8).unwrap());
+    // More than the mark in flight: a gate on another stream, 20 behind it.
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    vm.run(|b| {
+        b.call(&other, &[], &[&t3], move |_k| {
+            while !g.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    })
+    .unwrap();
+    for _ in 0..20 {
+        vm.run(|b| b.call(&other, &[], &[&t3], |_k| {})).unwrap();
+    }
+    spin_until("the worker never dozed", || {
+        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
+    });
+    let me = std::thread::current().id();
+    let in_timed = Arc::new(AtomicBool::new(false));
+    let ran_in_timed = Arc::new(AtomicUsize::new(0));
+    for _ in 0..400 {
+        let (f, n) = (in_timed.clone(), ran_in_timed.clone());
+        vm.run(|b| {
+            b.call(&s, &[], &[&t], move |_k| {
+                // Relaxed: set and read on this same thread.
+                if std::thread::current().id() == me && f.load(Ordering::Relaxed) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .unwrap();
+        in_timed.store(true, Ordering::Relaxed);
+        let mut out = [0u8; 8];
+        let _ = vm.read_small_timeout(&t2, 0, &mut out, Duration::from_millis(2));
+        in_timed.store(false, Ordering::Relaxed);
+    }
+    gate.store(true, Ordering::Release);
+    vm.sync().unwrap();
+    assert_eq!(ran_in_timed.load(Ordering::Relaxed), 0);
+    vm.shutdown().unwrap();
+}
+
+/// Panics in `before_wait` while armed.
+struct PanickingHook(Arc<std::sync::atomic::AtomicBool>);
+
+impl crate::WaitHook for PanickingHook {
+    fn before_wait(&self) {
+        assert!(
+            !self.0.swap(false, Ordering::Relaxed),
+            "the wait hook panics"
+        );
+    }
+    fn after_wait(&self) {}
+}
+
+/// A wait hook that panics around a catch-up: the panic reaches the `run`'s caller, and
+/// the run's work was submitted all the same.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_wait_hook_that_panics_in_a_catch_up_keeps_the_runs_work() {
+    use std::sync::atomic::AtomicBool;
+    let (vm, s, worker, t) = contended_callers();
+    let arm = Arc::new(AtomicBool::new(false));
+    vm.set_foreign_hooks(
+        crate::ForeignHooks::default().with_wait_hook(Arc::new(PanickingHook(arm.clone()))),
+    )
+    .unwrap();
+    spin_until("the worker never dozed", || {
+        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
+    });
+    let mut panicked_at = None;
+    for i in 1..=RUNS as u64 {
+        arm.store(true, Ordering::Relaxed);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = i))
+        }));
+        arm.store(false, Ordering::Relaxed);
+        if r.is_err() {
+            panicked_at = Some(i);
+            break;
+        }
+    }
+    let i = panicked_at.expect("no run caught up");
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), i, "run {i}'s kernel ran");
+    vm.shutdown().unwrap();
+}
