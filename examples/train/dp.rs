@@ -99,6 +99,17 @@ struct Bucket {
     gathered: Tensor,
 }
 
+impl Bucket {
+    /// The members' tensors among `tensors`, and their offsets in the bucket (for the
+    /// pack and fold kernels, which take them by position).
+    fn parts<'t>(&self, tensors: &'t [Tensor]) -> (Vec<&'t Tensor>, Vec<usize>) {
+        self.members
+            .iter()
+            .map(|&(i, offset, _)| (&tensors[i], offset))
+            .unzip()
+    }
+}
+
 /// The reduced buffers of `p`, in the order its forward and backward ops write them, in
 /// buckets of at most `cap` bytes (a buffer larger than that travels alone; 0: one buffer
 /// per bucket): the first bucket's all-gather starts while the backward pass goes on.
@@ -164,12 +175,7 @@ fn fold_bucket(
     tensors: &[Tensor],
     ranks: usize,
 ) -> Result<()> {
-    let outs: Vec<&Tensor> = bucket
-        .members
-        .iter()
-        .map(|&(i, _, _)| &tensors[i])
-        .collect();
-    let at: Vec<usize> = bucket.members.iter().map(|&(_, o, _)| o).collect();
+    let (outs, at) = bucket.parts(tensors);
     let len = bucket.len;
     b.call_named("fold", stream, &[&bucket.gathered], &outs, move |k| {
         let parts = f32s(k.input(0));
@@ -289,9 +295,7 @@ impl Replica {
                     else {
                         continue;
                     };
-                    let members: Vec<&Tensor> =
-                        bucket.members.iter().map(|&(i, _, _)| &t[i]).collect();
-                    let at: Vec<usize> = bucket.members.iter().map(|&(_, o, _)| o).collect();
+                    let (members, at) = bucket.parts(t);
                     let len = bucket.len;
                     // This share's bucket, packed: into the tensor it is sent from, or
                     // into its share's slot, where the all-gather would put it.

@@ -389,7 +389,12 @@ type VmRig = (
 
 /// A new VM as [`VmRig`].
 fn vm_with_a_worker() -> VmRig {
-    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+    vm_with_a_worker_in(crate::Config::default())
+}
+
+/// A new VM of `config` as [`VmRig`].
+fn vm_with_a_worker_in(config: crate::Config) -> VmRig {
+    let vm = crate::VirtualMachine::new(config).unwrap();
     let s = vm.default_stream();
     let worker = s
         .shared

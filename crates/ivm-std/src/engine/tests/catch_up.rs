@@ -7,18 +7,24 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{read_u64, spin_until, vm_with_a_contended_worker};
+use super::{read_u64, spin_until, vm_with_a_worker_in};
+use crate::Config;
 
 /// Submissions at most, each one kernel, before a test gives up on seeing a catch-up.
 const RUNS: usize = 2_000;
 
-/// The worker of `vm_with_a_contended_worker`, with its callers marked as losing their
-/// CPU too (as `preemption::sense_caller` marks them beside a busy thread).
-fn contended_callers() -> super::VmRig {
-    let (vm, s, worker, t) = vm_with_a_contended_worker();
+/// A VM of `config` whose default stream's worker is marked contended, with its callers
+/// marked as losing their CPU too (as `preemption::look_neighbours` marks them beside a
+/// busy thread), once that worker dozes.
+fn contended_callers(config: Config) -> super::VmRig {
+    let (vm, s, worker, t) = vm_with_a_worker_in(config);
     let hold = Duration::from_secs(600);
+    crate::engine::preemption::mark_contended(&worker, hold);
     worker.callers_contended_until.hold_for(hold);
     vm.shared().core.callers_contended_until.hold_for(hold);
+    spin_until("the worker never dozed", || {
+        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
+    });
     (vm, s, worker, t)
 }
 
@@ -62,10 +68,7 @@ fn submit_until_caught_up(
 // `tests/miri_vm.rs`).
 #[cfg_attr(miri, ignore)]
 fn a_contended_submission_runs_the_dozing_workers_queue_built_before_it() {
-    let (vm, s, worker, t) = contended_callers();
-    spin_until("the worker never dozed", || {
-        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
-    });
+    let (vm, s, _worker, t) = contended_callers(Config::default());
     let before = vm.stats().unwrap().caller_ran;
     let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
     assert!(
@@ -87,10 +90,7 @@ fn a_contended_submission_runs_the_dozing_workers_queue_built_before_it() {
 #[test]
 #[cfg_attr(miri, ignore)]
 fn a_kernel_that_panics_in_a_catch_up_poisons_its_output_not_the_caller() {
-    let (vm, s, worker, t) = contended_callers();
-    spin_until("the worker never dozed", || {
-        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
-    });
+    let (vm, s, _worker, t) = contended_callers(Config::default());
     let (seen, runs) = submit_until_caught_up(&vm, &s, &t, true);
     assert!(
         !seen.is_empty(),
@@ -112,25 +112,8 @@ fn a_kernel_that_panics_in_a_catch_up_poisons_its_output_not_the_caller() {
 #[test]
 #[cfg_attr(miri, ignore)]
 fn with_the_mark_off_no_submission_runs_a_kernel() {
-    let vm = crate::VirtualMachine::new(
-        crate::Config::default().with_contended_high_water_mark(usize::MAX),
-    )
-    .unwrap();
-    let s = vm.default_stream();
-    let worker = s
-        .shared
-        .thread
-        .clone()
-        .expect("the default stream's worker");
-    crate::engine::preemption::mark_contended(&worker, Duration::from_secs(600));
-    worker
-        .callers_contended_until
-        .hold_for(Duration::from_secs(600));
-    vm.shared()
-        .core
-        .callers_contended_until
-        .hold_for(Duration::from_secs(600));
-    let t = vm.new_tensor(8).unwrap();
+    let (vm, s, _worker, t) =
+        contended_callers(Config::default().with_contended_high_water_mark(usize::MAX));
     let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
     assert!(seen.is_empty(), "{seen:?}");
     assert_eq!(runs, RUNS);
@@ -144,7 +127,7 @@ fn with_the_mark_off_no_submission_runs_a_kernel() {
 #[cfg_attr(miri, ignore)]
 fn a_timed_read_runs_no_queued_kernel() {
     use std::sync::atomic::AtomicBool;
-    let (vm, s, worker, t) = contended_callers();
+    let (vm, s, worker, t) = contended_callers(Config::default());
     let other = vm
         .stream(crate::util::ids::StreamId::compute(crate::Device::CPU, 1))
         .unwrap();
@@ -210,15 +193,12 @@ impl crate::WaitHook for PanickingHook {
 #[cfg_attr(miri, ignore)]
 fn a_wait_hook_that_panics_in_a_catch_up_keeps_the_runs_work() {
     use std::sync::atomic::AtomicBool;
-    let (vm, s, worker, t) = contended_callers();
+    let (vm, s, _worker, t) = contended_callers(Config::default());
     let arm = Arc::new(AtomicBool::new(false));
     vm.set_foreign_hooks(
         crate::ForeignHooks::default().with_wait_hook(Arc::new(PanickingHook(arm.clone()))),
     )
     .unwrap();
-    spin_until("the worker never dozed", || {
-        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
-    });
     let mut panicked_at = None;
     for i in 1..=RUNS as u64 {
         arm.store(true, Ordering::Relaxed);
