@@ -65,7 +65,8 @@ impl VmCore {
     /// [`receive_list`](Self::receive_list) for a `run`'s instructions (with
     /// backpressure), then, beside a busy thread, the catch-up
     /// ([`catch_up_when_contended`](Self::catch_up_when_contended)): only here, since the
-    /// timed doors promise their deadline and the async ones not to block. After the
+    /// timed doors promise their deadline and the async reads and writes not to block
+    /// (`run_async`, a `run` with a completion, comes here too). After the
     /// push and outside the shutdown gate: the run's own work is submitted whatever the
     /// caught-up kernels or the wait hook then do (a panic included), and shutdown's
     /// drain never waits for user code.
