@@ -124,6 +124,7 @@ pub struct Config {
     /// run back to back, each still done, poisoned, traced and released on its own.
     /// Nothing observable changes but the cost per instruction. An instruction opts out
     /// with [`InstructionsBuilder::set_fusable`](crate::InstructionsBuilder::set_fusable).
+    /// Off by default (ARCHITECTURE.md, "Fused runs", says why).
     pub fusion: bool,
     /// The longest fused run, in instructions (1..=[`MAX_FUSED_RUN`]): bounds how long one
     /// hand-over holds a worker and how long a run's first member may wait for its
