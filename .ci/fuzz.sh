@@ -3,7 +3,9 @@
 # that decode programs also read their seed corpus of long programs (fuzz/seeds/<target>,
 # written by `cargo run --release -p ivm-fuzz-seeds` in fuzz/) next to their working
 # corpus (fuzz/corpus/<target>, which libFuzzer grows), with inputs up to FUZZ_MAX_LEN
-# bytes (default 4096).
+# bytes (default 4096). The VM targets read IVM_FUSION (`fuzzing::ci_lane`): vm_program
+# and vm_faults fuzz with fusion on, vm_program_sim with the default (off), so that both
+# paths are fuzzed in every run (the engine target picks fusion per input itself).
 #
 # Every target is built first, then the targets run in two lanes of their own (every other
 # target in the list goes to the second lane), so that the half of them that fuzz on one
@@ -21,14 +23,15 @@ targets=$(cargo +nightly fuzz list)
 [ -n "$targets" ] || { echo "no fuzz targets found" >&2; exit 1; }
 
 fuzz_one() {
-    local t=$1
-    echo "--- fuzz $t (${seconds}s)"
+    local t=$1 fusion=0
+    case $t in vm_program | vm_faults) fusion=1 ;; esac
+    echo "--- fuzz $t (${seconds}s, IVM_FUSION=$fusion)"
     if [ -d "seeds/$t" ]; then
         mkdir -p "corpus/$t"
-        cargo +nightly fuzz run "$t" "corpus/$t" "seeds/$t" -- \
+        IVM_FUSION=$fusion cargo +nightly fuzz run "$t" "corpus/$t" "seeds/$t" -- \
             -max_total_time="$seconds" -rss_limit_mb=4096 -max_len="$max_len"
     else
-        cargo +nightly fuzz run "$t" -- -max_total_time="$seconds" -rss_limit_mb=4096
+        IVM_FUSION=$fusion cargo +nightly fuzz run "$t" -- -max_total_time="$seconds" -rss_limit_mb=4096
     fi
 }
 
