@@ -602,7 +602,7 @@ pub(crate) fn caller_runs_built_before(shared: &VmCore, ctx: &ThreadCtx, bound: 
 /// Whether the queued `head` and every member of the fused run it heads were built before
 /// id `bound`: a run dispatched after a submission may end in that submission's own
 /// instructions (members are consecutive in the order received, ids in the order built).
-fn run_built_before(head: &Instruction, bound: usize) -> bool {
+pub(super) fn run_built_before(head: &Instruction, bound: usize) -> bool {
     let mut m = head;
     loop {
         if m.id >= bound {

@@ -216,3 +216,31 @@ fn a_wait_hook_that_panics_in_a_catch_up_keeps_the_runs_work() {
     assert_eq!(read_u64(&vm, &t), i, "run {i}'s kernel ran");
     vm.shutdown().unwrap();
 }
+
+/// The catch-up takes a queued fused run only if every member was built before the
+/// submission (`worker::run_built_before`): a run dispatched between a submission's push
+/// and its catch-up may end in that submission's own instructions, which must run after
+/// `run` returns. The engine is driven by hand, so the run is formed deterministically.
+#[test]
+fn a_fused_run_counts_as_built_before_only_if_its_last_member_is() {
+    let mut r = super::Rig::new(1);
+    r.engine = crate::engine::Engine::for_config(&Config::default().with_fusion(true));
+    let (x, y, z) = (r.blob(), r.blob(), r.blob());
+    let a = r.instr("a", 0, &[], &[&x]);
+    let b = r.instr("b", 0, &[], &[&y]);
+    let c = r.instr("c", 0, &[], &[&z]);
+    r.step();
+    let queued = r.dispatched(0);
+    assert_eq!(queued.len(), 1, "one fused run, queued as its head");
+    let head = &queued[0];
+    assert!(Arc::ptr_eq(head, &a));
+    let built_before = |bound| crate::engine::worker::run_built_before(head, bound);
+    assert!(built_before(c.id + 1), "every member before the bound");
+    assert!(!built_before(c.id), "the last member is the bound's");
+    assert!(!built_before(b.id), "a middle member is the bound's");
+    assert!(!built_before(a.id), "the head is the bound's");
+    // Run as a caller runs a queued run: every member, then every one released.
+    assert_eq!(crate::engine::execute::execute_run(head), 3);
+    r.step();
+    assert_eq!(r.engine.counters(), (0, 0, 0));
+}
