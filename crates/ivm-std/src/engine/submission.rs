@@ -66,10 +66,10 @@ impl VmCore {
     /// backpressure), then, beside a busy thread, the catch-up
     /// ([`catch_up_when_contended`](Self::catch_up_when_contended)): only here, since the
     /// timed doors promise their deadline and the async reads and writes not to block
-    /// (`run_async`, a `run` with a completion, comes here too). After the
-    /// push and outside the shutdown gate: the run's own work is submitted whatever the
-    /// caught-up kernels or the wait hook then do (a panic included), and shutdown's
-    /// drain never waits for user code.
+    /// (`run_async`, a `run` with a completion, comes here too). After the push and
+    /// outside the shutdown gate: the run's own work is submitted whatever the caught-up
+    /// kernels or the wait hook then do (a panic included), and shutdown's drain never
+    /// waits for user code.
     pub(crate) fn receive_run(&self, list: &mut Vec<Arc<Instruction>>) -> Result<()> {
         // The count before the push: the work already in flight is what may be run.
         let bound = (!self.single_thread()

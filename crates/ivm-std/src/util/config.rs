@@ -76,10 +76,10 @@ pub struct Config {
     /// wait hook, what sleeping workers have queued before it (whichever thread built it,
     /// in queue order, on the streams a waiting caller may run), rather than leave it to a
     /// worker that would take turns with the caller on the CPU left. Its own kernels still
-    /// run after it returns, and the timed doors and the async reads and writes never do this
-    /// (`run_async` does, as a `run`); but a queued
-    /// kernel that waits for something its caller does later would then hold up the
-    /// `run` that caught up with it, for ever: for such work, `usize::MAX` turns this off.
+    /// run after it returns, and the timed doors and the async reads and writes never do
+    /// this (`run_async` does, as a `run`); but a queued kernel that waits for something
+    /// its caller does later would then hold up the `run` that caught up with it, for
+    /// ever: for such work, `usize::MAX` turns this off.
     pub contended_high_water_mark: usize,
     /// A sync access skips the blocking phase of its wait (notify-skip) when fewer than this
     /// many instructions are in flight right after it was received.
