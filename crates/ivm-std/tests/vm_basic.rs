@@ -286,12 +286,21 @@ fn timeout_reports_a_diagnostic() {
     let vm = VirtualMachine::new(cfg).unwrap();
     let s = vm.default_stream();
     let t = vm.new_tensor(8).unwrap();
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = started.clone();
     vm.run(|b| {
-        b.call_named("sleepy", &s, &[], &[&t], |_| {
+        b.call_named("sleepy", &s, &[], &[&t], move |_| {
+            flag.store(true, std::sync::atomic::Ordering::Release);
             std::thread::sleep(Duration::from_millis(600))
         })
     })
     .unwrap();
+    // The worker runs it: a read that found it still queued to a sleeping worker would run
+    // it itself (`worker::caller_runs`; seen in release builds), and a caller busy running
+    // a kernel is progress, not a timeout.
+    while !started.load(std::sync::atomic::Ordering::Acquire) {
+        std::thread::sleep(Duration::from_micros(100));
+    }
     match vm.read_small(&t, 0, &mut [0u8; 8]) {
         Err(Error::Timeout(d)) => {
             let text = d.to_string();

@@ -87,7 +87,9 @@ pub struct Config {
     /// A blocking wait fails with [`Error::Timeout`] when no instruction at all finished
     /// during one whole period. Any positive value: one too long for the clock (up to
     /// `Duration::MAX`) makes every deadline derived from it a year away, so it means "no
-    /// timeout".
+    /// timeout". A waiting caller that runs a sleeping worker's queued kernels itself
+    /// (ARCHITECTURE.md, "Who may drive the engine") is progress: it returns when they
+    /// end, however long they take.
     pub timeout_period: Duration,
     /// How many received instructions the engine handles per step before it dispatches and
     /// releases (keeps latency bounded under a flood).
