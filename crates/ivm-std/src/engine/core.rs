@@ -213,8 +213,8 @@ pub(crate) struct VmCore {
     /// A hint: until when the VM's callers count as losing their CPU to threads that are
     /// not the VM's: a busy neighbour (`engine/neighbours.rs`), or workers bound to the
     /// caller's one CPU (`engine/preemption.rs`), which also set each worker's
-    /// `ThreadCtx::callers_contended_until`. Not a caller's own involuntary switches
-    /// (`CallerSense`): under a flood the VM's own threads cause those. Read without a lock
+    /// `ThreadCtx::callers_contended_until`. Not a caller's own wait for its CPU
+    /// (`CallerSense`): under a flood the VM's own threads cause that. Read without a lock
     /// by a submission's catch-up (`engine/submission.rs`).
     pub(crate) callers_contended_until: crate::util::HintUntil,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.

@@ -93,11 +93,61 @@ fn involuntary_switches() -> Option<i64> {
     None
 }
 
-/// A caller thread's view of whether other threads take its CPU: its involuntary context
-/// switches, counted over windows of at least [`CALLER_WINDOW`] between its calls into a
-/// VM (a sleeping caller is switched out voluntarily, so idle time is no evidence).
-/// [`MIN_SWITCHES`] or more in a window, and at least one per [`SWITCH_SPACING`], mean
-/// that a runnable thread keeps taking turns with it.
+/// The time the calling thread has spent runnable but waiting for a CPU (Linux's
+/// `/proc/thread-self/schedstat`, its second field; not under Miri): what another thread
+/// on its CPU costs it, measured by the kernel's scheduler.
+fn run_delay() -> Option<Duration> {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        use std::io::Read;
+        // A short path: `File::open` builds its C string on the stack, so a look does not
+        // allocate.
+        let mut f = std::fs::File::open("/proc/thread-self/schedstat").ok()?;
+        let mut buf = [0u8; 96];
+        let n = f.read(&mut buf).ok()?;
+        parse_run_delay(&buf[..n])
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    None
+}
+
+/// The run delay in a `schedstat` line (`<on-CPU ns> <run delay ns> <timeslices>`).
+fn parse_run_delay(line: &[u8]) -> Option<Duration> {
+    let ns = core::str::from_utf8(line)
+        .ok()?
+        .split_ascii_whitespace()
+        .nth(1)?;
+    ns.parse().ok().map(Duration::from_nanos)
+}
+
+/// What a caller's look reads about the CPU it runs on: the kernel's run delay where the
+/// kernel keeps it, else the count of involuntary switches.
+#[derive(Debug, Clone, Copy)]
+enum CpuEvidence {
+    Waited(Duration),
+    Switches(i64),
+}
+
+impl CpuEvidence {
+    fn now() -> Option<Self> {
+        run_delay()
+            .map(Self::Waited)
+            .or_else(|| involuntary_switches().map(Self::Switches))
+    }
+}
+
+/// A caller thread's view of whether other threads take its CPU, over windows of at
+/// least [`CALLER_WINDOW`] between its calls into a VM: the time it spent runnable but
+/// waiting for its CPU, at least a [`RUN_DELAY_SHARE`]th of the window
+/// ([`waited_for_cpu`]). Where the kernel keeps no run delay, its involuntary context
+/// switches: [`MIN_SWITCHES`] or more in a window, at least one per [`SWITCH_SPACING`]
+/// ([`shares_cpu`]). A sleeping caller is switched out voluntarily and is not runnable,
+/// so idle time is no evidence either way.
+///
+/// Switches alone mislead on a quiet machine: the VM's own threads and the kernel's wake
+/// on the caller's CPU for a few microseconds at a time, several times a millisecond in
+/// the training demo's eager mode (9 switches and 40 µs waited in 10 ms), where a busy
+/// neighbour takes whole slices (1-4 ms waited in 10 ms).
 ///
 /// Then the VM's own threads are one too many for the CPUs: each worker of the VM is
 /// marked contended (it stops polling, dozes when idle, and hands its queue to a
@@ -108,8 +158,8 @@ fn involuntary_switches() -> Option<i64> {
 /// there.
 #[derive(Debug, Clone, Copy)]
 struct CallerSense {
-    /// The last look: when, and the switches counted then.
-    last: Option<(Instant, i64)>,
+    /// The last look: when, and what it read.
+    last: Option<(Instant, CpuEvidence)>,
     calls: u32,
 }
 
@@ -118,6 +168,17 @@ struct CallerSense {
 /// taken for one.
 const CALLER_WINDOW: Duration = Duration::from_millis(10);
 
+/// A caller that waited for its CPU at least this fraction (one in ...) of a window
+/// shares it: a busy neighbour's slice is milliseconds of a 10 ms window, the VM's own
+/// threads' wakes on the caller's CPU tens of microseconds.
+const RUN_DELAY_SHARE: u32 = 10;
+
+/// Whether waiting `waited` for a CPU over a window of `wall` means a runnable thread
+/// keeps taking the caller's CPU ([`CallerSense`]).
+fn waited_for_cpu(waited: Duration, wall: Duration) -> bool {
+    waited.saturating_mul(RUN_DELAY_SHARE) >= wall
+}
+
 /// Within a window, the most time per involuntary switch that still counts as sharing
 /// the CPU (a busy neighbour's scheduler slice is a few milliseconds), and the fewest
 /// switches that do.
@@ -125,7 +186,8 @@ const SWITCH_SPACING: Duration = Duration::from_millis(4);
 const MIN_SWITCHES: i64 = 3;
 
 /// Whether `switches` involuntary switches over a window of `wall` mean a runnable thread
-/// keeps taking turns with the caller ([`CallerSense`]).
+/// keeps taking turns with the caller ([`CallerSense`], where the kernel keeps no run
+/// delay).
 fn shares_cpu(switches: i64, wall: Duration) -> bool {
     switches >= MIN_SWITCHES
         && wall < SWITCH_SPACING.saturating_mul(u32::try_from(switches).unwrap_or(u32::MAX))
@@ -253,11 +315,15 @@ impl CallerSense {
         if last.is_some_and(|(since, _)| now.duration_since(since) < CALLER_WINDOW) {
             return None;
         }
-        let n = involuntary_switches();
-        self.last = n.map(|n| (now, n));
-        Some(match (last, n) {
-            (Some((since, n0)), Some(n)) => {
-                shares_cpu(n.saturating_sub(n0), now.duration_since(since))
+        let seen = CpuEvidence::now();
+        self.last = seen.map(|e| (now, e));
+        let wall = |since: Instant| now.duration_since(since);
+        Some(match (last, seen) {
+            (Some((since, CpuEvidence::Waited(w0))), Some(CpuEvidence::Waited(w))) => {
+                waited_for_cpu(w.saturating_sub(w0), wall(since))
+            }
+            (Some((since, CpuEvidence::Switches(n0))), Some(CpuEvidence::Switches(n))) => {
+                shares_cpu(n.saturating_sub(n0), wall(since))
             }
             _ => false,
         })
@@ -471,6 +537,38 @@ impl PreemptionSense {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_caller_shares_its_cpu_when_it_waits_for_it_a_tenth_of_the_window() {
+        let (ms, us) = (Duration::from_millis, Duration::from_micros);
+        // A busy neighbour's slices.
+        assert!(waited_for_cpu(ms(1), ms(10)));
+        assert!(waited_for_cpu(ms(4), ms(10)));
+        // The VM's own threads waking on the caller's CPU, many times but briefly.
+        assert!(!waited_for_cpu(us(40), ms(10)));
+        assert!(!waited_for_cpu(us(999), ms(10)));
+        assert!(!waited_for_cpu(Duration::ZERO, ms(10)));
+    }
+
+    #[test]
+    fn a_schedstat_line_gives_its_second_field() {
+        assert_eq!(
+            parse_run_delay(b"656474 1500 1\n"),
+            Some(Duration::from_nanos(1500))
+        );
+        assert_eq!(parse_run_delay(b"656474"), None);
+        assert_eq!(parse_run_delay(b""), None);
+        assert_eq!(parse_run_delay(b"1 x 2"), None);
+    }
+
+    #[test]
+    fn this_threads_run_delay_is_read_where_the_kernel_keeps_it() {
+        if std::path::Path::new("/proc/thread-self/schedstat").exists() && !cfg!(miri) {
+            let a = run_delay().expect("run delay");
+            let b = run_delay().expect("run delay");
+            assert!(b >= a, "the run delay only grows");
+        }
+    }
 
     #[test]
     fn a_caller_shares_its_cpu_when_switched_out_often_and_repeatedly() {

@@ -234,8 +234,10 @@ pub struct VmStats {
     /// Instructions queued to a sleeping worker that a caller about to wait ran itself
     /// instead (ARCHITECTURE.md, "Who may drive the engine").
     pub caller_ran: usize,
-    /// Times a caller spinning for the VM saw itself descheduled (another thread took its
-    /// CPU) and went to sleep instead (`engine/preemption.rs`).
+    /// Times a caller saw another thread take its CPU (`engine/preemption.rs`): descheduled
+    /// while spinning for the VM (it went to sleep instead), or, at a look between its
+    /// calls, runnable but waiting for its CPU a tenth of the time (its workers were then
+    /// marked contended).
     pub caller_preempted: usize,
     /// Looks of a caller (one per 40 ms at most) that found a busy neighbour, a thread
     /// not the VM's that stayed runnable, leaving the VM's threads too few CPUs: its
