@@ -199,8 +199,9 @@ thread_local! {
 }
 
 /// A caller enters `shared` (a submission, a wait): every 8th call, once a window has
-/// passed, looks at its involuntary switches and marks the VM's workers and their
-/// pushes as above when it shares its CPU (counted as a caller preemption).
+/// passed, looks at how long it waited for its CPU ([`CallerSense`]) and marks the VM's
+/// workers and their pushes as above when it shares its CPU (counted as a caller
+/// preemption).
 ///
 /// At the same looks it compares the one CPU its affinity allows, if it allows one only,
 /// with each worker's ([`note_sole_cpu`]): a worker bound to the caller's very CPU (a
