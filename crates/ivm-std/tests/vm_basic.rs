@@ -286,11 +286,13 @@ fn timeout_reports_a_diagnostic() {
     let vm = VirtualMachine::new(cfg).unwrap();
     let s = vm.default_stream();
     let t = vm.new_tensor(8).unwrap();
-    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let started = Arc::new(AtomicBool::new(false));
     let flag = started.clone();
     vm.run(|b| {
         b.call_named("sleepy", &s, &[], &[&t], move |_| {
-            flag.store(true, std::sync::atomic::Ordering::Release);
+            // Relaxed: a signal only, it publishes no data.
+            flag.store(true, Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(600))
         })
     })
@@ -298,7 +300,7 @@ fn timeout_reports_a_diagnostic() {
     // The worker runs it: a read that found it still queued to a sleeping worker would run
     // it itself (`worker::caller_runs`; seen in release builds), and a caller busy running
     // a kernel is progress, not a timeout.
-    while !started.load(std::sync::atomic::Ordering::Acquire) {
+    while !started.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_micros(100));
     }
     match vm.read_small(&t, 0, &mut [0u8; 8]) {
