@@ -142,7 +142,7 @@ impl VmCore {
     /// thread leaves, the submitting caller runs itself, between its own calls. Only what
     /// was built before this submission (ids below `bound`, whichever thread built it; the
     /// submission's own instructions run after `run` returns, as always), and only from
-    /// sleeping workers' queues, in order, what a waiting caller may run
+    /// the queues of sleeping workers marked contended, in order, what a waiting caller may run
     /// (`worker::caller_runs_built_before`), inside the wait hook.
     fn catch_up_when_contended(&self, bound: usize) {
         // The hint first: no lock and, most of the time, no clock on a quiet machine.
@@ -151,7 +151,14 @@ impl VmCore {
         }
         let workers = self.with_workers(|all| {
             let mut mine: heapless::Vec<Arc<ThreadCtx>, CATCH_UP_WORKERS> = heapless::Vec::new();
-            for c in all.iter().filter(|c| c.is_parked() && !c.queue.is_empty()) {
+            // Only contended workers: their wakes are left to their dozes' deadlines. Any
+            // other parked worker with a queue was notified and is about to run it; taking
+            // its head would only race it (and could start, on this thread, a kernel that
+            // waits for what this caller does next).
+            let dozing = |c: &&Arc<ThreadCtx>| {
+                c.is_parked() && !c.queue.is_empty() && crate::engine::preemption::is_contended(c)
+            };
+            for c in all.iter().filter(dozing) {
                 if mine.push(c.clone()).is_err() {
                     break;
                 }

@@ -374,8 +374,16 @@ fn a_contended_worker_still_runs_kernels_after_run_returns() {
 /// A VM whose default stream's worker is marked contended for the whole test (as a
 /// waiting caller marks one it finds off its CPU), its stream, the worker and a tensor.
 fn vm_with_a_contended_worker() -> VmRig {
-    let (vm, s, worker, t) = vm_with_a_worker();
+    vm_with_a_contended_worker_in(crate::Config::default())
+}
+
+/// [`vm_with_a_contended_worker`] for a VM of `config`.
+fn vm_with_a_contended_worker_in(config: crate::Config) -> VmRig {
+    let (vm, s, worker, t) = vm_with_a_worker_in(config);
     crate::engine::preemption::mark_contended(&worker, std::time::Duration::from_secs(600));
+    // A worker idle for longer than its idle dozes (a loaded machine may keep this thread
+    // off its CPU that long) sleeps without a deadline: wake it to see its mark and doze.
+    worker.notifier.notify().unwrap();
     (vm, s, worker, t)
 }
 

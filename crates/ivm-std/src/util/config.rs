@@ -73,7 +73,7 @@ pub struct Config {
     /// caller's pushes leave their wakes to the dozes' deadlines), a
     /// [`run`](crate::VirtualMachine::run) (or `run_async`) that finds more than this many
     /// instructions in flight submits its own, then runs, on its thread and inside the
-    /// wait hook, what sleeping workers have queued before it (whichever thread built it,
+    /// wait hook, what sleeping contended workers have queued before it (whichever thread built it,
     /// in queue order, on the streams a waiting caller may run), rather than leave it to a
     /// worker that would take turns with the caller on the CPU left. Its own kernels still
     /// run after it returns, and the timed doors and the async reads and writes never do
