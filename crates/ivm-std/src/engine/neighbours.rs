@@ -298,6 +298,17 @@ fn task_stat_path(buf: &mut [u8; 64], tid: usize) -> Option<&str> {
     std::str::from_utf8(&buf[..len]).ok()
 }
 
+/// Whether the thread `tid` of this process is runnable now (running, or waiting for a
+/// CPU), from its `stat`; `None` where that cannot be read (not Linux, Miri, an exited
+/// thread). A thread blocked in a system call or asleep is not. No allocation.
+pub(crate) fn thread_runnable(tid: usize) -> Option<bool> {
+    let mut path = [0u8; 64];
+    let path = task_stat_path(&mut path, tid)?;
+    let mut stat = [0u8; 512];
+    let k = read_start(path, &mut stat)?;
+    stat_state(&stat[..k]).map(|state| state == b'R')
+}
+
 /// Threads runnable on the whole machine now: the numerator of `/proc/loadavg`'s fourth
 /// field.
 fn runnable_on_machine() -> Option<usize> {
@@ -380,6 +391,34 @@ mod tests {
             // A count only: the kernel sums its run queues without a lock, so a thread
             // moving between CPUs meanwhile may be missed (this test saw 0 once).
             assert!(runnable_on_machine().is_some());
+        }
+    }
+
+    #[test]
+    fn a_thread_blocked_on_a_channel_is_not_runnable() {
+        #[cfg(all(target_os = "linux", not(miri)))]
+        {
+            assert_eq!(
+                thread_runnable(current_tid()),
+                Some(true),
+                "this thread runs"
+            );
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            let t = std::thread::spawn(move || {
+                tid_tx.send(current_tid()).unwrap();
+                let _ = go_rx.recv();
+            });
+            let tid = tid_rx.recv().unwrap();
+            // It blocks in `recv` soon after sending; until then it may still run.
+            let start = std::time::Instant::now();
+            while thread_runnable(tid) != Some(false) {
+                assert!(start.elapsed().as_secs() < 10, "never seen blocked");
+                std::thread::yield_now();
+            }
+            go_tx.send(()).unwrap();
+            t.join().unwrap();
+            assert_eq!(thread_runnable(tid), None, "an exited thread has no state");
         }
     }
 

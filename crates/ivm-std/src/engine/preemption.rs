@@ -380,17 +380,27 @@ fn own_cpu_time() -> Option<Duration> {
 /// windows of at least [`SHARE_WINDOW`] while it runs (restarted when it sleeps), so a
 /// worker that shares its CPU with a busy neighbour finds out while it is busy, not only
 /// when it polls. The progress of the thread a caller waits for is what decides whether
-/// waiting for it can be faster than doing its work.
+/// waiting for it can be faster than doing its work. A window short of CPU time counts
+/// only if the kernel also switched the worker out against its will in it: a kernel that
+/// sleeps or blocks (on a device call, on I/O) gives its CPU away, nobody takes it.
 #[derive(Debug, Default)]
 pub(crate) struct CpuShare {
-    /// When the window began: wall clock and this thread's CPU time.
-    start: Option<(Instant, Duration)>,
+    /// When the window began: wall clock, this thread's CPU time and its involuntary
+    /// switches (where known).
+    start: Option<(Instant, Duration, Option<i64>)>,
     steps: u32,
 }
 
 /// The shortest window [`CpuShare`] judges: long enough to span a scheduler slice of a
 /// busy neighbour (a few milliseconds), short enough to notice one soon.
 const SHARE_WINDOW: Duration = Duration::from_millis(2);
+
+/// Whether a window of `wall` in which the worker ran `cpu` means another thread took its
+/// CPU: less than three quarters of it on a CPU, and (where the count is known) switched
+/// out against its will at least once.
+fn lost_cpu(cpu: Duration, wall: Duration, switched_out: Option<bool>) -> bool {
+    cpu < wall * 3 / 4 && switched_out != Some(false)
+}
 
 impl CpuShare {
     /// The worker slept: the next window starts with its next instruction.
@@ -399,17 +409,17 @@ impl CpuShare {
         self.steps = 0;
     }
 
-    /// After an instruction: every 32nd looks at the clock; a window that got less than
-    /// three quarters of its wall time on a CPU marks the worker of `ctx` contended (for
-    /// [`CONTENDED_HOLD`]). Whether it did.
+    /// After an instruction: every 32nd looks at the clock; a window in which another
+    /// thread took the worker's CPU ([`lost_cpu`]) marks the worker of `ctx` contended
+    /// (for [`CONTENDED_HOLD`]). Whether it did.
     pub(crate) fn ran(&mut self, ctx: &ThreadCtx) -> bool {
         self.steps = self.steps.wrapping_add(1);
         if !self.steps.is_multiple_of(32) && self.start.is_some() {
             return false;
         }
         let now = Instant::now();
-        let Some((since, cpu0)) = self.start else {
-            self.start = own_cpu_time().map(|c| (now, c));
+        let Some((since, cpu0, switches0)) = self.start else {
+            self.start = own_cpu_time().map(|c| (now, c, involuntary_switches()));
             return false;
         };
         let wall = now.duration_since(since);
@@ -420,8 +430,10 @@ impl CpuShare {
             self.start = None;
             return false;
         };
-        self.start = Some((now, cpu));
-        let shared_cpu = cpu.saturating_sub(cpu0) < wall * 3 / 4;
+        let switches = involuntary_switches();
+        self.start = Some((now, cpu, switches));
+        let switched_out = switches0.zip(switches).map(|(a, b)| b > a);
+        let shared_cpu = lost_cpu(cpu.saturating_sub(cpu0), wall, switched_out);
         if shared_cpu {
             mark_contended(ctx, CONTENDED_HOLD);
         }
@@ -449,6 +461,14 @@ fn cpu_time(ctx: &ThreadCtx) -> Option<Duration> {
 /// watch began.
 const WATCHED: usize = 8;
 
+/// Whether the worker of `ctx`, which hardly ran lately, is runnable (waiting for a CPU)
+/// rather than blocked; unknown counts as runnable, the clocks' verdict.
+fn waits_for_cpu(ctx: &ThreadCtx) -> bool {
+    // Relaxed: written once, as the worker starts.
+    let tid = ctx.tid.load(Ordering::Relaxed);
+    tid == 0 || crate::engine::neighbours::thread_runnable(tid) != Some(false)
+}
+
 pub(crate) struct WorkerWatch {
     since: Instant,
     cpu: [Option<Duration>; WATCHED],
@@ -470,8 +490,11 @@ impl WorkerWatch {
     }
 
     /// Nothing was released since the watch began: marks each watched worker that is
-    /// awake but got less than half of that time on a CPU as contended, and counts it.
-    /// Whether any was; the watch starts over.
+    /// awake, runnable now and got less than half of that time on a CPU as contended, and
+    /// counts it. Whether any was; the watch starts over. A worker blocked now (a kernel
+    /// that sleeps, waits on a device call or on I/O) is off its CPU by its own doing,
+    /// not waiting for one: it is not marked. Its state is read only for a worker the
+    /// clocks already accuse (a `/proc` read, microseconds), where it can be read.
     pub(crate) fn stalled(&mut self, shared: &VmCore) -> bool {
         let now = Instant::now();
         let wall = now.duration_since(self.since);
@@ -482,6 +505,7 @@ impl WorkerWatch {
             if let (Some(b), Some(a)) = (before, after)
                 && !ctx.is_parked()
                 && a.saturating_sub(b) < wall / 2
+                && waits_for_cpu(&ctx)
             {
                 mark_contended(&ctx, STALLED_WORKER_HOLD);
                 any = true;
@@ -549,6 +573,20 @@ mod tests {
         assert!(!waited_for_cpu(us(40), ms(10)));
         assert!(!waited_for_cpu(us(999), ms(10)));
         assert!(!waited_for_cpu(Duration::ZERO, ms(10)));
+    }
+
+    #[test]
+    fn a_worker_loses_its_cpu_when_short_of_it_and_switched_out() {
+        let ms = Duration::from_millis;
+        // A busy neighbour's slices: little CPU, switched out.
+        assert!(lost_cpu(ms(1), ms(4), Some(true)));
+        // Where the switches are not counted, the CPU time decides.
+        assert!(lost_cpu(ms(1), ms(4), None));
+        // A kernel that slept: little CPU, but nobody took it.
+        assert!(!lost_cpu(ms(1), ms(4), Some(false)));
+        // Switched out, but briefly: it had its CPU.
+        assert!(!lost_cpu(ms(4), ms(4), Some(true)));
+        assert!(!lost_cpu(ms(3), ms(4), Some(true)));
     }
 
     #[test]

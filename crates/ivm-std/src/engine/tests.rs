@@ -342,6 +342,35 @@ fn progress_elsewhere_keeps_the_caller_spinning() {
     );
 }
 
+/// A worker asleep inside a kernel (as one blocked on a device call or I/O) is off its CPU
+/// by its own doing: a caller that waits for it and sees no release is not to take it for
+/// one waiting for a CPU (`preemption::WorkerWatch`), which would mark it contended and
+/// move its stream's next kernels to the callers.
+#[test]
+// Reads threads' states from `/proc`, which Miri's isolation refuses.
+#[cfg_attr(miri, ignore)]
+fn a_worker_asleep_in_a_kernel_is_not_taken_for_a_stalled_one() {
+    use std::sync::atomic::{AtomicBool, Ordering as O};
+    let (vm, s, _worker, t) = vm_with_a_worker();
+    let started = Arc::new(AtomicBool::new(false));
+    let st = started.clone();
+    vm.run(|b| {
+        b.call(&s, &[], &[&t], move |k| {
+            // Relaxed: a signal; no data rides on it.
+            st.store(true, O::Relaxed);
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            k.output_u64(0)[0] = 1;
+        })
+    })
+    .unwrap();
+    // Outside the VM: the caller's wait below must not run the kernel itself.
+    spin_until("the kernel never started", || started.load(O::Relaxed));
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 1);
+    assert_eq!(vm.stats().unwrap().worker_stalled, 0);
+    vm.shutdown().unwrap();
+}
+
 /// A worker marked contended (as a waiting caller marks one it finds off its CPU) still
 /// runs its stream's kernels after `run` returns: a kernel may wait for what its
 /// submitting thread does next (here: open a gate), so it never runs inside `run` on that
