@@ -550,6 +550,7 @@ fn a_helping_caller_leaves_the_work_after_its_output_to_the_graph() {
     let caller = std::thread::current().id();
     let fwd_here = Arc::new(AtomicUsize::new(0));
     let post_here = Arc::new(AtomicUsize::new(0));
+    let post_all = Arc::new(AtomicUsize::new(0));
     let mut g = GraphBuilder::new("stop_at_output");
     let x = g.input("x", 8);
     let y = g.blob("y", 8);
@@ -564,12 +565,13 @@ fn a_helping_caller_leaves_the_work_after_its_output_to_the_graph() {
     let mut prev = y;
     for i in 0..POST {
         let b = g.blob(format!("post{i}"), 8);
-        let p = post_here.clone();
+        let (p, all) = (post_here.clone(), post_all.clone());
         g.kernel(format!("post{i}"), &[prev], &[b], move |k| {
             if std::thread::current().id() == caller {
                 p.fetch_add(1, Relaxed);
             }
             k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+            all.fetch_add(1, Relaxed);
         });
         prev = b;
     }
@@ -581,9 +583,17 @@ fn a_helping_caller_leaves_the_work_after_its_output_to_the_graph() {
         vm.write_small(&xt, 0, &run.to_ne_bytes()).unwrap();
         launch(&vm, &graph, &[&xt], &[&yt], &[]);
         assert_eq!(u64_of(&vm, &yt).unwrap(), run + 1);
-        // Time for the graph's thread to run the chain: the next wait would find what is
+        // The graph's thread runs the chain meanwhile: the next wait would find what is
         // left of it ready and rightly run it (the next run depends on it in a real graph).
-        std::thread::sleep(Duration::from_millis(2));
+        // Waited for outside the VM, however long a loaded machine takes.
+        let start = std::time::Instant::now();
+        while post_all.load(Relaxed) < (run as usize + 1) * POST {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the chain never ran"
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
     let (fwd, post) = (fwd_here.load(Relaxed), post_here.load(Relaxed));
     assert!(

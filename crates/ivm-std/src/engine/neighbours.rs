@@ -418,7 +418,15 @@ mod tests {
             }
             go_tx.send(()).unwrap();
             t.join().unwrap();
-            assert_eq!(thread_runnable(tid), None, "an exited thread has no state");
+            // `join` returns before the kernel removes the thread from `/proc`.
+            let start = std::time::Instant::now();
+            while thread_runnable(tid).is_some() {
+                assert!(
+                    start.elapsed().as_secs() < 10,
+                    "an exited thread has no state"
+                );
+                std::thread::yield_now();
+            }
         }
     }
 
