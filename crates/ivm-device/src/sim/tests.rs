@@ -20,13 +20,18 @@ fn bytes(m: &Arc<dyn DeviceMemory>) -> Vec<u8> {
 fn query_is_false_while_work_is_queued_before_the_record() {
     let sim = adapter(1);
     let s = sim.new_stream(0).unwrap();
-    s.launch_host(Box::new(|| std::thread::sleep(Duration::from_millis(30))))
-        .unwrap();
+    // The host op holds until the query is done: no deadline a loaded machine could miss.
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    s.launch_host(Box::new(move || {
+        let _ = gate.recv_timeout(Duration::from_secs(10));
+    }))
+    .unwrap();
     let e = s.record_event().unwrap();
     assert!(
         !e.query(),
         "done right after record with work queued before it"
     );
+    go.send(()).unwrap();
     let fired = Arc::new(AtomicBool::new(false));
     let f2 = fired.clone();
     e.on_complete(Box::new(move || f2.store(true, SeqCst)));
