@@ -110,7 +110,7 @@ fn express_access(
     // yield between looks (the worker may be waiting for this very CPU), then withdraw.
     let start = std::time::Instant::now();
     let (mut looks, mut yielding) = (0u32, false);
-    let give_up = || {
+    let mut give_up = || {
         looks = looks.wrapping_add(1);
         if !yielding {
             if looks.is_multiple_of(16) {
@@ -129,11 +129,20 @@ fn express_access(
     let done = unsafe {
         let at = base.add(offset);
         match (read, write) {
-            (Some(out), _) => worker.express.read(at, out, give_up),
-            (None, Some(src)) => worker.express.write(at, src, give_up),
+            (Some(out), _) => worker.express.read(at, out, &mut give_up),
+            (None, Some(src)) => worker.express.write(at, src, &mut give_up),
             (None, None) => return Some(Ok(())),
         }
     };
+    if yielding {
+        // The worker answered late, or not at all: it was not on a CPU while this caller
+        // spun, most likely waiting for this very one (woken onto it: each access then
+        // costs two context switches, about 10 µs here against 0.25 µs across CPUs,
+        // `docs/perf-2026-12-07.md`). As for any worker found off its CPU, it is marked
+        // contended (`engine/preemption.rs`): it parks when idle, and the next accesses
+        // take the instruction path, run by this caller while it sleeps.
+        crate::engine::preemption::mark_contended(worker, crate::util::tuning::CONTENDED_HOLD);
+    }
     (done == crate::model::express::Express::Done).then_some(Ok(()))
 }
 
@@ -540,4 +549,28 @@ type WriteCb<R> = Box<dyn FnOnce(&mut [u8]) -> R + Send>;
 pub(crate) enum CallbackKind<R> {
     Read(ReadCb<R>),
     Write(WriteCb<R>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker whose express lane is open but that does not answer (here: no thread
+    /// serves it; in life, one woken onto the caller's own CPU) is marked contended by the
+    /// caller that posted to it, so that the next accesses take the instruction path.
+    #[test]
+    fn an_express_access_left_unanswered_marks_the_worker_contended() {
+        let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+        let t = vm.new_tensor(8).unwrap();
+        let lane_owner = crate::model::thread_ctx::ThreadCtx::new("unserved".into());
+        lane_owner.express.open();
+        assert!(!crate::engine::preemption::is_contended(&lane_owner));
+        let mut out = [0u8; 8];
+        // Nobody serves the lane: the caller spins, yields, then withdraws. (Without the
+        // engine held: no other poster exists for this fresh lane, and a withdrawn access
+        // touches no memory.)
+        assert!(express_access(&lane_owner, &t, 0, Some(&mut out), None).is_none());
+        assert!(crate::engine::preemption::is_contended(&lane_owner));
+        vm.shutdown().unwrap();
+    }
 }
