@@ -137,10 +137,10 @@ fn express_access(
     if yielding {
         // The worker answered late, or not at all: it was not on a CPU while this caller
         // spun, most likely waiting for this very one (woken onto it: each access then
-        // costs two context switches, about 10 µs here against 0.25 µs across CPUs,
-        // `docs/perf-2026-12-07.md`). As for any worker found off its CPU, it is marked
-        // contended (`engine/preemption.rs`): it parks when idle, and the next accesses
-        // take the instruction path, run by this caller while it sleeps.
+        // costs two context switches, `docs/perf-2026-12-07.md`). As for any worker found
+        // off its CPU, it is marked contended (`engine/preemption.rs`): it parks when
+        // idle, and the next accesses take the instruction path, run by this caller while
+        // it sleeps.
         crate::engine::preemption::mark_contended(worker, crate::util::tuning::CONTENDED_HOLD);
     }
     (done == crate::model::express::Express::Done).then_some(Ok(()))
