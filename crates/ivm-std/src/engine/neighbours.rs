@@ -318,7 +318,7 @@ fn runnable_on_machine() -> Option<usize> {
 }
 
 /// Reads the start of a `/proc` file (Linux, not under Miri).
-fn read_start(path: &str, buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn read_start(path: &str, buf: &mut [u8]) -> Option<usize> {
     #[cfg(all(target_os = "linux", not(miri)))]
     {
         use std::io::Read;

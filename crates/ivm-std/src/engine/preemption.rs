@@ -97,18 +97,10 @@ fn involuntary_switches() -> Option<i64> {
 /// `/proc/thread-self/schedstat`, its second field; not under Miri): what another thread
 /// on its CPU costs it, measured by the kernel's scheduler.
 fn run_delay() -> Option<Duration> {
-    #[cfg(all(target_os = "linux", not(miri)))]
-    {
-        use std::io::Read;
-        // A short path: `File::open` builds its C string on the stack, so a look does not
-        // allocate.
-        let mut f = std::fs::File::open("/proc/thread-self/schedstat").ok()?;
-        let mut buf = [0u8; 96];
-        let n = f.read(&mut buf).ok()?;
-        parse_run_delay(&buf[..n])
-    }
-    #[cfg(not(all(target_os = "linux", not(miri))))]
-    None
+    // A short path on the stack: a look does not allocate.
+    let mut buf = [0u8; 96];
+    let n = crate::engine::neighbours::read_start("/proc/thread-self/schedstat", &mut buf)?;
+    parse_run_delay(&buf[..n])
 }
 
 /// The run delay in a `schedstat` line (`<on-CPU ns> <run delay ns> <timeslices>`).
