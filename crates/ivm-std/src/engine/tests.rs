@@ -772,6 +772,46 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
     vm.shutdown().unwrap();
 }
 
+/// A worker marked contended that wakes to find a caller holding its queue's consumer role
+/// (the caller runs its queue) dozes, with a deadline, rather than sleep until woken: the
+/// caller's next pushes then leave its wake to that deadline (`ThreadCtx::submit`). Asleep
+/// without one, every push of the caller that runs its queue paid a futex wake (one a step
+/// in the demo's eager mode on a busy machine).
+#[test]
+// Waits in real time for the worker's states (minutes under Miri, which covers the VM's
+// unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn a_contended_worker_whose_queue_a_caller_runs_dozes() {
+    use ivm_core::sync::Ordering as O;
+    let (vm, _s, worker, _t) = vm_with_a_contended_worker();
+    spin_until("the worker never dozed", || worker.dozing.load(O::Relaxed));
+    // As a caller that runs the queue holds it (`worker::caller_runs`).
+    let consumer = loop {
+        if let Some(c) = worker.take_role() {
+            break c;
+        }
+        std::thread::yield_now();
+    };
+    let wakes = || {
+        vm.stats()
+            .unwrap()
+            .threads
+            .iter()
+            .find(|t| t.name == worker.name)
+            .map_or(0, |t| t.wakes)
+    };
+    let before = wakes();
+    worker.notifier.notify().unwrap();
+    // Woken by that notification (its doze's flags are cleared by then), the worker finds
+    // the role taken and sleeps again.
+    spin_until("the worker never woke", || wakes() > before);
+    spin_until("the worker slept without a deadline", || {
+        worker.is_parked() && worker.dozing.load(O::Relaxed)
+    });
+    worker.let_go(consumer);
+    vm.shutdown().unwrap();
+}
+
 /// A collective stream's thread that shares its CPU leaves its queued instructions, custom
 /// ones included, to the caller that waits for them
 /// (`StreamPolicy::caller_may_run_when_contended`): waiting for a thread that must first

@@ -46,7 +46,12 @@ pub(crate) fn worker_loop(ctx: Arc<ThreadCtx>, shared: Arc<VmCore>) {
     let closing = loop {
         let Some(mut consumer) = w.take_role_or_poll() else {
             // A caller still runs our queue; its `let_go` wakes us if anything is left.
-            match w.park(None, false) {
+            // While this worker shares its CPU it dozes, as after its own work, so that
+            // the callers' pushes leave its wake to the deadline (`ThreadCtx::submit`):
+            // asleep without one, every push of the caller that runs its queue would
+            // pay a futex wake and a context switch.
+            let doze = crate::engine::preemption::is_contended(&ctx).then_some(w.contended_doze);
+            match w.park(doze, false) {
                 Ok(_) => continue,
                 Err(closed) => break closed,
             }
