@@ -99,10 +99,10 @@ pub use model::stream::Stream;
 #[cfg(loom)]
 #[doc(hidden)]
 pub use model::thread_ctx::{
-    DEFER_WAKE, doze, leave_wake_to_deadline, let_go, planted_leave_wake_by_load,
-    planted_let_go_recheck_first, planted_let_go_without_fence, planted_let_go_without_recheck,
-    planted_skip_wake_by_load, planted_take_role_without_fence, skip_wake, take_role,
-    wake_from_doze, withdraw_defer,
+    DEFER_WAKE, doze, leave_wake_to_deadline, let_go, let_go_to_doze, planted_leave_wake_by_load,
+    planted_let_go_recheck_first, planted_let_go_to_any_sleep, planted_let_go_without_fence,
+    planted_let_go_without_recheck, planted_skip_wake_by_load, planted_take_role_without_fence,
+    skip_wake, take_role, wake_from_doze, withdraw_defer,
 };
 pub use model::trace;
 pub use runtime::tensor::Tensor;

@@ -43,7 +43,9 @@
 //!
 //! The third model is a contended worker that hands its queue to the waiting caller
 //! (`model/hand_over.rs`), the fourth a worker that dozes and a push that leaves its wake
-//! to the doze's deadline (`model/thread_ctx.rs`); each says what it checks and plants.
+//! to the doze's deadline (`model/thread_ctx.rs`), the fifth a caller that runs part of a
+//! dozing worker's queue and leaves the rest to the doze (`let_go_to_doze`); each says
+//! what it checks and plants.
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p ivm-std --release --test loom_caller_runs`.
@@ -631,4 +633,84 @@ fn a_wake_left_to_a_dozing_workers_deadline_is_never_lost() {
 #[should_panic(expected = "deadlock")]
 fn planted_leave_wake_by_load() {
     doze_model(true);
+}
+
+// ---- a caller that leaves the rest to the doze ---------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum LeftTo {
+    /// `let_go_to_doze` as in the VM.
+    Sound,
+    /// Planted: the wake is left whether or not the worker dozes.
+    PlantedAnySleep,
+}
+
+/// The fifth model (`worker::caller_runs`, `ThreadCtx::let_go_to_doze`): the engine queues
+/// two jobs to a contended worker (its pushes leave the wake to a doze, or notify); the
+/// worker dozes twice at most (under loom a timed wait ends at once), taking the role after
+/// each doze and draining, and dozing again when a caller holds it (as `worker_loop` does
+/// while contended), then sleeps without a deadline; a caller takes the role if it can,
+/// runs the first job only (its wait is over) and lets go leaving the rest to the doze.
+/// Both jobs must run once, in order; the planted bug must be caught as a deadlock. (A
+/// caller that reads the doze flag with a plain load is not caught at this bound: the
+/// role's SeqCst fences already order that read after a doze end whose look at the role
+/// failed. The read-modify-write is kept: it is the pushes' protocol, `leave_wake_to_deadline`.)
+fn left_to_doze_model(variant: LeftTo) {
+    loom::model(move || {
+        let vm = Vm::leaked();
+        let dozing: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+        let worker = loom::thread::spawn(move || {
+            let mut dozes = 2;
+            loop {
+                if dozes > 0 {
+                    dozes -= 1;
+                    ivm_std::doze(dozing);
+                    let deadline = <LoomWait as ivm_core::wait::Wait>::now();
+                    let r = vm.notifier.timed_wait_and_clear(deadline);
+                    ivm_std::wake_from_doze(dozing);
+                    if r.is_err() {
+                        break;
+                    }
+                } else if vm.notifier.wait_and_clear().is_err() {
+                    break;
+                }
+                if let Some(mut consumer) = ivm_std::take_role(&vm.queue) {
+                    consumer.drain_until_empty(|j| vm.run(j));
+                }
+            }
+            vm.drain_at_close();
+        });
+        for id in 0..JOBS {
+            if vm.push(id) && !ivm_std::leave_wake_to_deadline(dozing) {
+                let _ = vm.notifier.notify();
+            }
+        }
+        let caller = loom::thread::spawn(move || {
+            if let Some(mut consumer) = vm.queue.try_consume() {
+                if let Some(job) = consumer.try_pop().item() {
+                    vm.run(job);
+                }
+                match variant {
+                    LeftTo::Sound => ivm_std::let_go_to_doze(consumer, dozing, &vm.notifier),
+                    LeftTo::PlantedAnySleep => ivm_std::planted_let_go_to_any_sleep(consumer),
+                }
+            }
+        });
+        caller.join().unwrap();
+        vm.finish(worker);
+    });
+}
+
+#[test]
+fn the_rest_left_to_a_dozing_workers_deadline_is_never_lost() {
+    left_to_doze_model(LeftTo::Sound);
+}
+
+/// A caller that leaves the rest whether or not the worker dozes: the worker that found
+/// the role taken after its last doze sleeps without a deadline. Loom must find the
+/// deadlock.
+#[test]
+#[should_panic(expected = "deadlock")]
+fn planted_let_go_to_any_sleep() {
+    left_to_doze_model(LeftTo::PlantedAnySleep);
 }

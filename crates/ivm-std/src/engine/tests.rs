@@ -812,6 +812,58 @@ fn a_contended_worker_whose_queue_a_caller_runs_dozes() {
     vm.shutdown().unwrap();
 }
 
+/// A caller that runs part of a contended worker's queue and stops (its wait is over)
+/// leaves the rest to the worker's doze (`ThreadCtx::let_go_to_doze`), without a wake:
+/// woken, the worker would take turns with the caller on a shared CPU to run what the
+/// caller runs at its next wait anyway, or the worker by its deadline.
+#[test]
+// Waits in real time for the worker's states (minutes under Miri, which covers the VM's
+// unsafe code in `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn a_caller_that_stops_short_leaves_the_rest_to_a_contended_workers_doze() {
+    use ivm_core::sync::Ordering as O;
+    let (vm, s, worker, t) = vm_with_a_contended_worker();
+    let wakes = || {
+        vm.stats()
+            .unwrap()
+            .threads
+            .iter()
+            .find(|t| t.name == worker.name)
+            .map_or(0, |t| t.wakes)
+    };
+    // Rounds where the caller ran the first kernel and left the second queued (the doze
+    // may end first: then the worker runs both, and the round does not count).
+    let mut counted = 0;
+    for round in 0..200u64 {
+        spin_until("the worker never dozed", || worker.dozing.load(O::Relaxed));
+        let woken = wakes();
+        vm.run(|b| {
+            b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round)?;
+            b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = round + 1)
+        })
+        .unwrap();
+        // As a wait that is over after one instruction.
+        let mut looks = 0;
+        let ran = crate::engine::worker::caller_runs(&vm.shared().core, &worker, || {
+            looks += 1;
+            looks > 1
+        });
+        if ran && !worker.queue.is_empty() {
+            // The worker sleeps on until its deadline (a notification would count as a
+            // wake as soon as it ran).
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            assert_eq!(wakes(), woken, "the caller woke the worker for the rest");
+            counted += 1;
+            if counted == 5 {
+                break;
+            }
+        }
+        assert_eq!(read_u64(&vm, &t), round + 1);
+    }
+    assert!(counted > 0, "no round left the second kernel queued");
+    vm.shutdown().unwrap();
+}
+
 /// A collective stream's thread that shares its CPU leaves its queued instructions, custom
 /// ones included, to the caller that waits for them
 /// (`StreamPolicy::caller_may_run_when_contended`): waiting for a thread that must first

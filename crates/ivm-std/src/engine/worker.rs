@@ -658,7 +658,19 @@ fn caller_runs_while(
             drop(instr);
         }
     }
-    ctx.let_go(consumer);
+    // What is left, if a caller may run it, goes to the worker's doze while the worker or
+    // the callers share their CPUs (as a caller's push would, `ThreadCtx::submit`): the
+    // caller runs it at its next wait, or the worker by its deadline. Woken now, the worker
+    // would take turns with this caller for a CPU to run it.
+    let leave_to_doze = consumer.peek().is_some_and(queued_caller_may_run) && {
+        let now = crate::util::now_us();
+        ctx.callers_contended_until.holds_at(now) || ctx.contended_until.holds_at(now)
+    };
+    if leave_to_doze {
+        ctx.let_go_to_doze(consumer);
+    } else {
+        ctx.let_go(consumer);
+    }
     if ran > 0 {
         shared.stats().caller_ran(ran);
         // After DONE (Release inside `execute`): the engine must release them. Drives

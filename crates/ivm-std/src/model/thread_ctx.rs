@@ -171,6 +171,12 @@ impl ThreadCtx {
         let_go(consumer, &self.notifier);
     }
 
+    /// [`let_go`](Self::let_go) by a caller that leaves what is still queued to the worker's
+    /// doze, if it dozes ([`let_go_to_doze`]).
+    pub(crate) fn let_go_to_doze(&self, consumer: Consumer<'_, Instruction, WorkerTag>) {
+        let_go_to_doze(consumer, &self.dozing, &self.notifier);
+    }
+
     /// Hands `instr` to this worker (engine side). Wakes the worker only on the
     /// empty-to-non-empty edge (a worker that is draining or polling reaches it anyway),
     /// and not then either when a caller may run the instruction (`caller_runs`: its
@@ -355,6 +361,39 @@ pub fn let_go<T: Linked<Tag>, Tag, W: Wait>(
         // Err(Closed): shutdown; the worker drains on its way out.
         let _ = notifier.notify();
     }
+}
+
+/// [`let_go`] that leaves the wake to the deadline of the worker's doze when it dozes
+/// (`dozing`, [`leave_wake_to_deadline`]): the worker, at the doze's end, takes the role and
+/// drains what is left, or finds it taken and its holder's let-go looks again. Only for
+/// work a caller may run, left while the worker shares its CPU: a caller then runs it at
+/// its next wait, or the worker by its deadline.
+///
+/// Crate-internal; re-exported (hidden) under `cfg(loom)` for `tests/loom_caller_runs.rs`
+/// (its fifth model).
+pub fn let_go_to_doze<T: Linked<Tag>, Tag, W: Wait>(
+    consumer: Consumer<'_, T, Tag>,
+    dozing: &AtomicBool,
+    notifier: &Notifier<W>,
+) {
+    let queue = consumer.queue();
+    // Release (in the guard's drop): publishes our pops to the role's next holder.
+    drop(consumer);
+    // SeqCst fence before the look at the queue: pairs with the fence in `take_role`.
+    fence(Ordering::SeqCst);
+    if !queue.is_empty() && !leave_wake_to_deadline(dozing) {
+        // Err(Closed): shutdown; the worker drains on its way out.
+        let _ = notifier.notify();
+    }
+}
+
+/// [`let_go_to_doze`] that leaves the wake whether or not the worker dozes: a planted bug
+/// for the loom model (a worker that slept without a deadline, having found the role
+/// taken, is never woken for what is left).
+#[cfg(loom)]
+#[doc(hidden)]
+pub fn planted_let_go_to_any_sleep<T: Linked<Tag>, Tag>(consumer: Consumer<'_, T, Tag>) {
+    drop(consumer);
 }
 
 /// [`let_go`] without its re-check of the queue: a planted bug for the loom model
