@@ -42,13 +42,19 @@ pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
 /// The one CPU the calling thread may run on, when its affinity mask allows exactly one
 /// (Linux, not under Miri): `mpirun` binds each rank so, as does `taskset -c N`.
 fn sole_cpu() -> Option<usize> {
+    sole_cpu_of(0)
+}
+
+/// [`sole_cpu`] of thread `tid` of this process (0: the calling thread).
+fn sole_cpu_of(tid: usize) -> Option<usize> {
     #[cfg(all(target_os = "linux", not(miri)))]
     {
+        let tid = libc::pid_t::try_from(tid).ok()?;
         // SAFETY: `cpu_set_t` is plain data; all-zero (the empty set) is a valid value.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: pid 0 is the calling thread; `set` is a valid out-pointer of the size
-        // passed.
-        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+        // SAFETY: `tid` is 0 (the calling thread) or a thread id; `set` is a valid
+        // out-pointer of the size passed. A thread that is gone fails the call.
+        if unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
             != 0
         {
             return None;
@@ -63,7 +69,10 @@ fn sole_cpu() -> Option<usize> {
         }
     }
     #[cfg(not(all(target_os = "linux", not(miri))))]
-    None
+    {
+        let _ = tid;
+        None
+    }
 }
 
 /// The calling thread (a worker) records in `ctx` the one CPU it may run on, if its
@@ -234,8 +243,14 @@ pub(crate) fn sense_caller(shared: &VmCore) {
                 mark_contended(ctx, CONTENDED_HOLD);
                 ctx.callers_contended_until.hold_for(CONTENDED_HOLD);
             }
-            // Relaxed: a hint (see `note_sole_cpu`).
-            if mine != 0 && ctx.sole_cpu.load(Ordering::Relaxed) == mine {
+            // Relaxed: a hint (see `note_sole_cpu`). A match is read again from the
+            // worker's affinity: a worker re-bound since it noted its own (a program that
+            // moves its threads, as the demo does after its first epoch) would keep
+            // matching until its next note, which an idle worker may not make for long.
+            if mine != 0
+                && ctx.sole_cpu.load(Ordering::Relaxed) == mine
+                && still_bound_to(ctx, mine)
+            {
                 same_cpu = true;
                 mark_contended(ctx, SAME_CPU_HOLD);
                 ctx.callers_contended_until.hold_for(SAME_CPU_HOLD);
@@ -246,6 +261,20 @@ pub(crate) fn sense_caller(shared: &VmCore) {
     if same_cpu {
         shared.callers_contended_until.hold_for(SAME_CPU_HOLD);
     }
+}
+
+/// Whether the worker of `ctx`, which noted `cpu` (one more than a CPU) as the one its
+/// affinity allows, still allows that one only (its noted value is refreshed either way).
+fn still_bound_to(ctx: &ThreadCtx, cpu: usize) -> bool {
+    // Relaxed: written once, as the worker starts.
+    let tid = ctx.tid.load(Ordering::Relaxed);
+    if tid == 0 {
+        return true;
+    }
+    let now = sole_cpu_of(tid).map_or(0, |c| c + 1);
+    // Relaxed: a hint (see `note_sole_cpu`).
+    ctx.sole_cpu.store(now, Ordering::Relaxed);
+    now == cpu
 }
 
 /// A caller's look at the threads beside its VM's (`neighbours.rs`): when a busy

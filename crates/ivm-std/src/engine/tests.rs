@@ -960,6 +960,50 @@ fn bind_to_current_cpu() -> libc::cpu_set_t {
     }
 }
 
+/// A worker bound to its caller's CPU when it noted its mask, then re-bound to several
+/// CPUs (as the demo moves its threads after its first epoch), is not taken for one that
+/// shares the caller's CPU: a caller's look reads the worker's mask again on a match.
+/// Before, the stale note marked it (and the VM's callers contended) until the worker's
+/// next note, which an idle worker may not make for long.
+#[test]
+#[cfg(all(target_os = "linux", not(miri)))]
+fn a_worker_rebound_off_the_callers_cpu_is_not_marked() {
+    let old = bind_to_current_cpu();
+    // SAFETY: `old` is a valid, initialised mask.
+    let several = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &old) })
+        .count()
+        > 1;
+    let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+    let s = vm.default_stream();
+    let worker = s.shared.thread.clone().expect("a worker");
+    let t = vm.new_tensor(8).unwrap();
+    spin_until("the worker never noted its CPU", || {
+        worker.sole_cpu.load(ivm_core::sync::Ordering::Relaxed) != 0
+            && worker.tid.load(ivm_core::sync::Ordering::Relaxed) != 0
+    });
+    if several {
+        let tid = libc::pid_t::try_from(worker.tid.load(ivm_core::sync::Ordering::Relaxed))
+            .expect("a thread id");
+        // SAFETY: `tid` is the worker's thread (alive: the VM is); `old` is a valid mask
+        // of the size passed.
+        let rebound =
+            unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &old) };
+        assert_eq!(rebound, 0);
+        // This thread's first call into the VM looks.
+        vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 1))
+            .unwrap();
+        assert_eq!(read_u64(&vm, &t), 1);
+        assert!(
+            !worker.same_cpu_until.holds(),
+            "a worker re-bound off the caller's CPU was marked as sharing it"
+        );
+    }
+    vm.shutdown().unwrap();
+    // SAFETY: pid 0 is this thread; `old` is a valid mask of the size passed.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &old) };
+}
+
 /// A VM made by a thread bound to one CPU (its workers inherit the mask, as under
 /// `mpirun`'s binding or `taskset`): the caller's first looks mark the workers bound to its
 /// CPU contended, callers then run their work at their waits, and an idle worker wakes at
