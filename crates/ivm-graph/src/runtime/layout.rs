@@ -58,6 +58,8 @@ pub(crate) fn build(mut b: GraphBuilder) -> Result<Graph> {
         param_turn: AtomicUsize::new(0),
         failing: CachePadded::new(AtomicUsize::new(0)),
         progress: super::Progress::new(nthreads),
+        knocked: crossbeam_utils::CachePadded::new(ivm_core::sync::AtomicBool::new(false)),
+        helps: crossbeam_utils::CachePadded::new(ivm_core::sync::AtomicUsize::new(0)),
         jobs: Mutex::new(VecDeque::new()),
         stop: AtomicBool::new(false),
         runs_finished: AtomicUsize::new(0),

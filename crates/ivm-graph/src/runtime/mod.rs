@@ -48,6 +48,15 @@ const HELP_SCANS: usize = 64;
 /// else holds them (see `thread_loop`, `owed`).
 const OWED_RECHECK: Duration = Duration::from_millis(1);
 
+/// How long a graph thread that let go of its actors for a knocking caller waits for the
+/// caller to take them before it scans on: a caller that spins retries within
+/// microseconds; one that knocked and went to sleep costs this once. (Tests: longer, as
+/// a loaded test machine may keep the knocking thread off its CPU for milliseconds.)
+#[cfg(not(test))]
+const KNOCK_GRACE: Duration = Duration::from_micros(20);
+#[cfg(test)]
+const KNOCK_GRACE: Duration = Duration::from_millis(50);
+
 /// How long an idle graph thread polls with spin-loop hints only before it starts
 /// yielding (see `thread_loop`).
 const POLL_PURE_SPIN: Duration = Duration::from_micros(2);
@@ -191,6 +200,13 @@ pub(crate) struct Shared {
     poll: Duration,
     /// Per graph thread: its kernel firings and productive scans (see [`Progress`]).
     progress: Progress,
+    /// Set by a helping caller that found a thread's actors taken while the VM counts as
+    /// crowded (`lazy::helping_caller_crowded`): the thread lets go of them after its
+    /// kernel (`scan_until`). A hint (Relaxed): the actors' lock hands them over.
+    knocked: CachePadded<AtomicBool>,
+    /// Bumped by a helping caller each time it takes a thread's actors: a thread that let
+    /// go of them for a knock sees whether the caller took them.
+    helps: CachePadded<AtomicUsize>,
 }
 
 /// Per graph thread, its kernel firings and productive scans (wrapping), each thread's
@@ -352,9 +368,11 @@ fn thread_loop(s: &Shared, t: usize) {
         // helper's unlock a futex wake on the caller's path, and, woken, took the
         // actors back from a caller that was running the graph on a CPU of its own
         // (ARCHITECTURE.md, "ivm-graph").
+        let mut knocked = false;
         let any = match try_lock(&s.threads[t]) {
             Some(mut actors) => {
-                let any = scan(s, t, &mut actors);
+                let (any, stopped) = scan_until(s, t, &mut actors, Stop::Knock);
+                knocked = stopped;
                 owed = any;
                 if !any {
                     // Idle: let go of the last job instance (its parameter tensors)
@@ -365,6 +383,20 @@ fn thread_loop(s: &Shared, t: usize) {
             }
             None => false,
         };
+        if knocked {
+            // A waiting caller on a crowded machine offered to run our actors: it has a
+            // CPU, we may have to wait for ours between kernels. Let it take them (it
+            // retries at once while it spins); if it does not within `KNOCK_GRACE`, scan
+            // on. Whoever holds them, we owe a scan (bounded sleeps below).
+            let before = s.helps.load(Ordering::Relaxed);
+            let start = Instant::now();
+            while s.helps.load(Ordering::Relaxed) == before && start.elapsed() < KNOCK_GRACE {
+                ivm_core::sync::spin_loop();
+            }
+            owed = true;
+            idle_since = None;
+            continue;
+        }
         if any {
             idle_since = None;
             backoff.reset();
@@ -406,22 +438,21 @@ fn thread_loop(s: &Shared, t: usize) {
     drop(std::mem::take(&mut *lock(&s.threads[t])));
 }
 
-/// One scan of graph thread `t`'s actors (by the thread, or by a VM caller running the
-/// graph): fires every ready actor once or more; whether any fired.
-fn scan(s: &Shared, t: usize, st: &mut ThreadActors) -> bool {
-    scan_until(s, t, st, None).0
+/// Who scans, and when a scan stops early ([`scan_until`]).
+enum Stop<'a> {
+    /// A helping caller: after a kernel whose protocol successors fired (an output copied
+    /// out may end the caller's wait: the caller looks before it scans on) or at which
+    /// the predicate (its wait is over) turns true.
+    Helper(&'a dyn Fn() -> bool),
+    /// The graph's own thread: after a kernel at which a helping caller has knocked
+    /// (`Shared::knocked`).
+    Knock,
 }
 
-/// [`scan`] for a helping caller (`stop` given): it stops after a kernel whose protocol
-/// successors fired (an output copied out may end the caller's wait: the caller looks
-/// before it scans on) or at which `stop()` turns true. Whether any actor fired, and
-/// whether the scan stopped early.
-fn scan_until(
-    s: &Shared,
-    t: usize,
-    st: &mut ThreadActors,
-    stop: Option<&dyn Fn() -> bool>,
-) -> (bool, bool) {
+/// One scan of graph thread `t`'s actors (by the thread, or by a VM caller running the
+/// graph): fires every ready actor once or more, unless `stop` says to stop after a
+/// kernel. Whether any actor fired, and whether the scan stopped early.
+fn scan_until(s: &Shared, t: usize, st: &mut ThreadActors, stop: Stop<'_>) -> (bool, bool) {
     let notifier = &s.notifiers[t];
     let ThreadActors {
         compute,
@@ -455,9 +486,11 @@ fn scan_until(
                     try_fire(s, p, job);
                 }
             }
-            if let Some(stop) = stop
-                && (handed_out || stop())
-            {
+            let stop_here = match stop {
+                Stop::Helper(wait_over) => handed_out || wait_over(),
+                Stop::Knock => s.take_knock(),
+            };
+            if stop_here {
                 return (true, true);
             }
         }
@@ -489,6 +522,22 @@ impl Drop for HelpingMark {
 }
 
 impl Shared {
+    /// A helping caller found a thread's actors taken (see `knocked`).
+    fn knock(&self) {
+        // Relaxed: a hint (see the field); the load first keeps the line shared while a
+        // knock waits to be taken.
+        if !self.knocked.load(Ordering::Relaxed) {
+            self.knocked.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes a helping caller's knock, if there is one (see `knocked`).
+    fn take_knock(&self) -> bool {
+        // Relaxed: a hint (see the field); the load first keeps the line shared while
+        // nobody knocks.
+        self.knocked.load(Ordering::Relaxed) && self.knocked.swap(false, Ordering::Relaxed)
+    }
+
     /// A VM caller runs the graph ([`GraphBuilder::run_on_caller`]): scans each graph
     /// thread whose actors nobody is scanning now until a scan finds nothing ready — the
     /// thread's own condition for sleeping, so no actor made ready by a notification the
@@ -501,15 +550,22 @@ impl Shared {
                 break;
             }
             let Some(mut actors) = try_lock(actors) else {
+                // Taken (by the graph's thread): on a crowded machine, knock, so that the
+                // thread lets go of them after its kernel.
+                if ivm_std::lazy::helping_caller_crowded() {
+                    self.knock();
+                }
                 continue;
             };
+            // Relaxed: a hint for a thread that let go for a knock.
+            self.helps.fetch_add(1, Ordering::Relaxed);
             // At most `HELP_SCANS` scans: a caller whose wait is over must not stay here
             // while other threads keep feeding the graph. Stopping with work still ready
             // hands it to the graph's thread, which a notification wakes.
             let mut scans = 0;
             let _helping = HelpingMark::enter(self, t);
             loop {
-                let (fired, stopped) = scan_until(self, t, &mut actors, Some(wait_over));
+                let (fired, stopped) = scan_until(self, t, &mut actors, Stop::Helper(wait_over));
                 if !fired {
                     break;
                 }

@@ -179,3 +179,70 @@ fn a_look_at_the_actors_after_a_productive_scan_loses_no_rescan() {
     let _ = s.notifiers[0].notify();
     result.unwrap();
 }
+
+/// A graph thread lets go of its actors between two kernels when a helping caller knocks
+/// (`scan_until`, `Stop::Knock`; a caller knocks only while the VM counts as crowded,
+/// `lazy::helping_caller_crowded`), and takes them back once the caller lets go: the test
+/// knocks as a spinning caller that found them taken does, gets them while the run's
+/// chain is under way, lets go with the rest left (notifying, as `Shared::help` does), and
+/// the run completes with its result.
+#[test]
+fn a_graph_thread_lets_a_knocking_caller_in_between_kernels() {
+    use std::sync::atomic::AtomicUsize;
+    const LINKS: usize = 8;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut g = GraphBuilder::new("knock");
+    let x = g.input("x", 8);
+    let mut h = x;
+    for k in 0..LINKS {
+        let next = g.blob(format!("h{k}"), 8);
+        let ran = ran.clone();
+        g.kernel(format!("inc{k}"), &[h], &[next], move |k| {
+            // Started (Release: the test reads it with Acquire), then long enough for the
+            // test to knock while it runs.
+            ran.fetch_add(1, Ordering::Release);
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(5) {
+                std::hint::spin_loop();
+            }
+            k.output_u64(0)[0] = k.input_u64(0)[0] + 1;
+        });
+        h = next;
+    }
+    g.output("h", h);
+    let graph = g.build().unwrap();
+    let s = graph.shared.clone();
+    let t = (0..s.threads.len())
+        .find(|&t| s.actors.iter().any(|a| a.thread == t && &*a.name == "inc0"))
+        .unwrap();
+    let vm = VirtualMachine::new(Config::default()).unwrap();
+    let (i, o) = five_and_out(&vm);
+    vm.run(|b| b.launch_lazy_job(&[&i], &[&o], &[], graph.lazy()))
+        .unwrap();
+    // The chain's first kernel runs on the graph's thread, which holds its actors.
+    assert!(eventually(Duration::from_secs(10), || ran
+        .load(Ordering::Acquire)
+        > 0));
+    let start = Instant::now();
+    let held = loop {
+        if let Some(held) = super::try_lock(&s.threads[t]) {
+            break held;
+        }
+        s.knock();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the graph's thread never let go of its actors"
+        );
+        std::hint::spin_loop();
+    };
+    let started = ran.load(Ordering::Acquire);
+    assert!(
+        started < LINKS,
+        "the actors came free only after the chain ({started} of {LINKS} kernels started)"
+    );
+    drop(held);
+    let _ = s.notifiers[t].notify();
+    let mut b = [0u8; 8];
+    vm.read_small(&o, 0, &mut b).unwrap();
+    assert_eq!(u64::from_ne_bytes(b), 5 + LINKS as u64);
+}

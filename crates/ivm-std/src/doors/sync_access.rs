@@ -430,7 +430,13 @@ pub(crate) fn graph_help(shared: &VmShared, wait_over: &dyn Fn() -> bool) -> boo
     shared
         .lazy_if_used()
         .filter(|l| l.has_helpers())
-        .is_some_and(|l| l.help(wait_over))
+        .is_some_and(|l| {
+            let crowded = shared.core.callers_contended_until.holds_or_clear();
+            let outer = crate::doors::lazy::HELPING_CROWDED.with(|c| c.replace(crowded));
+            let ran = l.help(wait_over);
+            crate::doors::lazy::HELPING_CROWDED.with(|c| c.set(outer));
+            ran
+        })
 }
 
 /// A wait for `instr` that timed out: if it was launched on an asynchronous device, the

@@ -50,6 +50,29 @@ pub fn mark_graph_thread() {
     crate::engine::neighbours::note_serving_thread();
 }
 
+/// Whether the VM caller running a graph's caller helper (on this thread, inside the
+/// helper: [`LazyGraph::set_caller_helper_until`]) counts the VM's threads as short of
+/// CPUs now: a busy neighbour leaves them fewer CPUs than they would use, or a caller
+/// bound to one CPU shares it with workers (ARCHITECTURE.md, "When another thread takes a
+/// core"). A graph runtime may then have its threads hand their ready work to the helping
+/// caller rather than run it while they wait for a CPU. `false` outside a helper.
+///
+/// # Examples
+///
+/// ```
+/// // Outside a caller helper (here: no VM call at all), never crowded.
+/// assert!(!ivm_std::lazy::helping_caller_crowded());
+/// ```
+pub fn helping_caller_crowded() -> bool {
+    HELPING_CROWDED.with(std::cell::Cell::get)
+}
+
+thread_local! {
+    /// [`helping_caller_crowded`]'s answer, set around the helpers' calls
+    /// (`doors/sync_access.rs`, `graph_help`).
+    pub(crate) static HELPING_CROWDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 pub(crate) use instance::CsOp;
 
 use ivm_core::sync::{AtomicUsize, Ordering};
