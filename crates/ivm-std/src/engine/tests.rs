@@ -772,6 +772,16 @@ fn a_contended_worker_keeps_a_queue_its_callers_may_not_run() {
     vm.shutdown().unwrap();
 }
 
+/// How many times the worker of `ctx` was woken by a notification (`ThreadStats::wakes`).
+fn wakes_of(vm: &crate::VirtualMachine, ctx: &ThreadCtx) -> usize {
+    vm.stats()
+        .unwrap()
+        .threads
+        .iter()
+        .find(|t| t.name == ctx.name)
+        .map_or(0, |t| t.wakes)
+}
+
 /// A worker marked contended that wakes to find a caller holding its queue's consumer role
 /// (the caller runs its queue) dozes, with a deadline, rather than sleep until woken: the
 /// caller's next pushes then leave its wake to that deadline (`ThreadCtx::submit`). Asleep
@@ -792,14 +802,7 @@ fn a_contended_worker_whose_queue_a_caller_runs_dozes() {
         }
         std::thread::yield_now();
     };
-    let wakes = || {
-        vm.stats()
-            .unwrap()
-            .threads
-            .iter()
-            .find(|t| t.name == worker.name)
-            .map_or(0, |t| t.wakes)
-    };
+    let wakes = || wakes_of(&vm, &worker);
     let before = wakes();
     worker.notifier.notify().unwrap();
     // Woken by that notification (its doze's flags are cleared by then), the worker finds
@@ -823,14 +826,7 @@ fn a_contended_worker_whose_queue_a_caller_runs_dozes() {
 fn a_caller_that_stops_short_leaves_the_rest_to_a_contended_workers_doze() {
     use ivm_core::sync::Ordering as O;
     let (vm, s, worker, t) = vm_with_a_contended_worker();
-    let wakes = || {
-        vm.stats()
-            .unwrap()
-            .threads
-            .iter()
-            .find(|t| t.name == worker.name)
-            .map_or(0, |t| t.wakes)
-    };
+    let wakes = || wakes_of(&vm, &worker);
     // Rounds where the caller ran the first kernel and left the second queued (the doze
     // may end first: then the worker runs both, and the round does not count).
     let mut counted = 0;
