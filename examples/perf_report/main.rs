@@ -28,7 +28,8 @@
 //! | `busy_kernel_cpu_pct` | the same plus the waiting caller, over a 5 s kernel that sleeps |
 //! | `caller_work_ratio` | the caller's compute rate while the VM streams instructions for it, over its rate with the VM idle |
 //! | `*_hog1`, `*_hog2` | section `contended`: `warm_read_*`, `instr_per_s`, `instr_vs_channel_bound` and `caller_work_ratio` again (quick sizes), beside one and two busy threads of this process (`examples/common/hog.rs`); the baselines run beside the same threads |
-//! | `fused_k<k>_<ops>_{on,off}_per_s` | a `vm.run` of `k` (1, 4, 24, 100) independent or dependent ops on one stream, repeated until `sync()`, fusion on and off (`Config::fusion`), interleaved; the section's table adds spreads and the ratios to the channel bound |
+//! | `fused_k<k>_<ops>_{on,off}_per_s` | a `vm.run` of `k` (1, 4, 24, 100) independent or dependent ops on one stream, repeated until `sync()`, fusion on and off (`Config::fusion`) and single-thread mode, interleaved; the section's table adds spreads, the ratios to the channel bound and the process's CPU time per instruction |
+//! | `fused_k24_<ops>_{on_cpu_ns,single_per_s,single_cpu_ns}` | runs of 24: the process's CPU ns per instruction with fusion on, and single-thread mode's rate and CPU ns per instruction (the reference of one thread) |
 //! | `fused_k24_<ops>_on_vs_channel_bound` | runs of 24 with fusion on over the channel bound measured between them |
 //! | `fused_k1_<ops>_on_vs_off` | single-instruction runs, fusion on over off |
 
