@@ -228,6 +228,7 @@ pub struct Counters {
     worker_stalled: usize,
     caller_preempted: usize,
     crowded: usize,
+    tiny_kernel_marks: usize,
     /// Samples of the busy threads (`--hog`) during this mode's epochs: on the caller's
     /// CPU, and in all (pinned runs only).
     busy_on_caller: u64,
@@ -249,6 +250,7 @@ impl Counters {
             worker_stalled: s.worker_stalled,
             caller_preempted: s.caller_preempted,
             crowded: s.crowded,
+            tiny_kernel_marks: s.tiny_kernel_marks,
             busy_on_caller: 0,
             busy_samples: 0,
         }
@@ -273,6 +275,7 @@ impl Counters {
         self.worker_stalled += o.worker_stalled;
         self.caller_preempted += o.caller_preempted;
         self.crowded += o.crowded;
+        self.tiny_kernel_marks += o.tiny_kernel_marks;
         self.busy_on_caller += o.busy_on_caller;
         self.busy_samples += o.busy_samples;
     }
@@ -286,7 +289,8 @@ impl std::fmt::Display for Counters {
             "{} fused runs, mean length {:.1}, longest {}; {:.1} % of {} instructions fused; \
              callers ran {} instructions; workers: {} hand-overs to a waiting caller, {} \
              stretches on a shared CPU, {} preemptions seen while polling; callers: {} \
-             stalled workers seen, {} preemptions seen, {} looks at a busy neighbour",
+             stalled workers seen, {} preemptions seen, {} looks at a busy neighbour; {} tiny-kernel \
+             marks",
             self.runs,
             self.instructions as f64 / self.runs.max(1) as f64,
             self.longest,
@@ -299,6 +303,7 @@ impl std::fmt::Display for Counters {
             self.worker_stalled,
             self.caller_preempted,
             self.crowded,
+            self.tiny_kernel_marks,
         )?;
         if let Some(busy) = self.busy_share() {
             write!(

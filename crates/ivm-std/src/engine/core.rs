@@ -217,6 +217,10 @@ pub(crate) struct VmCore {
     /// (`CallerSense`): under a flood the VM's own threads cause that. Read without a lock
     /// by a submission's catch-up (`engine/submission.rs`).
     pub(crate) callers_contended_until: crate::util::HintUntil,
+    /// A hint: until when a worker of this VM counts its instructions as tiny
+    /// (`preemption::mark_tiny_kernels`): submissions then catch up with its queue, as
+    /// while the callers share their CPUs. Read without a lock by that catch-up.
+    pub(crate) tiny_kernels_until: crate::util::HintUntil,
     /// An embedding runtime's hooks (`util/hooks.rs`), installed at most once.
     foreign: OnceLock<ForeignHooks>,
     /// 1 until the scheduler thread exits (it decreases it last): shutdown waits on it
@@ -281,6 +285,7 @@ impl VmCore {
             neighbours: Mutex::new(Default::default()),
             scheduler_tid: AtomicUsize::new(0),
             callers_contended_until: crate::util::HintUntil::default(),
+            tiny_kernels_until: crate::util::HintUntil::default(),
             foreign: OnceLock::new(),
             scheduler_running: BlockingCounter::new(1),
             handle_dropped: AtomicBool::new(false),

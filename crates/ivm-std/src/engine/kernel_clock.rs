@@ -1,7 +1,8 @@
-//! Whether a worker's instructions run long (`ThreadCtx::long_kernels`): a worker times some
-//! of the instructions it runs and keeps an average; the VM's hand-over rules ask it
-//! (`VmCore::after_push`'s hand-back, a worker leaving its releases to a submitting caller,
-//! `helping::Owed`).
+//! Whether a worker's instructions run long (`ThreadCtx::long_kernels`) or tiny: a worker
+//! times some of the instructions it runs and keeps an average; the VM's hand-over rules ask
+//! it (`VmCore::after_push`'s hand-back, a worker leaving its releases to a submitting
+//! caller, `helping::Owed`), and a worker with tiny ones leaves them to its callers
+//! (`preemption::mark_tiny_kernels`).
 //!
 //! Which instructions are timed is drawn at random (one in [`SAMPLE_ONE_IN`] on average,
 //! a xorshift draw per instruction), never by a fixed period: a front end's instructions
@@ -20,7 +21,7 @@
 
 use std::time::Instant;
 
-use crate::util::tuning::LONG_KERNEL_NS;
+use crate::util::tuning::{LONG_KERNEL_NS, TINY_KERNEL_NS, TINY_KERNEL_SAMPLES};
 
 /// One in this many instructions is timed, on average.
 pub(crate) const SAMPLE_ONE_IN: u32 = 8;
@@ -32,6 +33,8 @@ pub(crate) struct KernelClock {
     draw: u32,
     /// Exponential average of the timed instructions' durations, in nanoseconds.
     avg_ns: u64,
+    /// Instructions timed so far (saturating).
+    samples: u32,
 }
 
 impl Default for KernelClock {
@@ -39,6 +42,7 @@ impl Default for KernelClock {
         Self {
             draw: 0x9E37_79B9,
             avg_ns: 0,
+            samples: 0,
         }
     }
 }
@@ -72,7 +76,14 @@ impl KernelClock {
     /// [`LONG_KERNEL_NS`].
     fn record(&mut self, ns: u64) -> bool {
         self.avg_ns = (self.avg_ns.saturating_mul(15).saturating_add(ns)) / 16;
+        self.samples = self.samples.saturating_add(1);
         self.avg_ns >= LONG_KERNEL_NS
+    }
+
+    /// Whether the instructions are tiny: an average under [`TINY_KERNEL_NS`] over at
+    /// least [`TINY_KERNEL_SAMPLES`] timed ones.
+    pub(crate) fn is_tiny(&self) -> bool {
+        self.samples >= TINY_KERNEL_SAMPLES && self.avg_ns < TINY_KERNEL_NS
     }
 }
 
@@ -143,6 +154,43 @@ mod tests {
             "the hint said long for {:.1} % of the instructions",
             share * 100.0
         );
+    }
+
+    /// Runs `rounds` repetitions of `period` through the sampler; the share of
+    /// instructions after the first `warm_up` for which it judged them tiny.
+    fn tiny_share(period: &[u64], rounds: usize, warm_up: usize) -> f64 {
+        let mut c = KernelClock::default();
+        let (mut seen, mut tiny) = (0usize, 0usize);
+        for i in 0..rounds * period.len() {
+            if c.sample() {
+                c.record(period[i % period.len()]);
+            }
+            if i >= warm_up {
+                seen += 1;
+                tiny += usize::from(c.is_tiny());
+            }
+        }
+        tiny as f64 / seen as f64
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn the_demo_step_is_never_tiny_and_a_flood_of_empty_kernels_is() {
+        // From the first instruction on: the average starts at zero, and only enough
+        // samples let it judge.
+        assert_eq!(tiny_share(&DEMO_STEP, 2_000, 0), 0.0);
+        let mut c = KernelClock::default();
+        for _ in 1..TINY_KERNEL_SAMPLES {
+            c.record(80);
+        }
+        assert!(!c.is_tiny(), "judged before enough samples");
+        c.record(80);
+        assert!(c.is_tiny());
+        // A flood of 80 ns bodies with a 4 µs one among every 64.
+        let mut period = vec![80u64; 64];
+        period[0] = 4_000;
+        let share = tiny_share(&period, 500, 64 * 10);
+        assert!(share > 0.9, "tiny for {:.1} %", share * 100.0);
     }
 
     #[test]

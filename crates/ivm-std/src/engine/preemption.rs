@@ -34,6 +34,27 @@ pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
     ctx.contended_until.hold_for(hold);
 }
 
+/// A worker whose instructions are tiny (`kernel_clock.rs`, [`TINY_KERNEL_NS`]) is marked
+/// contended for `hold` (the worker's own mark: [`CONTENDED_HOLD`]), as one that shares
+/// its CPU: it stops polling, a
+/// caller's pushes leave its wake to its doze's deadline, and its callers run its queue,
+/// at their waits and, through the VM's hint here, at their next submissions
+/// (`VmCore::catch_up_when_contended`). Handing an instruction to a thread on another
+/// core costs more CPU than running it where it was built (ARCHITECTURE.md, "When
+/// another thread takes a core"). While marked the worker runs little, so it times
+/// little: the mark lapses and is renewed only if what it runs next is still tiny.
+///
+/// [`TINY_KERNEL_NS`]: crate::util::tuning::TINY_KERNEL_NS
+pub(crate) fn mark_tiny_kernels(ctx: &ThreadCtx, shared: &VmCore, hold: Duration) {
+    mark_contended(ctx, hold);
+    shared.tiny_kernels_until.hold_for(hold);
+    // Relaxed: a statistic.
+    shared
+        .stats()
+        .tiny_kernel_marks
+        .fetch_add(1, Ordering::Relaxed);
+}
+
 /// Whether the worker of `ctx` counts as sharing its CPU now.
 pub(crate) fn is_contended(ctx: &ThreadCtx) -> bool {
     ctx.contended_until.holds()

@@ -89,6 +89,8 @@ pub(crate) struct StatsCells {
     pub(crate) crowded: AtomicUsize,
     /// Stalls in which a waiting caller found a worker awake but off its CPU.
     pub(crate) worker_stalled: AtomicUsize,
+    /// See [`VmStats::tiny_kernel_marks`].
+    pub(crate) tiny_kernel_marks: AtomicUsize,
     /// Fused runs (of two or more) handed over, their members, the longest.
     pub(crate) fused_runs: AtomicUsize,
     pub(crate) fused_instructions: AtomicUsize,
@@ -125,6 +127,7 @@ impl StatsCells {
             caller_preempted: AtomicUsize::new(0),
             crowded: AtomicUsize::new(0),
             worker_stalled: AtomicUsize::new(0),
+            tiny_kernel_marks: AtomicUsize::new(0),
             fused_runs: AtomicUsize::new(0),
             fused_instructions: AtomicUsize::new(0),
             longest_fused_run: AtomicUsize::new(0),
@@ -246,6 +249,10 @@ pub struct VmStats {
     /// Stalls in which a waiting caller found a worker awake but off its CPU (waiting for
     /// one): that worker was then marked contended (`engine/preemption.rs`).
     pub worker_stalled: usize,
+    /// Times a worker found its instructions tiny, shorter on average than handing one to
+    /// it costs (`engine/kernel_clock.rs`): it was then marked contended, and its callers
+    /// ran its queue (`engine/preemption.rs`, `mark_tiny_kernels`).
+    pub tiny_kernel_marks: usize,
     /// Fused runs of two or more instructions handed to a worker as one
     /// ([`Config::fusion`](crate::Config::fusion)).
     pub fused_runs: usize,

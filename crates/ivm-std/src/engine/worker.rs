@@ -173,8 +173,9 @@ impl<'a> Worker<'a> {
         }
         let sync_access = instr.waiter.is_some();
         // Some instructions are timed (at random: `kernel_clock.rs`): whether kernels run
-        // long on average (`ThreadCtx::long_kernels`).
+        // long on average (`ThreadCtx::long_kernels`), or tiny.
         let t0 = self.clock.start();
+        let callers_may_run = t0.is_some() && instr.stream.policy.caller_may_run();
         crate::engine::execute::execute(&instr);
         if let Some(t0) = t0 {
             let long = self.clock.timed(t0);
@@ -182,6 +183,14 @@ impl<'a> Worker<'a> {
             if ctx.long_kernels.load(Ordering::Relaxed) != long {
                 ctx.long_kernels.store(long, Ordering::Relaxed);
                 shared.count_long_kernel_worker(long);
+            }
+            // Tiny ones are cheaper on their callers (only where a caller may run them).
+            if callers_may_run && self.clock.is_tiny() {
+                crate::engine::preemption::mark_tiny_kernels(
+                    ctx,
+                    shared,
+                    crate::util::tuning::CONTENDED_HOLD,
+                );
             }
         }
         let more = fused_more || !ctx.queue.is_empty();

@@ -21,6 +21,18 @@ pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
 /// the engine back.
 pub(crate) const LONG_KERNEL_NS: u64 = 1_000;
 
+/// A worker whose instructions take less than this on average (nanoseconds, the body's
+/// run as the worker times it) runs tiny kernels: handing each to it costs more CPU than
+/// running it on its caller. A flood of empty kernels on two CPUs cost 330-400 ns of CPU
+/// an instruction, against 190 ns with the same threads on one CPU, where nothing moves
+/// between cores (`perf_report fused`, docs/perf-2026-12-07.md). The training demo's
+/// kernels average about 1.5 µs.
+pub(crate) const TINY_KERNEL_NS: u64 = 300;
+
+/// Timed instructions a worker's average needs before it may count as tiny: the average
+/// starts at zero and follows a workload within about this many samples.
+pub(crate) const TINY_KERNEL_SAMPLES: u32 = 16;
+
 /// How long a caller whose instruction is running (or about to run) on a worker spins,
 /// yielding its CPU, before it falls back to the blocking-then-busy wait. Long enough to
 /// cover a worker that was just woken (35–50 µs on a 2-vCPU VM) so that its completion

@@ -70,6 +70,7 @@ impl VirtualMachine {
             caller_preempted: c.caller_preempted.load(Ordering::Relaxed),
             crowded: c.crowded.load(Ordering::Relaxed),
             worker_stalled: c.worker_stalled.load(Ordering::Relaxed),
+            tiny_kernel_marks: c.tiny_kernel_marks.load(Ordering::Relaxed),
             fused_runs: c.fused_runs.load(Ordering::Relaxed),
             fused_instructions: c.fused_instructions.load(Ordering::Relaxed),
             longest_fused_run: c.longest_fused_run.load(Ordering::Relaxed),

@@ -1,13 +1,14 @@
 //! Backpressure on a busy machine (`Config::contended_high_water_mark`): a submission that
-//! finds more than the mark in flight while the callers count as losing their CPU runs
-//! what the dozing worker has queued, built before it, and never its own kernels.
+//! finds more than the mark in flight while the callers count as losing their CPU, or
+//! while a worker's instructions are tiny, runs what the dozing worker has queued, built
+//! before it, and never its own kernels.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{read_u64, spin_until, vm_with_a_contended_worker_in};
+use super::{read_u64, spin_until, vm_with_a_contended_worker_in, vm_with_a_worker_in};
 use crate::Config;
 
 /// Submissions at most, each one kernel, before a test gives up on seeing a catch-up.
@@ -97,6 +98,42 @@ fn a_contended_submission_runs_the_dozing_workers_queue_built_before_it() {
         );
     }
     assert!(vm.stats().unwrap().caller_ran > before);
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), runs as u64 - 1);
+    vm.shutdown().unwrap();
+}
+
+/// A worker that found its instructions tiny (`preemption::mark_tiny_kernels`, as the
+/// worker marks itself) has its queue run by the submitting callers, although nobody
+/// counts as losing a CPU: the VM's busy-machine hint, which lazy graphs' helpers read,
+/// stays off.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_worker_with_tiny_kernels_has_its_queue_caught_up_by_its_submitters() {
+    let (vm, s, worker, t) = vm_with_a_worker_in(catching_up());
+    let core = &vm.shared().core;
+    crate::engine::preemption::mark_tiny_kernels(&worker, core, Duration::from_secs(600));
+    // Idle past its idle dozes, the worker sleeps without a deadline: wake it to see the
+    // mark and doze.
+    worker.notifier.notify().unwrap();
+    spin_until("the worker never dozed", || {
+        worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
+    });
+    let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
+    assert!(
+        !seen.is_empty(),
+        "no kernel ran on the submitting thread in {runs} runs"
+    );
+    for &(own, during) in &seen {
+        assert!(
+            own < during,
+            "the kernel of run {own} ran inside run {during}"
+        );
+    }
+    assert!(!core.callers_contended_until.holds());
+    let st = vm.stats().unwrap();
+    assert_eq!(st.tiny_kernel_marks, 1);
+    assert!(st.caller_ran > 0);
     vm.sync().unwrap();
     assert_eq!(read_u64(&vm, &t), runs as u64 - 1);
     vm.shutdown().unwrap();
