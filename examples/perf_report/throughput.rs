@@ -256,11 +256,14 @@ pub(super) fn caller_work(rep: &mut Report, quick: bool) {
         share.push(f);
     }
     let (idle, busy, share) = (median(idle), median(busy), median(share));
+    let st = c.vm.stats().expect("stats");
     drop(c);
     let r = busy / idle;
     println!(
-        "caller work: {busy:.0} chunks/s with the VM streaming ({:.0} % of the caller's wall time in its own work), {idle:.0} chunks/s with the VM idle",
-        share * 100.0
+        "caller work: {busy:.0} chunks/s with the VM streaming ({:.0} % of the caller's wall time in its own work), {idle:.0} chunks/s with the VM idle; {} instructions run by the caller, {} tiny-kernel marks",
+        share * 100.0,
+        st.caller_ran,
+        st.tiny_kernel_marks
     );
     rep.ratio("caller_work_ratio", r, "≥ 0.8", r >= 0.8);
 }
