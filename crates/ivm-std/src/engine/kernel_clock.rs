@@ -21,7 +21,7 @@
 
 use std::time::Instant;
 
-use crate::util::tuning::{LONG_KERNEL_NS, TINY_KERNEL_NS, TINY_KERNEL_SAMPLES};
+use crate::util::tuning::{LONG_KERNEL_NS, TINY_KERNEL_SAMPLES};
 
 /// One in this many instructions is timed, on average.
 pub(crate) const SAMPLE_ONE_IN: u32 = 8;
@@ -80,16 +80,17 @@ impl KernelClock {
         self.avg_ns >= LONG_KERNEL_NS
     }
 
-    /// Whether the instructions are tiny: an average under [`TINY_KERNEL_NS`] over at
-    /// least [`TINY_KERNEL_SAMPLES`] timed ones.
-    pub(crate) fn is_tiny(&self) -> bool {
-        self.samples >= TINY_KERNEL_SAMPLES && self.avg_ns < TINY_KERNEL_NS
+    /// Whether the instructions are tiny: an average under `tiny_ns`
+    /// (`Config::tiny_kernel_ns`; 0 never) over at least [`TINY_KERNEL_SAMPLES`] timed ones.
+    pub(crate) fn is_tiny(&self, tiny_ns: u64) -> bool {
+        self.samples >= TINY_KERNEL_SAMPLES && self.avg_ns < tiny_ns
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::tuning::TINY_KERNEL_NS;
 
     /// Runs `rounds` repetitions of `period` (instruction durations in ns) through the
     /// sampler; returns the share of instructions after the first `warm_up` for which
@@ -167,7 +168,7 @@ mod tests {
             }
             if i >= warm_up {
                 seen += 1;
-                tiny += usize::from(c.is_tiny());
+                tiny += usize::from(c.is_tiny(TINY_KERNEL_NS));
             }
         }
         tiny as f64 / seen as f64
@@ -183,9 +184,10 @@ mod tests {
         for _ in 1..TINY_KERNEL_SAMPLES {
             c.record(80);
         }
-        assert!(!c.is_tiny(), "judged before enough samples");
+        assert!(!c.is_tiny(TINY_KERNEL_NS), "judged before enough samples");
         c.record(80);
-        assert!(c.is_tiny());
+        assert!(c.is_tiny(TINY_KERNEL_NS));
+        assert!(!c.is_tiny(0), "0 turns it off");
         // A flood of 80 ns bodies with a 4 µs one among every 64.
         let mut period = vec![80u64; 64];
         period[0] = 4_000;

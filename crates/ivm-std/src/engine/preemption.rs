@@ -34,7 +34,7 @@ pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
     ctx.contended_until.hold_for(hold);
 }
 
-/// A worker whose instructions are tiny (`kernel_clock.rs`, [`TINY_KERNEL_NS`]) is marked
+/// A worker whose instructions are tiny (`kernel_clock.rs`, `Config::tiny_kernel_ns`) is marked
 /// contended for `hold` (the worker's own mark: [`CONTENDED_HOLD`]), as one that shares
 /// its CPU: it stops polling, a
 /// caller's pushes leave its wake to its doze's deadline, and its callers run its queue,
@@ -43,8 +43,6 @@ pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
 /// core costs more CPU than running it where it was built (ARCHITECTURE.md, "When
 /// another thread takes a core"). While marked the worker runs little, so it times
 /// little: the mark lapses and is renewed only if what it runs next is still tiny.
-///
-/// [`TINY_KERNEL_NS`]: crate::util::tuning::TINY_KERNEL_NS
 pub(crate) fn mark_tiny_kernels(ctx: &ThreadCtx, shared: &VmCore, hold: Duration) {
     mark_contended(ctx, hold);
     shared.tiny_kernels_until.hold_for(hold);

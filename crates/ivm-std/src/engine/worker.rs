@@ -185,7 +185,7 @@ impl<'a> Worker<'a> {
                 shared.count_long_kernel_worker(long);
             }
             // Tiny ones are cheaper on their callers (only where a caller may run them).
-            if callers_may_run && self.clock.is_tiny() {
+            if callers_may_run && self.clock.is_tiny(shared.config().tiny_kernel_ns) {
                 crate::engine::preemption::mark_tiny_kernels(
                     ctx,
                     shared,

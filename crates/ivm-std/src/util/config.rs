@@ -38,6 +38,7 @@ pub enum Mode {
 /// | `IVM_FUSION` (`1` / `0`) | [`fusion`](Self::fusion) | `0` |
 /// | `IVM_MAX_FUSED_RUN` | [`max_fused_run`](Self::max_fused_run) | 32 |
 /// | `IVM_RUN_AT_REST` (`1` / `0`) | [`run_at_rest`](Self::run_at_rest) | `1` |
+/// | `IVM_TINY_KERNEL_NS` | [`tiny_kernel_ns`](Self::tiny_kernel_ns) | 300 |
 ///
 /// `Config` is `#[non_exhaustive]`: start from [`Config::default`] (or
 /// [`Config::single_thread`], [`Config::from_env`]) and change what you need with the
@@ -141,6 +142,19 @@ pub struct Config {
     /// instruction ([`VmStats::ran_at_rest`](crate::VmStats::ran_at_rest) counts them).
     /// Ignored in multi-thread mode, where `run` returns before its kernels run.
     pub run_at_rest: bool,
+    /// Multi-thread mode: a worker whose instructions take less than this on average
+    /// (nanoseconds, as it times a random sample of them) leaves them to its callers, as a
+    /// worker that shares its CPU does (ARCHITECTURE.md, "When another thread takes a
+    /// core"): handing such work to another core costs more CPU than running it. It stops
+    /// polling for a while, a caller's pushes leave its wake to its doze's deadline (work
+    /// nobody waits for starts up to 0.5 ms late), and the callers run its queue at their
+    /// waits and, past [`contended_high_water_mark`](Self::contended_high_water_mark) in
+    /// flight, at their submissions ([`VmStats::tiny_kernel_marks`] counts the marks).
+    /// Only on streams whose policy lets a caller run them. 0 turns this off, which a
+    /// workload needs whose short kernels wait for something their caller does later.
+    ///
+    /// [`VmStats::tiny_kernel_marks`]: crate::VmStats::tiny_kernel_marks
+    pub tiny_kernel_ns: u64,
 }
 
 /// The largest [`Config::max_fused_run`].
@@ -267,6 +281,14 @@ impl Config {
         self.run_at_rest = run_at_rest;
         self
     }
+
+    /// This configuration with [`tiny_kernel_ns`](Self::tiny_kernel_ns) set to
+    /// `tiny_kernel_ns` (0: off).
+    #[must_use]
+    pub fn with_tiny_kernel_ns(mut self, tiny_kernel_ns: u64) -> Self {
+        self.tiny_kernel_ns = tiny_kernel_ns;
+        self
+    }
 }
 
 /// The longest [`Config::worker_poll_window`] and [`Config::scheduler_work_window`]: a
@@ -314,6 +336,7 @@ impl Default for Config {
             fusion: false,
             max_fused_run: 32,
             run_at_rest: true,
+            tiny_kernel_ns: crate::util::tuning::TINY_KERNEL_NS,
         }
     }
 }
@@ -419,6 +442,9 @@ impl Config {
         if let Some(v) = num("IVM_RUN_AT_REST")? {
             c.run_at_rest = flag("IVM_RUN_AT_REST", v)?;
         }
+        if let Some(v) = num("IVM_TINY_KERNEL_NS")? {
+            c.tiny_kernel_ns = v;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -472,12 +498,15 @@ mod tests {
             "IVM_MODE" => Some("single".into()),
             "IVM_WORKER_POLL_US" => Some("50".into()),
             "IVM_TIMEOUT_MS" => Some("1500".into()),
+            "IVM_TINY_KERNEL_NS" => Some("0".into()),
             _ => None,
         })
         .unwrap();
         assert_eq!(c.mode, Mode::SingleThread);
         assert_eq!(c.worker_poll_window, Duration::from_micros(50));
         assert_eq!(c.timeout_period, Duration::from_millis(1500));
+        assert_eq!(c.tiny_kernel_ns, 0);
+        assert_eq!(Config::default().tiny_kernel_ns, 300);
         assert_eq!(c.high_water_mark, Config::default().high_water_mark);
     }
 

@@ -21,9 +21,9 @@ pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
 /// the engine back.
 pub(crate) const LONG_KERNEL_NS: u64 = 1_000;
 
-/// A worker whose instructions take less than this on average (nanoseconds, the body's
-/// run as the worker times it) runs tiny kernels: handing each to it costs more CPU than
-/// running it on its caller. A flood of empty kernels on two CPUs cost 330-400 ns of CPU
+/// The default of `Config::tiny_kernel_ns`: a worker whose instructions take less than
+/// this on average (nanoseconds, the body's run as the worker times it) runs tiny kernels:
+/// handing each to it costs more CPU than running it on its caller. A flood of empty kernels on two CPUs cost 330-400 ns of CPU
 /// an instruction, against 190 ns with the same threads on one CPU, where nothing moves
 /// between cores (`perf_report fused`, docs/perf-2026-12-07.md). The training demo's
 /// kernels average about 1.5 µs.
