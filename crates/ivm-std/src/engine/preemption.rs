@@ -41,9 +41,15 @@ pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
 /// at their waits and, through the VM's hint here, at their next submissions
 /// (`VmCore::catch_up_when_contended`). Handing an instruction to a thread on another
 /// core costs more CPU than running it where it was built (ARCHITECTURE.md, "When
-/// another thread takes a core"). While marked the worker runs little, so it times
-/// little: the mark lapses and is renewed only if what it runs next is still tiny.
+/// another thread takes a core"). A mark is not extended: it lapses, and is renewed only
+/// if what the worker runs next is still tiny.
 pub(crate) fn mark_tiny_kernels(ctx: &ThreadCtx, shared: &VmCore, hold: Duration) {
+    // Marked already: no write to the lines every submission reads (the mark is renewed
+    // when it has lapsed and the worker finds its instructions tiny again).
+    let now = crate::util::now_us();
+    if ctx.contended_until.holds_at(now) && shared.tiny_kernels_until.holds_at(now) {
+        return;
+    }
     mark_contended(ctx, hold);
     shared.tiny_kernels_until.hold_for(hold);
     // Relaxed: a statistic.

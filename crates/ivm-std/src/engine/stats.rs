@@ -249,9 +249,10 @@ pub struct VmStats {
     /// Stalls in which a waiting caller found a worker awake but off its CPU (waiting for
     /// one): that worker was then marked contended (`engine/preemption.rs`).
     pub worker_stalled: usize,
-    /// Times a worker found its instructions tiny, shorter on average than handing one to
-    /// it costs (`engine/kernel_clock.rs`): it was then marked contended, and its callers
-    /// ran its queue (`engine/preemption.rs`, `mark_tiny_kernels`).
+    /// Times a worker not marked already found its instructions tiny, shorter on average
+    /// than handing one to it costs (`engine/kernel_clock.rs`): it was then marked
+    /// contended for 20 ms, and its callers ran its queue (`engine/preemption.rs`,
+    /// `mark_tiny_kernels`).
     pub tiny_kernel_marks: usize,
     /// Fused runs of two or more instructions handed to a worker as one
     /// ([`Config::fusion`](crate::Config::fusion)).
