@@ -79,14 +79,14 @@ fn submit_until_caught_up(
     (seen, runs)
 }
 
-#[test]
-// Waits in real time for the worker's states (Miri covers the VM's unsafe code in
-// `tests/miri_vm.rs`).
-#[cfg_attr(miri, ignore)]
-fn a_contended_submission_runs_the_dozing_workers_queue_built_before_it() {
-    let (vm, s, _worker, t) = contended_callers(catching_up());
-    let before = vm.stats().unwrap().caller_ran;
-    let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
+/// [`submit_until_caught_up`] without failing kernels: asserts that some kernel ran on the
+/// submitting thread, each inside a later run than its own; returns how many runs it took.
+fn caught_up_before_their_own(
+    vm: &crate::VirtualMachine,
+    s: &crate::Stream,
+    t: &crate::Tensor,
+) -> usize {
+    let (seen, runs) = submit_until_caught_up(vm, s, t, false);
     assert!(
         !seen.is_empty(),
         "no kernel ran on the submitting thread in {runs} runs"
@@ -97,6 +97,17 @@ fn a_contended_submission_runs_the_dozing_workers_queue_built_before_it() {
             "the kernel of run {own} ran inside run {during}: a run's own kernels run after it returns"
         );
     }
+    runs
+}
+
+#[test]
+// Waits in real time for the worker's states (Miri covers the VM's unsafe code in
+// `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn a_contended_submission_runs_the_dozing_workers_queue_built_before_it() {
+    let (vm, s, _worker, t) = contended_callers(catching_up());
+    let before = vm.stats().unwrap().caller_ran;
+    let runs = caught_up_before_their_own(&vm, &s, &t);
     assert!(vm.stats().unwrap().caller_ran > before);
     vm.sync().unwrap();
     assert_eq!(read_u64(&vm, &t), runs as u64 - 1);
@@ -119,17 +130,7 @@ fn a_worker_with_tiny_kernels_has_its_queue_caught_up_by_its_submitters() {
     spin_until("the worker never dozed", || {
         worker.dozing.load(ivm_core::sync::Ordering::Relaxed)
     });
-    let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
-    assert!(
-        !seen.is_empty(),
-        "no kernel ran on the submitting thread in {runs} runs"
-    );
-    for &(own, during) in &seen {
-        assert!(
-            own < during,
-            "the kernel of run {own} ran inside run {during}"
-        );
-    }
+    let runs = caught_up_before_their_own(&vm, &s, &t);
     assert!(!core.callers_contended_until.holds());
     let st = vm.stats().unwrap();
     assert_eq!(st.tiny_kernel_marks, 1);
