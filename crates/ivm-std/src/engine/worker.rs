@@ -175,7 +175,8 @@ impl<'a> Worker<'a> {
         // Some instructions are timed (at random: `kernel_clock.rs`): whether kernels run
         // long on average (`ThreadCtx::long_kernels`), or tiny.
         let t0 = self.clock.start();
-        let callers_may_run = t0.is_some() && instr.stream.policy.caller_may_run();
+        // Asked before it runs, as the queue's rule (a deferred body is not a caller's).
+        let callers_may_run = t0.is_some() && queued_caller_may_run(&instr);
         crate::engine::execute::execute(&instr);
         if let Some(t0) = t0 {
             let long = self.clock.timed(t0);
