@@ -34,12 +34,11 @@ pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
     ctx.contended_until.hold_for(hold);
 }
 
-/// A worker whose instructions are tiny (`kernel_clock.rs`, `Config::tiny_kernel_ns`) is marked
-/// contended for `hold` (the worker's own mark: [`CONTENDED_HOLD`]), as one that shares
-/// its CPU: it stops polling, a
-/// caller's pushes leave its wake to its doze's deadline, and its callers run its queue,
-/// at their waits and, through the VM's hint here, at their next submissions
-/// (`VmCore::catch_up_when_contended`). Handing an instruction to a thread on another
+/// A worker whose instructions are tiny (`kernel_clock.rs`, `Config::tiny_kernel_ns`) is
+/// marked contended for `hold` (the worker's own mark: [`CONTENDED_HOLD`]), as one that
+/// shares its CPU: it stops polling, a caller's pushes leave its wake to its doze's
+/// deadline, and its callers run its queue, at their waits and, through the VM's hint
+/// here, at their next submissions (`VmCore::catch_up_when_contended`). Handing an instruction to a thread on another
 /// core costs more CPU than running it where it was built (ARCHITECTURE.md, "When
 /// another thread takes a core"). A mark is not extended: it lapses, and is renewed only
 /// if what the worker runs next is still tiny.

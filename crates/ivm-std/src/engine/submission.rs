@@ -141,11 +141,11 @@ impl VmCore {
     /// caller's pushes leave the wakes to the dozes' deadlines, so what a woken worker
     /// would run beside the caller, on the CPU the busy thread leaves (or for more CPU
     /// than the instructions take), the submitting caller runs itself, between its own
-    /// calls. Only what
-    /// was built before this submission (ids below `bound`, whichever thread built it; the
-    /// submission's own instructions run after `run` returns, as always), and only from
-    /// the queues of sleeping workers marked contended, in order, what a waiting caller may run
-    /// (`worker::caller_runs_built_before`), inside the wait hook.
+    /// calls. Only what was built before this submission (ids below `bound`, whichever
+    /// thread built it; the submission's own instructions run after `run` returns, as
+    /// always), and only from the queues of sleeping workers marked contended, in order,
+    /// what a waiting caller may run (`worker::caller_runs_built_before`), inside the wait
+    /// hook.
     fn catch_up_when_contended(&self, bound: usize) {
         // The hint first: no lock and, most of the time, no clock on a quiet machine.
         if inside(self.id())

@@ -23,10 +23,9 @@ pub(crate) const LONG_KERNEL_NS: u64 = 1_000;
 
 /// The default of `Config::tiny_kernel_ns`: a worker whose instructions take less than
 /// this on average (nanoseconds, the body's run as the worker times it) runs tiny kernels:
-/// handing each to it costs more CPU than running it on its caller. A flood of empty kernels on two CPUs cost 330-400 ns of CPU
-/// an instruction, against 190 ns with the same threads on one CPU, where nothing moves
-/// between cores (`perf_report fused`, docs/perf-2026-12-07.md). The training demo's
-/// kernels average about 1.5 µs.
+/// handing each to it costs more CPU than running it on its caller (the measurements:
+/// `perf_report fused`'s CPU per instruction, docs/perf-2026-12-07.md). Well under the
+/// training demo's kernels.
 pub(crate) const TINY_KERNEL_NS: u64 = 300;
 
 /// Timed instructions a worker's average needs before it may count as tiny: the average
