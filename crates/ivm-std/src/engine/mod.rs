@@ -9,6 +9,7 @@
 //! instructions back. Run by exactly one thread at a time (ARCHITECTURE.md, "who may drive
 //! the engine").
 
+mod at_rest;
 pub(crate) mod backpressure;
 pub(crate) mod core;
 pub(crate) mod device_launch;

@@ -40,16 +40,22 @@ pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
 /// deadline, and its callers run its queue, at their waits and, through the VM's hint
 /// here, at their next submissions (`VmCore::catch_up_when_contended`). Handing an instruction to a thread on another
 /// core costs more CPU than running it where it was built (ARCHITECTURE.md, "When
-/// another thread takes a core"). A mark is not extended: it lapses, and is renewed only
-/// if what the worker runs next is still tiny.
+/// another thread takes a core"). A `run` of such kernels with nothing else in flight runs
+/// them itself (`ThreadCtx::tiny_until`, `engine/at_rest.rs`), and keeps the tiny mark
+/// (not the contended one) while they stay tiny. The worker does not extend a mark: it
+/// lapses, and is renewed only if what the worker runs next is still tiny.
 pub(crate) fn mark_tiny_kernels(ctx: &ThreadCtx, shared: &VmCore, hold: Duration) {
     // Marked already: no write to the lines every submission reads (the mark is renewed
     // when it has lapsed and the worker finds its instructions tiny again).
     let now = crate::util::now_us();
-    if ctx.contended_until.holds_at(now) && shared.tiny_kernels_until.holds_at(now) {
+    if ctx.contended_until.holds_at(now)
+        && ctx.tiny_until.holds_at(now)
+        && shared.tiny_kernels_until.holds_at(now)
+    {
         return;
     }
     mark_contended(ctx, hold);
+    ctx.tiny_until.hold_for(hold);
     shared.tiny_kernels_until.hold_for(hold);
     // Relaxed: a statistic.
     shared

@@ -3,14 +3,12 @@
 //! only while it steps, never while it sleeps; what it waits for between steps is
 //! announced through [`SingleWaits`](crate::engine::drive::SingleWaits).
 
-use std::sync::{Arc, MutexGuard};
+use std::sync::MutexGuard;
 
 use ivm_core::wait::Wait;
 
 use crate::engine::Engine;
 use crate::engine::core::{ReentryGuard, VmCore};
-use crate::model::instruction::Instruction;
-use crate::model::trace::{Phase, record};
 use crate::util::error::{Error, Result};
 use crate::util::futex::FutexWait;
 use crate::util::lock;
@@ -29,23 +27,6 @@ impl SingleEngine<'_> {
         drop(self.guard.take());
         self.waits.released(Some(seen));
     }
-}
-
-/// Whether the engine, dispatching `instr` with nothing else lively, would have it run to
-/// completion right there on the driving thread: a plain instruction (no sync access's
-/// waiter, no barrier, no deferred body) on a stream without a thread of its own, of a
-/// synchronous device, done at launch. Anything else keeps the engine's path.
-fn runs_at_rest(instr: &Instruction) -> bool {
-    if instr.waiter.is_some() || instr.barrier || instr.strict_edges {
-        return false;
-    }
-    let s = &instr.stream;
-    if s.thread.is_some() || s.dev.is_async() || !s.policy.done_at_launch() {
-        return false;
-    }
-    // SAFETY: the builder still owns the body (ownership step 1): the instruction is in
-    // its list, not yet pushed anywhere.
-    unsafe { instr.body() }.deferred.is_none()
 }
 
 impl std::ops::Deref for SingleEngine<'_> {
@@ -75,78 +56,6 @@ impl Drop for SingleEngine<'_> {
 }
 
 impl VmCore {
-    /// Single-thread mode, [`Config::run_at_rest`](crate::Config::run_at_rest): runs the
-    /// instructions of one `run` (`list`, in build order) here and now, without the
-    /// dependency engine, when the engine is at rest — nothing lively, nothing received,
-    /// no probe — and every one of them would run to completion on this thread the moment
-    /// the engine dispatched it (see [`runs_at_rest`]). Returns whether they ran; the list
-    /// is then empty, else untouched.
-    ///
-    /// Why nothing observable changes: with the engine idle every instruction ever
-    /// received is released, and while this thread holds the engine nothing is dispatched,
-    /// so each instruction of the list would have no edge into it and would be dispatched,
-    /// run and released in build order by this very thread's `drive`. It runs the same
-    /// `execute` (poison, panics, `landed`, trace), in that order, under the same guards
-    /// (the wait hook's scope, the reentrancy guard) and counts each as received and
-    /// released.
-    /// What waits in the pending queue (a tensor's release since the last call) is handled
-    /// first, as `drive` would; a submission from another thread meanwhile waits there and
-    /// is handled after these, as if this `run` had driven first; a tensor release a kernel
-    /// pushes follows the list, as it would. What is saved is the engine's work per instruction:
-    /// its handling, edges, dispatch and release (`docs/perf-2026-12-05.md`).
-    pub(crate) fn run_at_rest(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
-        if !self.single_thread()
-            || list.is_empty()
-            || !self.config().run_at_rest
-            || !list.iter().all(|i| runs_at_rest(i))
-        {
-            return false;
-        }
-        // The shutdown gate, as for any submission; a refusal is reported by `receive_list`.
-        let Ok(pass) = self.enter() else {
-            return false;
-        };
-        let Some(mut engine) = self.try_engine() else {
-            return false;
-        };
-        // Holding the engine orders this run with shutdown, whose drive needs it: the pass
-        // is not kept while kernels run (shutdown waits for passes without a bound).
-        drop(pass);
-        let _reentry = ReentryGuard::enter(self.id());
-        // The wait hook's scope before anything runs on this thread, pending work included
-        // (`util/hooks.rs`); not opened for a run that goes on to the engine's path at once.
-        let mut hook = None;
-        if !self.pending().is_empty() {
-            hook = Some(self.wait_scope());
-            // Older submissions first, as `drive` would handle them: usually the releases
-            // of tensors dropped since the last call, done at once.
-            self.step_to_rest(&mut engine);
-        }
-        if !engine.is_idle() || !self.pending().is_empty() {
-            return false;
-        }
-        let _hook = hook.unwrap_or_else(|| self.wait_scope());
-        for instr in list.iter() {
-            record(instr, Phase::Receive);
-            record(instr, Phase::Dispatch);
-            crate::engine::execute::execute(instr);
-            record(instr, Phase::Release);
-            // SAFETY: the instruction never left this thread: it was built here (step 1),
-            // reached neither the pending queue nor the engine, and `execute` ran it here
-            // and set DONE (step 3: a synchronous device, no deferred body, see
-            // `runs_at_rest`), so this thread owns the body as the engine would at its
-            // release (step 4); nobody else holds a reference into it.
-            unsafe { instr.body_mut() }.release();
-            // Counted one by one, as the engine releases them: progress that a caller
-            // waiting for the engine on another thread measures its period by.
-            self.count_at_rest();
-        }
-        drop(engine);
-        self.pool().give_back(list);
-        list.clear();
-        true
-    }
-
     /// Single-thread mode, holding the engine: drains the pending queue and steps, a few
     /// steps at most, until a step makes no progress (the fast paths that need the engine
     /// at rest: [`run_at_rest`](Self::run_at_rest), `try_direct`).

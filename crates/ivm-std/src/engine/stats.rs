@@ -261,10 +261,10 @@ pub struct VmStats {
     pub fused_instructions: usize,
     /// The longest fused run.
     pub longest_fused_run: usize,
-    /// Instructions that single-thread mode ran as its caller built them, without the
-    /// dependency engine, because nothing else was in flight
-    /// ([`Config::run_at_rest`](crate::Config::run_at_rest)); counted in `received` and
-    /// `released` too.
+    /// Instructions that a `run` ran as its caller built them, without the dependency
+    /// engine, because nothing else was in flight (single-thread mode, or tiny kernels in
+    /// multi-thread mode: [`Config::run_at_rest`](crate::Config::run_at_rest)); counted in
+    /// `received` and `released` too.
     pub ran_at_rest: usize,
 }
 

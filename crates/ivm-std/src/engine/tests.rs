@@ -1087,4 +1087,5 @@ fn a_timed_wait_wakes_a_worker_its_work_was_left_to() {
     vm.shutdown().unwrap();
 }
 
+mod at_rest;
 mod catch_up;

@@ -86,6 +86,10 @@ pub(crate) struct ThreadCtx {
     /// A hint: until when (`engine/preemption.rs`'s clock, in microseconds) the worker
     /// counts as sharing its CPU; callers then run its stream's kernels themselves.
     pub(crate) contended_until: crate::util::HintUntil,
+    /// A hint: until when the worker's instructions count as tiny
+    /// (`preemption::mark_tiny_kernels`); a `run` of them may then run at rest on its
+    /// caller (`VmCore::run_at_rest`).
+    pub(crate) tiny_until: crate::util::HintUntil,
     /// The callers waiting for this queue, and whether the worker handed it to them
     /// (`hand_over.rs`).
     pub(crate) hand: HandOver,
@@ -135,6 +139,7 @@ impl ThreadCtx {
             express_served: AtomicUsize::new(0),
             cpu_clock: AtomicUsize::new(0),
             contended_until: crate::util::HintUntil::default(),
+            tiny_until: crate::util::HintUntil::default(),
             hand: HandOver::new(),
             dozing: AtomicBool::new(false),
             idle_doze: AtomicBool::new(false),

@@ -140,7 +140,13 @@ pub struct Config {
     /// else is in flight: the engine would find no dependence to order and run them in
     /// build order on the same thread. Nothing observable changes but the cost per
     /// instruction ([`VmStats::ran_at_rest`](crate::VmStats::ran_at_rest) counts them).
-    /// Ignored in multi-thread mode, where `run` returns before its kernels run.
+    ///
+    /// Multi-thread mode: the same, for kernels a caller may run on streams whose worker
+    /// found them tiny ([`tiny_kernel_ns`](Self::tiny_kernel_ns)): such a `run` runs its
+    /// kernels on its caller before it returns, as single-thread mode does, where it would
+    /// otherwise return before they started. A kernel that waits for something its caller
+    /// does after `run` returns would wait for ever: turn this off (or `tiny_kernel_ns`)
+    /// for such a workload.
     pub run_at_rest: bool,
     /// Multi-thread mode: a worker whose instructions take less than this on average
     /// (nanoseconds, as it times a random sample of them) leaves them to its callers, as a
@@ -149,9 +155,11 @@ pub struct Config {
     /// polling for a while, a caller's pushes leave its wake to its doze's deadline (work
     /// nobody waits for starts up to 0.5 ms late), and the callers run its queue at their
     /// waits and, past [`contended_high_water_mark`](Self::contended_high_water_mark) in
-    /// flight, at their submissions ([`VmStats::tiny_kernel_marks`] counts the marks).
-    /// Only on streams whose policy lets a caller run them. 0 turns this off, which a
-    /// workload needs whose short kernels wait for something their caller does later.
+    /// flight, at their submissions ([`VmStats::tiny_kernel_marks`] counts the marks); with
+    /// nothing else in flight a `run` of them runs them itself
+    /// ([`run_at_rest`](Self::run_at_rest)). Only on streams whose policy lets a caller
+    /// run them. 0 turns this off, which a workload needs whose short kernels wait for
+    /// something their caller does later.
     ///
     /// [`VmStats::tiny_kernel_marks`]: crate::VmStats::tiny_kernel_marks
     pub tiny_kernel_ns: u64,

@@ -47,6 +47,11 @@ impl HintUntil {
         self.0.fetch_max(until, ivm_core::sync::Ordering::Relaxed);
     }
 
+    /// Ends the hint now (a later [`hold_for`](Self::hold_for) sets it again).
+    pub(crate) fn clear(&self) {
+        self.0.store(0, ivm_core::sync::Ordering::Relaxed);
+    }
+
     /// Whether the hint holds now.
     pub(crate) fn holds(&self) -> bool {
         self.holds_at(now_us())
@@ -55,11 +60,21 @@ impl HintUntil {
     /// [`holds`](Self::holds), reading no clock when the hint was never set or was last
     /// found expired (then cleared here: a later [`hold_for`](Self::hold_for) wins).
     pub(crate) fn holds_or_clear(&self) -> bool {
+        self.is_set() && self.holds_or_clear_at(now_us())
+    }
+
+    /// Whether the hint was set and not found expired since (it may have lapsed unseen).
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(ivm_core::sync::Ordering::Relaxed) != 0
+    }
+
+    /// [`holds_or_clear`](Self::holds_or_clear) at `now` (a reading of [`now_us`]).
+    pub(crate) fn holds_or_clear_at(&self, now: usize) -> bool {
         let until = self.0.load(ivm_core::sync::Ordering::Relaxed);
         if until == 0 {
             return false;
         }
-        if now_us() < until {
+        if now < until {
             return true;
         }
         // Relaxed: as everywhere here. A failure means a new hold: it stands.
@@ -70,6 +85,17 @@ impl HintUntil {
             ivm_core::sync::Ordering::Relaxed,
         );
         false
+    }
+
+    /// Makes the hint hold for `d` from `now` if it would lapse within half of that: a
+    /// hint kept alive by its readers writes its line once per half-hold, not per read.
+    pub(crate) fn renew_at(&self, now: usize, d: Duration) {
+        let d = usize::try_from(d.as_micros()).unwrap_or(usize::MAX);
+        let until = self.0.load(ivm_core::sync::Ordering::Relaxed);
+        if until.saturating_sub(now) < d / 2 {
+            self.0
+                .fetch_max(now.saturating_add(d), ivm_core::sync::Ordering::Relaxed);
+        }
     }
 
     /// Whether the hint holds at `now` (a reading of [`now_us`], for several hints).

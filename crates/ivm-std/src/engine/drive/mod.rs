@@ -288,7 +288,6 @@ impl VmCore {
     /// plain copy, no user code, done here or by the stream's polling worker while we wait.
     /// `tests/inline_access_stress.rs` checks it under load.
     pub(crate) fn try_direct(&self, f: impl FnOnce() -> bool) -> bool {
-        const REST_STEPS: u32 = 8;
         if self.single_thread() {
             // Single-thread mode: the caller drives anyway.
             let Some(mut engine) = self.try_engine() else {
@@ -302,30 +301,55 @@ impl VmCore {
             }
             return rest;
         }
-        if !self.token().try_lock() {
-            return false;
+        match self.engine_at_rest(None, f) {
+            Some(true) => {
+                self.cell().count_direct();
+                true
+            }
+            Some(false) => true,
+            None => false,
         }
-        let (rest, needs_scheduler) = {
+    }
+
+    /// Multi-thread mode: takes the engine token if nobody holds it (after which `pass`,
+    /// the caller's shutdown pass if it took one, is let go: holding the token orders
+    /// what follows with shutdown, whose drive needs it), brings the engine to rest (drains
+    /// the pending queue, steps until no progress, at most a few steps), and if it is then
+    /// idle — nothing lively, nothing received, no probe — runs `f` right there, holding
+    /// the token. Then lets go like any driver (driving on if input was marked
+    /// meanwhile). `None`: the token was held, or the engine was not at rest.
+    pub(crate) fn engine_at_rest<R>(
+        &self,
+        pass: Option<crate::engine::gate::Pass<'_>>,
+        f: impl FnOnce() -> R,
+    ) -> Option<R> {
+        const REST_STEPS: u32 = 8;
+        if !self.token().try_lock() {
+            return None;
+        }
+        drop(pass);
+        let (ran, needs_scheduler) = {
             // SAFETY: we hold the engine token; the reference ends in this block.
             let Some(engine) = (unsafe { self.cell().get() }).as_mut() else {
                 // Shut down: the scheduler keeps the token; never reached (callers are
                 // refused first), and nothing to let go.
-                return false;
+                return None;
             };
             let _reentry = ReentryGuard::enter(self.id());
             engine.set_driver(Driver::CALLER, self.config().inline_sync_access);
+            let at_rest = |engine: &Engine| engine.is_idle() && self.pending().is_empty();
             for _ in 0..REST_STEPS {
+                if at_rest(engine) {
+                    break;
+                }
                 self.drain_pending(engine);
                 if !engine.step(self) {
                     break;
                 }
             }
             let needs_scheduler = engine.needs_scheduler();
-            let rest = engine.is_idle() && self.pending().is_empty() && !needs_scheduler;
-            if rest && f() {
-                self.cell().count_direct();
-            }
-            (rest, needs_scheduler)
+            let rest = at_rest(engine) && !needs_scheduler;
+            (rest.then(f), needs_scheduler)
         };
         // Let go like any driver (we took on every input marked before our lock).
         if needs_scheduler || self.stop_requested() {
@@ -333,7 +357,7 @@ impl VmCore {
         } else if !self.token().unlock() {
             self.drive_as(Driver::CALLER);
         }
-        rest
+        ran
     }
 
     /// Holder of the engine: moves everything on the pending queue into the engine. An

@@ -17,9 +17,16 @@ const RUNS: usize = 2_000;
 /// The configuration of a test that waits for a catch-up: more than two in flight is
 /// enough. A contended worker wakes from its doze every `WORKER_DOZE` (500 µs) and runs its
 /// queue; at the default mark (16) a debug build on a loaded machine may never push that
-/// many within a doze.
+/// many within a doze. No run at rest: with the worker's kernels tiny (marked by a test
+/// or found so by the worker), a `run` would run its own kernels itself
+/// (`engine/at_rest.rs`; `tests/at_rest.rs` here), and the catch-up is what is tested.
 fn catching_up() -> Config {
-    Config::default().with_contended_high_water_mark(2)
+    no_run_at_rest().with_contended_high_water_mark(2)
+}
+
+/// The default configuration without runs at rest (see [`catching_up`]).
+fn no_run_at_rest() -> Config {
+    Config::default().with_run_at_rest(false)
 }
 
 /// A VM of `config` whose default stream's worker is marked contended, with its callers
@@ -166,7 +173,7 @@ fn a_kernel_that_panics_in_a_catch_up_poisons_its_output_not_the_caller() {
 #[cfg_attr(miri, ignore)]
 fn with_the_mark_off_no_submission_runs_a_kernel() {
     let (vm, s, _worker, t) =
-        contended_callers(Config::default().with_contended_high_water_mark(usize::MAX));
+        contended_callers(no_run_at_rest().with_contended_high_water_mark(usize::MAX));
     let (seen, runs) = submit_until_caught_up(&vm, &s, &t, false);
     assert!(seen.is_empty(), "{seen:?}");
     assert_eq!(runs, RUNS);

@@ -1,0 +1,241 @@
+//! Runs at rest ([`Config::run_at_rest`](crate::Config::run_at_rest)): a `run` whose
+//! instructions would all run to completion on the caller the moment the engine dispatched
+//! them, with nothing else in flight, runs them right there without the dependency engine
+//! (ARCHITECTURE.md, "Runs at rest"). Single-thread mode: every plain kernel of a
+//! synchronous device. Multi-thread mode: kernels a caller may run, on streams whose
+//! worker found them tiny (`preemption::mark_tiny_kernels`), whose hand-over to another
+//! core costs more than running them.
+
+use std::sync::Arc;
+
+use crate::engine::core::{ReentryGuard, VmCore};
+use crate::model::instruction::Instruction;
+use crate::model::trace::{Phase, record};
+
+/// Whether the engine, dispatching `instr` with nothing else lively, would have it run to
+/// completion right there on the driving thread: a plain instruction (no sync access's
+/// waiter, no barrier, no deferred body) on a stream without a thread of its own, of a
+/// synchronous device, done at launch. Anything else keeps the engine's path.
+fn runs_at_rest(instr: &Instruction) -> bool {
+    if instr.waiter.is_some() || instr.barrier || instr.strict_edges {
+        return false;
+    }
+    let s = &instr.stream;
+    if s.thread.is_some() || s.dev.is_async() || !s.policy.done_at_launch() {
+        return false;
+    }
+    // SAFETY: the builder still owns the body (ownership step 1): the instruction is in
+    // its list, not yet pushed anywhere.
+    unsafe { instr.body() }.deferred.is_none()
+}
+
+/// Multi-thread mode: whether `instr` may run at rest on its caller: what
+/// [`runs_at_rest`] asks of a synchronous device's instruction, and a caller may run it
+/// (`StreamPolicy::caller_may_run`, a body not deferred) on a stream whose worker found
+/// its instructions tiny (`ThreadCtx::tiny_until`): at `now` (`util::now_us`) in a judged
+/// run, else as last seen (a mark found expired is cleared by the next judged run).
+fn runs_at_rest_on_caller(instr: &Instruction, now: Option<usize>) -> bool {
+    if instr.waiter.is_some() || instr.barrier || instr.strict_edges {
+        return false;
+    }
+    let s = &instr.stream;
+    if s.dev.is_async() || !s.policy.done_at_launch() || !s.policy.caller_may_run() {
+        return false;
+    }
+    let Some(t) = s.thread.as_ref() else {
+        return false;
+    };
+    let tiny = match now {
+        Some(now) => t.tiny_until.holds_or_clear_at(now),
+        None => t.tiny_until.is_set(),
+    };
+    // SAFETY: the builder still owns the body (ownership step 1): the instruction is in
+    // its list, not yet pushed anywhere.
+    tiny && unsafe { instr.body() }.deferred.is_none()
+}
+
+/// One run at rest on a caller in this many is judged ([`judge`]): timed, and its marks
+/// checked against the clock. Two clock reads a run cost a fifth of a one-instruction
+/// `run` at rest (`perf record`, 2026-12-07); the marks are hints, held for 20 ms.
+const JUDGE_EVERY: u32 = 8;
+
+std::thread_local! {
+    /// This thread's runs at rest on the caller, counted to pick the judged ones.
+    static RUNS_ON_CALLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// A run at rest that took longer than this many times `Config::tiny_kernel_ns` an
+/// instruction, plus [`SLOW_SLACK_US`], was not of tiny kernels.
+const SLOW_FACTOR: usize = 4;
+
+/// Microseconds a run at rest may take beyond its kernels' tiny budget before it counts
+/// as slow: the clock's resolution, and room for a timer interrupt or a page fault.
+const SLOW_SLACK_US: usize = 20;
+
+/// After a run at rest on the caller (multi-thread mode) that ran from `start` to `end`
+/// (`util::now_us`): kernels that turned out slow end their streams' tiny marks, so that
+/// the next `run` goes to the workers again, which time their kernels anew; tiny ones
+/// keep the marks (and the VM's hint) from lapsing, which would send the next thousands
+/// of instructions to the worker until it had timed enough of them again.
+fn judge(vm: &VmCore, list: &[Arc<Instruction>], start: usize, end: usize) {
+    let tiny_ns = usize::try_from(vm.config().tiny_kernel_ns).unwrap_or(usize::MAX);
+    let budget_us = tiny_ns
+        .saturating_mul(list.len())
+        .saturating_mul(SLOW_FACTOR)
+        / 1000
+        + SLOW_SLACK_US;
+    let slow = end.saturating_sub(start) > budget_us;
+    let hold = crate::util::tuning::CONTENDED_HOLD;
+    let mut last: Option<&Arc<crate::model::thread_ctx::ThreadCtx>> = None;
+    for t in list.iter().filter_map(|i| i.stream.thread.as_ref()) {
+        if last.is_some_and(|l| Arc::ptr_eq(l, t)) {
+            continue;
+        }
+        last = Some(t);
+        if slow {
+            t.tiny_until.clear();
+        } else {
+            t.tiny_until.renew_at(end, hold);
+        }
+    }
+    if !slow {
+        vm.tiny_kernels_until.renew_at(end, hold);
+    }
+}
+
+impl VmCore {
+    /// [`Config::run_at_rest`](crate::Config::run_at_rest): runs the instructions of one
+    /// `run` (`list`, in build order) here and now, without the dependency engine, where
+    /// this mode allows it (the module docs). Returns whether they ran; the list is then
+    /// empty, else untouched.
+    pub(crate) fn run_at_rest(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
+        if list.is_empty() || !self.config().run_at_rest {
+            return false;
+        }
+        if self.single_thread() {
+            self.run_at_rest_single(list)
+        } else {
+            self.run_at_rest_on_caller(list)
+        }
+    }
+
+    /// Single-thread mode: runs the instructions of one `run` (`list`, in build order) here
+    /// and now, without the dependency engine, when the engine is at rest — nothing lively,
+    /// nothing received, no probe — and every one of them would run to completion on this
+    /// thread the moment the engine dispatched it (see [`runs_at_rest`]). Returns whether
+    /// they ran; the list is then empty, else untouched.
+    ///
+    /// Why nothing observable changes: with the engine idle every instruction ever
+    /// received is released, and while this thread holds the engine nothing is dispatched,
+    /// so each instruction of the list would have no edge into it and would be dispatched,
+    /// run and released in build order by this very thread's `drive`. It runs the same
+    /// `execute` (poison, panics, `landed`, trace), in that order, under the same guards
+    /// (the wait hook's scope, the reentrancy guard) and counts each as received and
+    /// released.
+    /// What waits in the pending queue (a tensor's release since the last call) is handled
+    /// first, as `drive` would; a submission from another thread meanwhile waits there and
+    /// is handled after these, as if this `run` had driven first; a tensor release a kernel
+    /// pushes follows the list, as it would. What is saved is the engine's work per instruction:
+    /// its handling, edges, dispatch and release (`docs/perf-2026-12-05.md`).
+    fn run_at_rest_single(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
+        if !list.iter().all(|i| runs_at_rest(i)) {
+            return false;
+        }
+        // The shutdown gate, as for any submission; a refusal is reported by `receive_list`.
+        let Ok(pass) = self.enter() else {
+            return false;
+        };
+        let Some(mut engine) = self.try_engine() else {
+            return false;
+        };
+        // Holding the engine orders this run with shutdown, whose drive needs it: the pass
+        // is not kept while kernels run (shutdown waits for passes without a bound).
+        drop(pass);
+        let _reentry = ReentryGuard::enter(self.id());
+        // The wait hook's scope before anything runs on this thread, pending work included
+        // (`util/hooks.rs`); not opened for a run that goes on to the engine's path at once.
+        let mut hook = None;
+        if !self.pending().is_empty() {
+            hook = Some(self.wait_scope());
+            // Older submissions first, as `drive` would handle them: usually the releases
+            // of tensors dropped since the last call, done at once.
+            self.step_to_rest(&mut engine);
+        }
+        if !engine.is_idle() || !self.pending().is_empty() {
+            return false;
+        }
+        let _hook = hook.unwrap_or_else(|| self.wait_scope());
+        self.run_here(list);
+        drop(engine);
+        self.pool().give_back(list);
+        list.clear();
+        true
+    }
+
+    /// Multi-thread mode: runs `list` here when every instruction of it may
+    /// ([`runs_at_rest_on_caller`]) and the engine, taken with the engine token, is at
+    /// rest: as single-thread mode's run at rest, holding the token instead of the engine's
+    /// mutex, so that nothing is dispatched meanwhile (`VmCore::engine_at_rest`). The
+    /// kernels run on this thread rather than on their stream's worker, as a caller that
+    /// catches up with a worker's queue runs them (`worker::caller_runs`), and inside the
+    /// wait hook's scope, as there. One run in [`JUDGE_EVERY`] is timed ([`judge`]): the
+    /// worker, which no longer sees these kernels, does not time them.
+    fn run_at_rest_on_caller(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
+        // The VM's hint first: no clock read unless some worker marked its kernels tiny.
+        if !self.tiny_kernels_until.is_set() {
+            return false;
+        }
+        let judged = RUNS_ON_CALLER.with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n.is_multiple_of(JUDGE_EVERY)
+        });
+        let start = judged.then(crate::util::now_us);
+        if start.is_some_and(|now| !self.tiny_kernels_until.holds_or_clear_at(now))
+            || !list.iter().all(|i| runs_at_rest_on_caller(i, start))
+        {
+            return false;
+        }
+        // The wait hook's scope before the engine is taken, and closed after the list is
+        // given back: a hook that panics does so where no token is held and the run is
+        // whole (as a `run` that catches up).
+        let _hook = self.wait_scope();
+        // The shutdown gate, as for any submission; a refusal is reported by `receive_list`.
+        let Ok(pass) = self.enter() else {
+            return false;
+        };
+        let ran = self.engine_at_rest(Some(pass), || {
+            self.run_here(list);
+            start.map(|_| crate::util::now_us())
+        });
+        let Some(end) = ran else {
+            return false;
+        };
+        if let (Some(start), Some(end)) = (start, end) {
+            judge(self, list, start, end);
+        }
+        self.pool().give_back(list);
+        list.clear();
+        true
+    }
+
+    /// Runs `list` on this thread, in order, as the engine's dispatch would, each counted
+    /// as received and released. The caller holds the engine, at rest.
+    fn run_here(&self, list: &[Arc<Instruction>]) {
+        for instr in list.iter() {
+            record(instr, Phase::Receive);
+            record(instr, Phase::Dispatch);
+            crate::engine::execute::execute(instr);
+            record(instr, Phase::Release);
+            // SAFETY: the instruction never left this thread: it was built here (step 1),
+            // reached neither the pending queue nor the engine, and `execute` ran it here
+            // and set DONE (step 3: a synchronous device, no deferred body, see
+            // `runs_at_rest` and `runs_at_rest_on_caller`), so this thread owns the body as the engine would at its
+            // release (step 4); nobody else holds a reference into it.
+            unsafe { instr.body_mut() }.release();
+            // Counted one by one, as the engine releases them: progress that a caller
+            // waiting for the engine on another thread measures its period by.
+            self.count_at_rest();
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Runs at rest in multi-thread mode (`engine/at_rest.rs`): a `run` of kernels a caller
+//! may run, on a stream whose worker found them tiny, runs them on its caller before it
+//! returns, when the engine is at rest; a slow one ends the mark; failures stay the
+//! tensors' and the hooks' as on the engine's path.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use super::{read_u64, vm_with_a_worker_in};
+use crate::Config;
+use crate::engine::preemption::mark_tiny_kernels;
+
+/// Runs, at most, before a test gives up on seeing what it waits for.
+const RUNS: u64 = 200;
+
+/// A VM of `config` whose default stream's worker is marked as running tiny kernels for
+/// longer than any test takes.
+fn tiny_in(config: Config) -> super::VmRig {
+    let (vm, s, worker, t) = vm_with_a_worker_in(config);
+    mark_tiny_kernels(&worker, &vm.shared().core, Duration::from_secs(600));
+    (vm, s, worker, t)
+}
+
+/// Submits one kernel writing `value` into `t`; returns the thread it ran on if it ran
+/// before `run` returned, and whether the run was counted at rest.
+fn run_one(
+    vm: &crate::VirtualMachine,
+    s: &crate::Stream,
+    t: &crate::Tensor,
+    value: u64,
+    sleep: Duration,
+) -> (Option<ThreadId>, bool) {
+    let ran_on = Arc::new(Mutex::new(None));
+    let r = ran_on.clone();
+    let before = vm.stats().unwrap().ran_at_rest;
+    vm.run(|b| {
+        b.call(s, &[], &[t], move |k| {
+            std::thread::sleep(sleep);
+            k.output_u64(0)[0] = value;
+            *r.lock().unwrap() = Some(std::thread::current().id());
+        })
+    })
+    .unwrap();
+    let on = *ran_on.lock().unwrap();
+    (on, vm.stats().unwrap().ran_at_rest > before)
+}
+
+#[test]
+// Waits in real time for the worker's states (Miri covers the VM's unsafe code in
+// `tests/miri_vm.rs`).
+#[cfg_attr(miri, ignore)]
+fn a_run_of_tiny_kernels_runs_at_rest_on_its_caller() {
+    let (vm, s, _worker, t) = tiny_in(Config::default());
+    let me = std::thread::current().id();
+    let mut at_rest = 0;
+    for i in 0..20 {
+        let (on, counted) = run_one(&vm, &s, &t, i, Duration::ZERO);
+        if counted {
+            at_rest += 1;
+            assert_eq!(
+                on,
+                Some(me),
+                "run {i} at rest ran its kernel here, before returning"
+            );
+        }
+    }
+    // Only another thread holding the engine at that moment sends a run to the worker.
+    assert!(at_rest > 0, "no run ran at rest");
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 19);
+    vm.shutdown().unwrap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn with_run_at_rest_off_no_run_is_counted_at_rest() {
+    let (vm, s, _worker, t) = tiny_in(Config::default().with_run_at_rest(false));
+    for i in 0..20 {
+        let (_, counted) = run_one(&vm, &s, &t, i, Duration::ZERO);
+        assert!(!counted, "run {i} ran at rest");
+    }
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 19);
+    vm.shutdown().unwrap();
+}
+
+/// A judged run at rest (one in `JUDGE_EVERY`) that took far longer than tiny kernels
+/// ends the mark: later runs go to the worker, which times them anew.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_slow_run_at_rest_ends_the_tiny_mark() {
+    let (vm, s, worker, t) = tiny_in(Config::default());
+    let mut runs = 0;
+    while worker.tiny_until.is_set() {
+        assert!(
+            runs < RUNS,
+            "the mark outlived {RUNS} runs of 200 µs kernels"
+        );
+        let _ = run_one(&vm, &s, &t, runs, Duration::from_micros(200));
+        runs += 1;
+    }
+    for i in 0..20 {
+        let (_, counted) = run_one(&vm, &s, &t, i, Duration::from_micros(200));
+        assert!(!counted, "run {i} after the mark ended ran at rest");
+    }
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 19);
+    vm.shutdown().unwrap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_kernel_that_panics_at_rest_poisons_its_output_not_the_caller() {
+    let (vm, s, _worker, t) = tiny_in(Config::default());
+    let other = vm.new_tensor(8).unwrap();
+    let mut runs = 0;
+    loop {
+        assert!(runs < RUNS, "no run ran at rest in {RUNS}");
+        runs += 1;
+        let before = vm.stats().unwrap().ran_at_rest;
+        // Every run returns Ok: the failure is the tensor's.
+        vm.run(|b| {
+            b.call(&s, &[], &[&t], |_k| panic!("a kernel that fails at rest"))?;
+            b.call(&s, &[], &[&other], |k| k.output_u64(0)[0] = 7)
+        })
+        .unwrap();
+        if vm.stats().unwrap().ran_at_rest > before {
+            break;
+        }
+    }
+    let mut out = [0u8; 8];
+    let r = vm.read_small(&t, 0, &mut out);
+    assert!(
+        matches!(
+            r,
+            Err(crate::Error::Poisoned { .. } | crate::Error::KernelPanicked { .. })
+        ),
+        "the read reports the kernel's failure: {r:?}"
+    );
+    // The member after it, which does not read the poisoned tensor, ran.
+    assert_eq!(read_u64(&vm, &other), 7);
+    vm.shutdown().unwrap();
+}
+
+/// Panics in `before_wait` while armed.
+struct PanickingHook(Arc<AtomicBool>);
+
+impl crate::WaitHook for PanickingHook {
+    fn before_wait(&self) {
+        assert!(
+            !self.0.swap(false, Ordering::Relaxed),
+            "the wait hook panics"
+        );
+    }
+    fn after_wait(&self) {}
+}
+
+/// A wait hook that panics around a run at rest: the panic reaches the `run`'s caller,
+/// the engine is let go (the VM goes on), and the run's kernel ran.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_wait_hook_that_panics_around_a_run_at_rest_lets_the_engine_go() {
+    let (vm, s, _worker, t) = tiny_in(Config::default());
+    let arm = Arc::new(AtomicBool::new(false));
+    vm.set_foreign_hooks(
+        crate::ForeignHooks::default().with_wait_hook(Arc::new(PanickingHook(arm.clone()))),
+    )
+    .unwrap();
+    let mut panicked_at = None;
+    for i in 1..=RUNS {
+        arm.store(true, Ordering::Relaxed);
+        let before = vm.stats().unwrap().ran_at_rest;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = i))
+        }));
+        arm.store(false, Ordering::Relaxed);
+        if r.is_err() && vm.stats().unwrap().ran_at_rest > before {
+            panicked_at = Some(i);
+            break;
+        }
+    }
+    let i = panicked_at.expect("no run at rest met the hook");
+    assert_eq!(read_u64(&vm, &t), i, "run {i}'s kernel ran");
+    // The engine was let go: more work goes through.
+    vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 0))
+        .unwrap();
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 0);
+    vm.shutdown().unwrap();
+}
