@@ -47,10 +47,9 @@ fn run_one(
     (on, vm.stats().unwrap().ran_at_rest > before)
 }
 
+/// Run under Miri too: it waits for nothing, and checks the body's ownership on this path
+/// (`at_rest.rs`, `run_here`).
 #[test]
-// Waits in real time for the worker's states (Miri covers the VM's unsafe code in
-// `tests/miri_vm.rs`).
-#[cfg_attr(miri, ignore)]
 fn a_run_of_tiny_kernels_runs_at_rest_on_its_caller() {
     let (vm, s, _worker, t) = tiny_in(Config::default());
     let me = std::thread::current().id();
@@ -74,6 +73,7 @@ fn a_run_of_tiny_kernels_runs_at_rest_on_its_caller() {
 }
 
 #[test]
+// Behaviour, run natively: Miri checks this path's unsafe code in the test above.
 #[cfg_attr(miri, ignore)]
 fn with_run_at_rest_off_no_run_is_counted_at_rest() {
     let (vm, s, _worker, t) = tiny_in(Config::default().with_run_at_rest(false));
