@@ -91,11 +91,17 @@ impl<'vm> InstructionsBuilder<'vm> {
     /// [`release_tensor`](Self::release_tensor); else [`submit`](Self::submit)s them.
     /// Returns whether they ran here.
     pub(crate) fn run_at_rest_or_submit(&mut self) -> Result<bool> {
-        if self.vm.core.run_at_rest(&mut self.list) {
+        let (ran, hook) = self.vm.core.run_at_rest(&mut self.list);
+        let r = if ran {
             self.released.clear();
-            return Ok(true);
-        }
-        self.submit().map(|()| false)
+            Ok(true)
+        } else {
+            self.submit().map(|()| false)
+        };
+        // Closed once the run's work ran or was submitted: a wait hook that panicked
+        // re-raises here, with nothing lost.
+        drop(hook);
+        r
     }
 
     /// Number of instructions collected so far.

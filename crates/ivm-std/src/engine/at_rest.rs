@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::engine::core::{ReentryGuard, VmCore};
+use crate::engine::core::{ReentryGuard, VmCore, WaitScope};
 use crate::model::instruction::Instruction;
 use crate::model::trace::{Phase, record};
 
@@ -106,11 +106,16 @@ fn judge(vm: &VmCore, list: &[Arc<Instruction>], start: usize, end: usize) {
 impl VmCore {
     /// [`Config::run_at_rest`](crate::Config::run_at_rest): runs the instructions of one
     /// `run` (`list`, in build order) here and now, without the dependency engine, where
-    /// this mode allows it (the module docs). Returns whether they ran; the list is then
-    /// empty, else untouched.
-    pub(crate) fn run_at_rest(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
+    /// this mode allows it (the module docs). Returns whether they ran (the list is then
+    /// empty, else untouched), and the wait hook's scope if one was opened: the caller
+    /// closes it once the run's work is done or submitted, so that a hook that panics
+    /// (re-raised as the scope closes) unwinds with nothing lost and no engine held.
+    pub(crate) fn run_at_rest(
+        &self,
+        list: &mut Vec<Arc<Instruction>>,
+    ) -> (bool, Option<WaitScope>) {
         if list.is_empty() || !self.config().run_at_rest {
-            return false;
+            return (false, None);
         }
         if self.single_thread() {
             self.run_at_rest_single(list)
@@ -137,16 +142,16 @@ impl VmCore {
     /// is handled after these, as if this `run` had driven first; a tensor release a kernel
     /// pushes follows the list, as it would. What is saved is the engine's work per instruction:
     /// its handling, edges, dispatch and release (`docs/perf-2026-12-05.md`).
-    fn run_at_rest_single(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
+    fn run_at_rest_single(&self, list: &mut Vec<Arc<Instruction>>) -> (bool, Option<WaitScope>) {
         if !list.iter().all(|i| runs_at_rest(i)) {
-            return false;
+            return (false, None);
         }
         // The shutdown gate, as for any submission; a refusal is reported by `receive_list`.
         let Ok(pass) = self.enter() else {
-            return false;
+            return (false, None);
         };
         let Some(mut engine) = self.try_engine() else {
-            return false;
+            return (false, None);
         };
         // Holding the engine orders this run with shutdown, whose drive needs it: the pass
         // is not kept while kernels run (shutdown waits for passes without a bound).
@@ -162,14 +167,14 @@ impl VmCore {
             self.step_to_rest(&mut engine);
         }
         if !engine.is_idle() || !self.pending().is_empty() {
-            return false;
+            return (false, hook);
         }
-        let _hook = hook.unwrap_or_else(|| self.wait_scope());
+        let hook = hook.unwrap_or_else(|| self.wait_scope());
         self.run_here(list);
         drop(engine);
         self.pool().give_back(list);
         list.clear();
-        true
+        (true, Some(hook))
     }
 
     /// Multi-thread mode: runs `list` here when every instruction of it may
@@ -180,10 +185,10 @@ impl VmCore {
     /// catches up with a worker's queue runs them (`worker::caller_runs`), and inside the
     /// wait hook's scope, as there. One run in [`JUDGE_EVERY`] is timed ([`judge`]): the
     /// worker, which no longer sees these kernels, does not time them.
-    fn run_at_rest_on_caller(&self, list: &mut Vec<Arc<Instruction>>) -> bool {
+    fn run_at_rest_on_caller(&self, list: &mut Vec<Arc<Instruction>>) -> (bool, Option<WaitScope>) {
         // The VM's hint first: no clock read unless some worker marked its kernels tiny.
         if !self.tiny_kernels_until.is_set() {
-            return false;
+            return (false, None);
         }
         let judged = RUNS_ON_CALLER.with(|c| {
             let n = c.get().wrapping_add(1);
@@ -194,29 +199,29 @@ impl VmCore {
         if start.is_some_and(|now| !self.tiny_kernels_until.holds_or_clear_at(now))
             || !list.iter().all(|i| runs_at_rest_on_caller(i, start))
         {
-            return false;
+            return (false, None);
         }
-        // The wait hook's scope before the engine is taken, and closed after the list is
-        // given back: a hook that panics does so where no token is held and the run is
-        // whole (as a `run` that catches up).
-        let _hook = self.wait_scope();
         // The shutdown gate, as for any submission; a refusal is reported by `receive_list`.
         let Ok(pass) = self.enter() else {
-            return false;
+            return (false, None);
         };
+        // The wait hook's scope opens only once the run goes ahead (`wait_scope` catches a
+        // panic of the hook's `before_wait`); it is closed by our caller, with no token
+        // held, after the list is given back.
         let ran = self.engine_at_rest(Some(pass), || {
+            let hook = self.wait_scope();
             self.run_here(list);
-            start.map(|_| crate::util::now_us())
+            (start.map(|_| crate::util::now_us()), hook)
         });
-        let Some(end) = ran else {
-            return false;
+        let Some((end, hook)) = ran else {
+            return (false, None);
         };
         if let (Some(start), Some(end)) = (start, end) {
             judge(self, list, start, end);
         }
         self.pool().give_back(list);
         list.clear();
-        true
+        (true, Some(hook))
     }
 
     /// Runs `list` on this thread, in order, as the engine's dispatch would, each counted

@@ -157,36 +157,90 @@ impl crate::WaitHook for PanickingHook {
     fn after_wait(&self) {}
 }
 
+/// A VM as [`tiny_in`] with a [`PanickingHook`] installed, and its arming switch.
+fn tiny_with_panicking_hook() -> (super::VmRig, Arc<AtomicBool>) {
+    let rig = tiny_in(Config::default());
+    let arm = Arc::new(AtomicBool::new(false));
+    rig.0
+        .set_foreign_hooks(
+            crate::ForeignHooks::default().with_wait_hook(Arc::new(PanickingHook(arm.clone()))),
+        )
+        .unwrap();
+    (rig, arm)
+}
+
+/// One `run` writing `value` into `t` with the hook armed: whether it panicked, and
+/// whether it ran at rest.
+fn run_armed(
+    vm: &crate::VirtualMachine,
+    s: &crate::Stream,
+    t: &crate::Tensor,
+    arm: &AtomicBool,
+    value: u64,
+) -> (bool, bool) {
+    arm.store(true, Ordering::Relaxed);
+    let before = vm.stats().unwrap().ran_at_rest;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        vm.run(|b| b.call(s, &[], &[t], move |k| k.output_u64(0)[0] = value))
+    }));
+    arm.store(false, Ordering::Relaxed);
+    (r.is_err(), vm.stats().unwrap().ran_at_rest > before)
+}
+
 /// A wait hook that panics around a run at rest: the panic reaches the `run`'s caller,
 /// the engine is let go (the VM goes on), and the run's kernel ran.
 #[test]
 #[cfg_attr(miri, ignore)]
 fn a_wait_hook_that_panics_around_a_run_at_rest_lets_the_engine_go() {
-    let (vm, s, _worker, t) = tiny_in(Config::default());
-    let arm = Arc::new(AtomicBool::new(false));
-    vm.set_foreign_hooks(
-        crate::ForeignHooks::default().with_wait_hook(Arc::new(PanickingHook(arm.clone()))),
-    )
-    .unwrap();
-    let mut panicked_at = None;
+    let ((vm, s, _worker, t), arm) = tiny_with_panicking_hook();
+    let mut at_rest = false;
     for i in 1..=RUNS {
-        arm.store(true, Ordering::Relaxed);
-        let before = vm.stats().unwrap().ran_at_rest;
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            vm.run(|b| b.call(&s, &[], &[&t], move |k| k.output_u64(0)[0] = i))
-        }));
-        arm.store(false, Ordering::Relaxed);
-        if r.is_err() && vm.stats().unwrap().ran_at_rest > before {
-            panicked_at = Some(i);
+        let (panicked, counted) = run_armed(&vm, &s, &t, &arm, i);
+        if panicked {
+            vm.sync().unwrap();
+            assert_eq!(read_u64(&vm, &t), i, "run {i}'s kernel ran");
+        }
+        if panicked && counted {
+            at_rest = true;
             break;
         }
     }
-    let i = panicked_at.expect("no run at rest met the hook");
-    assert_eq!(read_u64(&vm, &t), i, "run {i}'s kernel ran");
+    assert!(at_rest, "no run at rest met the hook");
     // The engine was let go: more work goes through.
     vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] = 0))
         .unwrap();
     vm.sync().unwrap();
     assert_eq!(read_u64(&vm, &t), 0);
+    vm.shutdown().unwrap();
+}
+
+/// A run of tiny kernels that cannot run at rest (another stream's kernel is in flight)
+/// goes to the engine whole, with a panicking wait hook armed: its work is never lost to
+/// the hook of a run at rest it did not make.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_run_that_cannot_rest_is_submitted_whole_with_a_panicking_hook() {
+    let ((vm, s, _worker, t), arm) = tiny_with_panicking_hook();
+    let other = vm
+        .stream(crate::util::ids::StreamId::compute(crate::Device::CPU, 1))
+        .unwrap();
+    let t2 = vm.new_tensor(8).unwrap();
+    let gate = Arc::new(AtomicBool::new(false));
+    let g = gate.clone();
+    vm.run(|b| {
+        b.call(&other, &[], &[&t2], move |_k| {
+            while !g.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        })
+    })
+    .unwrap();
+    for i in 1..=20 {
+        let (_, counted) = run_armed(&vm, &s, &t, &arm, i);
+        assert!(!counted, "run {i} ran at rest beside a kernel in flight");
+    }
+    gate.store(true, Ordering::Release);
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 20, "every run's kernel ran");
     vm.shutdown().unwrap();
 }
