@@ -54,14 +54,29 @@ fn runs_at_rest_on_caller(instr: &Instruction, now: Option<usize>) -> bool {
     tiny && unsafe { instr.body() }.deferred.is_none()
 }
 
-/// One run at rest on a caller in this many is judged ([`judge`]): timed, and its marks
-/// checked against the clock. Two clock reads a run cost a fifth of a one-instruction
-/// `run` at rest (`perf record`, 2026-12-07); the marks are hints, held for 20 ms.
-const JUDGE_EVERY: u32 = 8;
+/// One run at rest on a caller in this many, on average, is judged ([`judge`]): timed,
+/// and its marks checked against the clock. Two clock reads a run cost a fifth of a
+/// one-instruction `run` at rest (`perf record`, 2026-12-07); the marks are hints, held
+/// for 20 ms. Drawn at random, never by a fixed period: a front end repeating a pattern
+/// of runs over several streams would otherwise always judge the same one.
+const JUDGE_ONE_IN: u32 = 8;
 
 std::thread_local! {
-    /// This thread's runs at rest on the caller, counted to pick the judged ones.
-    static RUNS_ON_CALLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// This thread's xorshift32 state for picking the judged runs.
+    static JUDGE_DRAW: std::cell::Cell<u32> = const { std::cell::Cell::new(0x9E37_79B9) };
+}
+
+/// Whether this thread's next run at rest is judged: a xorshift32 step, one in
+/// [`JUDGE_ONE_IN`].
+fn judged() -> bool {
+    JUDGE_DRAW.with(|c| {
+        let mut x = c.get();
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        c.set(x);
+        x.is_multiple_of(JUDGE_ONE_IN)
+    })
 }
 
 /// A run at rest that took longer than this many times `Config::tiny_kernel_ns` an
@@ -171,9 +186,10 @@ impl VmCore {
         }
         let hook = hook.unwrap_or_else(|| self.wait_scope());
         self.run_here(list);
-        drop(engine);
+        // Before the engine is let go: shutdown, which needs it, empties the pool for good.
         self.pool().give_back(list);
         list.clear();
+        drop(engine);
         (true, Some(hook))
     }
 
@@ -183,19 +199,14 @@ impl VmCore {
     /// mutex, so that nothing is dispatched meanwhile (`VmCore::engine_at_rest`). The
     /// kernels run on this thread rather than on their stream's worker, as a caller that
     /// catches up with a worker's queue runs them (`worker::caller_runs`), and inside the
-    /// wait hook's scope, as there. One run in [`JUDGE_EVERY`] is timed ([`judge`]): the
+    /// wait hook's scope, as there. One run in [`JUDGE_ONE_IN`] is timed ([`judge`]): the
     /// worker, which no longer sees these kernels, does not time them.
     fn run_at_rest_on_caller(&self, list: &mut Vec<Arc<Instruction>>) -> (bool, Option<WaitScope>) {
         // The VM's hint first: no clock read unless some worker marked its kernels tiny.
         if !self.tiny_kernels_until.is_set() {
             return (false, None);
         }
-        let judged = RUNS_ON_CALLER.with(|c| {
-            let n = c.get().wrapping_add(1);
-            c.set(n);
-            n.is_multiple_of(JUDGE_EVERY)
-        });
-        let start = judged.then(crate::util::now_us);
+        let start = judged().then(crate::util::now_us);
         if start.is_some_and(|now| !self.tiny_kernels_until.holds_or_clear_at(now))
             || !list.iter().all(|i| runs_at_rest_on_caller(i, start))
         {
@@ -207,21 +218,24 @@ impl VmCore {
         };
         // The wait hook's scope opens only once the run goes ahead (`wait_scope` catches a
         // panic of the hook's `before_wait`); it is closed by our caller, with no token
-        // held, after the list is given back.
-        let ran = self.engine_at_rest(Some(pass), || {
+        // held. The list goes back to the pool while the token is held: once it is let
+        // go, shutdown may empty the pool for good (`InstrPool::clear`).
+        let hook = self.engine_at_rest(Some(pass), || {
             let hook = self.wait_scope();
+            // The kernels alone are timed (not the token, the rest steps, the hook).
+            let t0 = start.map(|_| crate::util::now_us());
             self.run_here(list);
-            (start.map(|_| crate::util::now_us()), hook)
+            if let Some(t0) = t0 {
+                judge(self, list, t0, crate::util::now_us());
+            }
+            self.pool().give_back(list);
+            list.clear();
+            hook
         });
-        let Some((end, hook)) = ran else {
-            return (false, None);
-        };
-        if let (Some(start), Some(end)) = (start, end) {
-            judge(self, list, start, end);
+        match hook {
+            Some(hook) => (true, Some(hook)),
+            None => (false, None),
         }
-        self.pool().give_back(list);
-        list.clear();
-        (true, Some(hook))
     }
 
     /// Runs `list` on this thread, in order, as the engine's dispatch would, each counted

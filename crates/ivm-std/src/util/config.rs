@@ -144,9 +144,12 @@ pub struct Config {
     /// Multi-thread mode: the same, for kernels a caller may run on streams whose worker
     /// found them tiny ([`tiny_kernel_ns`](Self::tiny_kernel_ns)): such a `run` runs its
     /// kernels on its caller before it returns, as single-thread mode does, where it would
-    /// otherwise return before they started. A kernel that waits for something its caller
-    /// does after `run` returns would wait for ever: turn this off (or `tiny_kernel_ns`)
-    /// for such a workload.
+    /// otherwise return before they started. Meanwhile the engine waits for them: a kernel
+    /// that waits for something its caller does after `run` returns, or for a lock held by
+    /// a thread that waits for the VM outside the wait hook ([`WaitHook`]), would wait for
+    /// ever. Turn this off (or `tiny_kernel_ns`) for such a workload.
+    ///
+    /// [`WaitHook`]: crate::WaitHook
     pub run_at_rest: bool,
     /// Multi-thread mode: a worker whose instructions take less than this on average
     /// (nanoseconds, as it times a random sample of them) leaves them to its callers, as a

@@ -244,3 +244,54 @@ fn a_run_that_cannot_rest_is_submitted_whole_with_a_panicking_hook() {
     assert_eq!(read_u64(&vm, &t), 20, "every run's kernel ran");
     vm.shutdown().unwrap();
 }
+
+/// Runs at rest beside another thread that submits to another stream and reads what the
+/// runs at rest write: every increment lands once and in order, and each read sees a
+/// value some prefix of the runs wrote (never a torn or a lost one).
+#[test]
+#[cfg_attr(miri, ignore)]
+fn runs_at_rest_beside_another_threads_runs_and_reads() {
+    const N: u64 = 2_000;
+    let (vm, s, _worker, t) = tiny_in(Config::default());
+    let vm = Arc::new(vm);
+    let other = vm
+        .stream(crate::util::ids::StreamId::compute(crate::Device::CPU, 1))
+        .unwrap();
+    let t2 = vm.new_tensor(8).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (vm, t, done) = (vm.clone(), t.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut last, mut runs) = (0, 0u64);
+            while !done.load(Ordering::Acquire) {
+                vm.run(|b| b.call(&other, &[], &[&t2], |k| k.output_u64(0)[0] += 1))
+                    .unwrap();
+                runs += 1;
+                let seen = read_u64(&vm, &t);
+                assert!(seen >= last && seen <= N, "read {seen} after {last}");
+                last = seen;
+            }
+            vm.sync().unwrap();
+            assert_eq!(
+                read_u64(&vm, &t2),
+                runs,
+                "every run of the other thread landed"
+            );
+        })
+    };
+    let mut at_rest = 0;
+    for _ in 0..N {
+        let before = vm.stats().unwrap().ran_at_rest;
+        vm.run(|b| b.call(&s, &[], &[&t], |k| k.output_u64(0)[0] += 1))
+            .unwrap();
+        if vm.stats().unwrap().ran_at_rest > before {
+            at_rest += 1;
+        }
+    }
+    done.store(true, Ordering::Release);
+    reader.join().unwrap();
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), N, "every increment landed once");
+    assert!(at_rest > 0, "no run ran at rest");
+    Arc::into_inner(vm).unwrap().shutdown().unwrap();
+}
