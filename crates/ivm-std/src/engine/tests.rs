@@ -1088,4 +1088,17 @@ fn a_timed_wait_wakes_a_worker_its_work_was_left_to() {
 }
 
 mod at_rest;
+/// A wait hook that panics in `before_wait` while armed (once per arming).
+struct PanickingHook(Arc<std::sync::atomic::AtomicBool>);
+
+impl crate::WaitHook for PanickingHook {
+    fn before_wait(&self) {
+        assert!(
+            !self.0.swap(false, std::sync::atomic::Ordering::Relaxed),
+            "the wait hook panics"
+        );
+    }
+    fn after_wait(&self) {}
+}
+
 mod catch_up;

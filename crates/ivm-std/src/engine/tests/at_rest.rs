@@ -144,26 +144,14 @@ fn a_kernel_that_panics_at_rest_poisons_its_output_not_the_caller() {
     vm.shutdown().unwrap();
 }
 
-/// Panics in `before_wait` while armed.
-struct PanickingHook(Arc<AtomicBool>);
-
-impl crate::WaitHook for PanickingHook {
-    fn before_wait(&self) {
-        assert!(
-            !self.0.swap(false, Ordering::Relaxed),
-            "the wait hook panics"
-        );
-    }
-    fn after_wait(&self) {}
-}
-
-/// A VM as [`tiny_in`] with a [`PanickingHook`] installed, and its arming switch.
+/// A VM as [`tiny_in`] with a [`super::PanickingHook`] installed, and its arming switch.
 fn tiny_with_panicking_hook() -> (super::VmRig, Arc<AtomicBool>) {
     let rig = tiny_in(Config::default());
     let arm = Arc::new(AtomicBool::new(false));
     rig.0
         .set_foreign_hooks(
-            crate::ForeignHooks::default().with_wait_hook(Arc::new(PanickingHook(arm.clone()))),
+            crate::ForeignHooks::default()
+                .with_wait_hook(Arc::new(super::PanickingHook(arm.clone()))),
         )
         .unwrap();
     (rig, arm)

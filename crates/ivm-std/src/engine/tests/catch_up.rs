@@ -236,19 +236,6 @@ fn a_timed_read_runs_no_queued_kernel() {
     vm.shutdown().unwrap();
 }
 
-/// Panics in `before_wait` while armed.
-struct PanickingHook(Arc<std::sync::atomic::AtomicBool>);
-
-impl crate::WaitHook for PanickingHook {
-    fn before_wait(&self) {
-        assert!(
-            !self.0.swap(false, Ordering::Relaxed),
-            "the wait hook panics"
-        );
-    }
-    fn after_wait(&self) {}
-}
-
 /// A wait hook that panics around a catch-up: the panic reaches the `run`'s caller, and
 /// the run's work was submitted all the same.
 #[test]
@@ -258,7 +245,7 @@ fn a_wait_hook_that_panics_in_a_catch_up_keeps_the_runs_work() {
     let (vm, s, _worker, t) = contended_callers(catching_up());
     let arm = Arc::new(AtomicBool::new(false));
     vm.set_foreign_hooks(
-        crate::ForeignHooks::default().with_wait_hook(Arc::new(PanickingHook(arm.clone()))),
+        crate::ForeignHooks::default().with_wait_hook(Arc::new(super::PanickingHook(arm.clone()))),
     )
     .unwrap();
     let mut panicked_at = None;
