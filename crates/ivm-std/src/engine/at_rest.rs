@@ -12,16 +12,15 @@ use crate::engine::core::{ReentryGuard, VmCore, WaitScope};
 use crate::model::instruction::Instruction;
 use crate::model::trace::{Phase, record};
 
-/// Whether the engine, dispatching `instr` with nothing else lively, would have it run to
-/// completion right there on the driving thread: a plain instruction (no sync access's
-/// waiter, no barrier, no deferred body) on a stream without a thread of its own, of a
-/// synchronous device, done at launch. Anything else keeps the engine's path.
-fn runs_at_rest(instr: &Instruction) -> bool {
+/// Whether `instr` completes on whichever thread runs it, the moment it runs: a plain
+/// instruction (no sync access's waiter, no barrier, no strict edge, no deferred body) on
+/// a synchronous device's stream, done at launch. What both modes ask first.
+fn completes_where_run(instr: &Instruction) -> bool {
     if instr.waiter.is_some() || instr.barrier || instr.strict_edges {
         return false;
     }
     let s = &instr.stream;
-    if s.thread.is_some() || s.dev.is_async() || !s.policy.done_at_launch() {
+    if s.dev.is_async() || !s.policy.done_at_launch() {
         return false;
     }
     // SAFETY: the builder still owns the body (ownership step 1): the instruction is in
@@ -29,29 +28,30 @@ fn runs_at_rest(instr: &Instruction) -> bool {
     unsafe { instr.body() }.deferred.is_none()
 }
 
-/// Multi-thread mode: whether `instr` may run at rest on its caller: what
-/// [`runs_at_rest`] asks of a synchronous device's instruction, and a caller may run it
-/// (`StreamPolicy::caller_may_run`, a body not deferred) on a stream whose worker found
-/// its instructions tiny (`ThreadCtx::tiny_until`): at `now` (`util::now_us`) in a judged
-/// run, else as last seen (a mark found expired is cleared by the next judged run).
+/// Single-thread mode: whether the engine, dispatching `instr` with nothing else lively,
+/// would have it run to completion right there on the driving thread: it completes where
+/// run ([`completes_where_run`]), on a stream without a thread of its own. Anything else
+/// keeps the engine's path.
+fn runs_at_rest(instr: &Instruction) -> bool {
+    instr.stream.thread.is_none() && completes_where_run(instr)
+}
+
+/// Multi-thread mode: whether `instr` may run at rest on its caller: it completes where
+/// run ([`completes_where_run`]), a caller may run it (`StreamPolicy::caller_may_run`),
+/// and its stream's worker found its instructions tiny (`ThreadCtx::tiny_until`): at
+/// `now` (`util::now_us`) in a judged run, else as last seen (a mark found expired is
+/// cleared by the next judged run).
 fn runs_at_rest_on_caller(instr: &Instruction, now: Option<usize>) -> bool {
-    if instr.waiter.is_some() || instr.barrier || instr.strict_edges {
-        return false;
-    }
     let s = &instr.stream;
-    if s.dev.is_async() || !s.policy.done_at_launch() || !s.policy.caller_may_run() {
-        return false;
-    }
     let Some(t) = s.thread.as_ref() else {
         return false;
     };
-    let tiny = match now {
-        Some(now) => t.tiny_until.holds_or_clear_at(now),
-        None => t.tiny_until.is_set(),
-    };
-    // SAFETY: the builder still owns the body (ownership step 1): the instruction is in
-    // its list, not yet pushed anywhere.
-    tiny && unsafe { instr.body() }.deferred.is_none()
+    s.policy.caller_may_run()
+        && completes_where_run(instr)
+        && match now {
+            Some(now) => t.tiny_until.holds_or_clear_at(now),
+            None => t.tiny_until.is_set(),
+        }
 }
 
 /// One run at rest on a caller in this many, on average, is judged ([`judge`]): timed,
@@ -232,10 +232,7 @@ impl VmCore {
             list.clear();
             hook
         });
-        match hook {
-            Some(hook) => (true, Some(hook)),
-            None => (false, None),
-        }
+        (hook.is_some(), hook)
     }
 
     /// Runs `list` on this thread, in order, as the engine's dispatch would, each counted
@@ -249,8 +246,8 @@ impl VmCore {
             // SAFETY: the instruction never left this thread: it was built here (step 1),
             // reached neither the pending queue nor the engine, and `execute` ran it here
             // and set DONE (step 3: a synchronous device, no deferred body, see
-            // `runs_at_rest` and `runs_at_rest_on_caller`), so this thread owns the body as the engine would at its
-            // release (step 4); nobody else holds a reference into it.
+            // `completes_where_run`), so this thread owns the body as the engine would at
+            // its release (step 4); nobody else holds a reference into it.
             unsafe { instr.body_mut() }.release();
             // Counted one by one, as the engine releases them: progress that a caller
             // waiting for the engine on another thread measures its period by.

@@ -47,6 +47,19 @@ fn run_one(
     (on, vm.stats().unwrap().ran_at_rest > before)
 }
 
+/// Twenty [`run_one`]s of kernels sleeping `sleep`, none of which may run at rest (`why`
+/// names the condition); then every one's write has landed, and the VM shuts down.
+fn twenty_not_at_rest(rig: super::VmRig, sleep: Duration, why: &str) {
+    let (vm, s, _worker, t) = rig;
+    for i in 0..20 {
+        let (_, counted) = run_one(&vm, &s, &t, i, sleep);
+        assert!(!counted, "run {i} ran at rest {why}");
+    }
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 19);
+    vm.shutdown().unwrap();
+}
+
 /// Run under Miri too: it waits for nothing, and checks the body's ownership on this path
 /// (`at_rest.rs`, `run_here`).
 #[test]
@@ -76,18 +89,12 @@ fn a_run_of_tiny_kernels_runs_at_rest_on_its_caller() {
 // Behaviour, run natively: Miri checks this path's unsafe code in the test above.
 #[cfg_attr(miri, ignore)]
 fn with_run_at_rest_off_no_run_is_counted_at_rest() {
-    let (vm, s, _worker, t) = tiny_in(Config::default().with_run_at_rest(false));
-    for i in 0..20 {
-        let (_, counted) = run_one(&vm, &s, &t, i, Duration::ZERO);
-        assert!(!counted, "run {i} ran at rest");
-    }
-    vm.sync().unwrap();
-    assert_eq!(read_u64(&vm, &t), 19);
-    vm.shutdown().unwrap();
+    let rig = tiny_in(Config::default().with_run_at_rest(false));
+    twenty_not_at_rest(rig, Duration::ZERO, "with run_at_rest off");
 }
 
-/// A judged run at rest (one in `JUDGE_EVERY`) that took far longer than tiny kernels
-/// ends the mark: later runs go to the worker, which times them anew.
+/// A judged run at rest (one in `JUDGE_ONE_IN`, at random) that took far longer than
+/// tiny kernels ends the mark: later runs go to the worker, which times them anew.
 #[test]
 #[cfg_attr(miri, ignore)]
 fn a_slow_run_at_rest_ends_the_tiny_mark() {
@@ -101,13 +108,8 @@ fn a_slow_run_at_rest_ends_the_tiny_mark() {
         let _ = run_one(&vm, &s, &t, runs, Duration::from_micros(200));
         runs += 1;
     }
-    for i in 0..20 {
-        let (_, counted) = run_one(&vm, &s, &t, i, Duration::from_micros(200));
-        assert!(!counted, "run {i} after the mark ended ran at rest");
-    }
-    vm.sync().unwrap();
-    assert_eq!(read_u64(&vm, &t), 19);
-    vm.shutdown().unwrap();
+    let after = "after the mark ended";
+    twenty_not_at_rest((vm, s, worker, t), Duration::from_micros(200), after);
 }
 
 #[test]
