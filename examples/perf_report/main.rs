@@ -4,7 +4,8 @@
 //! Prints a markdown table, then one line per figure: `RATIO <name> <value>` for ratios
 //! and `FIGURE <name> <value> <unit>` for the rest. Runs in under a minute:
 //! `cargo run --release --example perf_report` (`-- --quick` for a shorter smoke run;
-//! `-- warm cold inline throughput allocs cpu caller contended fused` to run only some sections;
+//! `-- warm cold inline throughput allocs cpu caller contended fused eager` to run only some
+//! sections;
 //! `-- --device sim|sim-launcher|cuda` adds the device section, `device.rs`, on that device;
 //! cuda needs `--features cuda`).
 //! VM settings come from [`Config::from_env`] (`IVM_*`), with the overrides each scenario
@@ -32,6 +33,7 @@
 //! | `fused_k24_<ops>_{on_cpu_ns,single_per_s,single_cpu_ns}` | runs of 24: the process's CPU ns per instruction with fusion on, and single-thread mode's rate and CPU ns per instruction (the reference of one thread) |
 //! | `fused_k24_<ops>_on_vs_channel_bound` | runs of 24 with fusion on over the channel bound measured between them |
 //! | `fused_k1_<ops>_on_vs_off` | single-instruction runs, fusion on over off |
+//! | `eager_op_{multi,single}_over_plain_ns_ws{0,64}` | section `eager` (`eager_ops.rs`): one op per `vm.run`, a chain on one stream, a read every 24 ops, each kernel touching a 0 or 64 KiB working set first; ns per op over the same kernels called directly, default and single-thread mode, interleaved |
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -47,6 +49,7 @@ mod common;
 #[path = "../../crates/ivm-std/tests/common/counting_alloc.rs"]
 mod counting_alloc;
 mod device;
+mod eager_ops;
 mod fused;
 mod reads;
 mod resources;
@@ -54,6 +57,7 @@ mod throughput;
 
 use common::{FutexBaseline, cpu_between, my_tid, thread_cpu};
 use counting_alloc::allocs_during;
+use eager_ops::eager_ops;
 use fused::fused_runs;
 use reads::{cold_reads, inline_reads, warm_reads};
 use resources::{allocations, cpu_use};
@@ -178,7 +182,7 @@ fn main() {
         cfg.skip_blocking_threshold,
         if quick { " (quick)" } else { "" }
     );
-    // Sections named on the command line (`warm cold inline throughput allocs cpu caller fused`)
+    // Sections named on the command line (`warm cold inline throughput allocs cpu caller fused eager`)
     // run alone; none named: all.
     let args: Vec<String> = std::env::args().skip(1).collect();
     let device = args
@@ -220,6 +224,9 @@ fn main() {
     }
     if run("fused") {
         fused_runs(&mut rep, quick);
+    }
+    if run("eager") {
+        eager_ops(&mut rep, quick);
     }
     if let Some(name) = &device
         && run("device")
