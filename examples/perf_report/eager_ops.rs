@@ -1,12 +1,20 @@
 //! Section 9 of the report: eager ops, the regime of the training demo's eager mode. One
 //! op per `vm.run`, each reading the tensor the op before it wrote (a chain on one
-//! stream), a `read_small` every 24 ops (a step's `loss.item()`), and each op's kernel
+//! stream), steps of 24 ops whose eighth also writes a `loss` tensor, read with
+//! `read_small` once the step is submitted (a step's `loss.item()`: it waits for the
+//! forward pass while the rest of the step runs on), and each op's kernel
 //! touching a working set of `kb` KiB first, as a real kernel does: 0 (the VM's own cost,
 //! its data hot in the caches) and 64 KiB (more than this machine's L1 data cache: the
 //! VM's data is evicted between ops, as between the demo's matmuls). The same loop of
 //! kernels called directly on one thread (`plain`) is the baseline, interleaved round by
 //! round with the default VM and a single-thread-mode VM. Reported: ns per op over
 //! plain's, the median of the rounds and the spread (max − min) of those differences.
+//!
+//! Placed as the training demo places its threads (`examples/train/pin.rs`; Linux, two
+//! CPUs or more): every kernel runs on one CPU (the plain loop, the single-thread VM's
+//! caller, the default VM's worker) and the default VM's caller on the other. The two
+//! vCPUs of a shared host differ in speed at the same moment, so kernels measured on
+//! different CPUs would compare two machines.
 //!
 //! The flood sections (`throughput`, `fused`) measure the VM with every line of its data
 //! hot; this one is what a front end submitting op by op beside real kernels pays.
@@ -16,8 +24,10 @@ use std::cell::RefCell;
 use super::*;
 use ivm::ivm_std::Mode;
 
-/// Ops per read, as the demo's 24 ops per step.
-const OPS_PER_READ: usize = 24;
+/// Ops per step, as the demo's 24.
+const OPS_PER_STEP: usize = 24;
+/// The op of a step that also writes the loss (the demo's `xent_loss` is its sixth op).
+const LOSS_OP: usize = 7;
 
 thread_local! {
     /// The working set a kernel touches, per thread (a worker's or the caller's).
@@ -46,6 +56,7 @@ struct Chain {
     vm: VirtualMachine,
     s: Stream,
     t: Vec<Tensor>,
+    loss: Tensor,
 }
 
 impl Chain {
@@ -55,24 +66,34 @@ impl Chain {
             .stream(StreamId::compute(Device::CPU, 0))
             .expect("stream");
         let t = (0..4).map(|_| vm.new_tensor(8).expect("tensor")).collect();
-        Self { vm, s, t }
+        let loss = vm.new_tensor(8).expect("tensor");
+        Self { vm, s, t, loss }
     }
 
-    /// ns per op of `ops` ops, one per `vm.run`, a read every [`OPS_PER_READ`].
+    /// ns per op of `ops` ops, one per `vm.run`, the loss read after every
+    /// [`OPS_PER_STEP`].
     fn ns_per_op(&self, kb: usize, ops: usize) -> f64 {
         let start = Instant::now();
         for i in 0..ops {
             let (a, b) = (&self.t[i % 4], &self.t[(i + 1) % 4]);
+            let outs: &[&Tensor] = if i % OPS_PER_STEP == LOSS_OP {
+                &[b, &self.loss]
+            } else {
+                &[b]
+            };
             self.vm
                 .run(|bl| {
-                    bl.call(&self.s, &[a], &[b], move |k| {
+                    bl.call(&self.s, &[a], outs, move |k| {
                         let x = k.input_u64(0)[0];
-                        k.output_u64(0)[0] = x.wrapping_add(touch(kb, x) & 1);
+                        let y = x.wrapping_add(touch(kb, x) & 1);
+                        for o in 0..k.num_outputs() {
+                            k.output_u64(o)[0] = y;
+                        }
                     })
                 })
                 .expect("run");
-            if i % OPS_PER_READ == OPS_PER_READ - 1 {
-                read8(&self.vm, b);
+            if i % OPS_PER_STEP == OPS_PER_STEP - 1 {
+                read8(&self.vm, &self.loss);
             }
         }
         self.vm.sync().expect("sync");
@@ -92,7 +113,7 @@ fn plain_ns_per_op(kb: usize, ops: usize) -> f64 {
     let mut x = 0u64;
     for i in 0..ops {
         x = x.wrapping_add(touch(kb, x) & 1);
-        if i % OPS_PER_READ == OPS_PER_READ - 1 {
+        if i % OPS_PER_STEP == LOSS_OP {
             x = black_box(x);
         }
     }
@@ -109,11 +130,21 @@ fn median_range(mut v: Vec<f64>) -> (f64, f64) {
 pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
     let ops = if quick { 4_800 } else { 24_000 };
     let rounds = if quick { 3 } else { 7 };
+    // `(caller CPU, kernel CPU)`: the VMs' threads are started on the kernel CPU (they
+    // inherit the creating thread's mask) and any started later are moved there.
+    let pins = pin::cpus().filter(|&(_, kernels)| pin::to(kernels));
     let multi = Chain::new(config());
     let single = Chain::new(config().with_mode(Mode::SingleThread));
+    // Where each runs: the plain loop and single-thread mode on the kernel CPU, the
+    // default VM's caller on the other.
+    let place = |on_caller_cpu: bool| {
+        if let Some((caller, kernels)) = pins {
+            pin::to(if on_caller_cpu { caller } else { kernels });
+        }
+    };
     println!(
-        "eager ops (one op per vm.run, a chain on one stream, a read every {OPS_PER_READ} ops, \
-         each kernel touching its working set first; ns per op over the same kernels called \
+        "eager ops (one op per vm.run, a chain on one stream, steps of {OPS_PER_STEP} ops and \
+         the loss read after each, each kernel touching its working set first; ns per op over the same kernels called \
          directly, median of {rounds} interleaved rounds and the range of those differences):"
     );
     println!(
@@ -122,15 +153,21 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
     println!("|---|---|---|---|---|---|");
     for kb in [0usize, 64] {
         // Warm: pools, the working sets, the workers' first wake.
-        for c in [&multi, &single] {
-            c.ns_per_op(kb, ops / 4);
-        }
+        place(false);
         plain_ns_per_op(kb, ops / 4);
+        single.ns_per_op(kb, ops / 4);
+        place(true);
+        multi.ns_per_op(kb, ops / 4);
+        if let Some((_, kernels)) = pins {
+            pin::adopt(kernels);
+        }
         let (mut p, mut m, mut s) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
+            place(false);
             let base = plain_ns_per_op(kb, ops);
-            m.push(multi.ns_per_op(kb, ops) - base);
             s.push(single.ns_per_op(kb, ops) - base);
+            place(true);
+            m.push(multi.ns_per_op(kb, ops) - base);
             p.push(base);
         }
         let (p, _) = median_range(p);
@@ -142,5 +179,6 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
         rep.figure(name("multi"), m, "ns/op", "(report)", None);
         rep.figure(name("single"), s, "ns/op", "(report)", None);
     }
+    pin::restore();
     println!();
 }
