@@ -14,7 +14,12 @@ use crate::modes::{Batch, Eager, Lazy, Plain, Trainer};
 use crate::program::{self, Program};
 use crate::{Mode, Run, Setup, data, new_vm, trace};
 
-/// The untimed pause before each epoch when the modes are pinned (`pin.rs`).
+/// The untimed pause before each epoch: the threads of the mode before stop polling (their
+/// poll windows are 100 µs). Pinned, they would take the kernel CPU from this epoch;
+/// unpinned, the OS leaves them beside this epoch's threads (the threads of a process
+/// rarely migrate), whose VM then sees its worker share a CPU, and degrades to its callers
+/// running its queue for `CONTENDED_HOLD` (a program running one mode has no such
+/// neighbour).
 const SETTLE: Duration = Duration::from_micros(300);
 
 /// Runs epoch `epoch` of `trainer` (all its steps, in the epoch's row `order`; `next` is
@@ -135,11 +140,8 @@ pub fn interleaved(
             }
             let next = (!last).then_some(&next_order);
             let plain_here = pins.filter(|_| live.mode == Mode::Plain);
-            if pins.is_some() {
-                // Untimed: the threads of the mode before stop polling (their poll windows
-                // are 100 µs); pinned, they would take the kernel CPU from this epoch.
-                std::thread::sleep(SETTLE);
-            }
+            // Untimed (see `SETTLE`).
+            std::thread::sleep(SETTLE);
             if let Some((_, kernels)) = plain_here {
                 crate::pin::to(kernels);
             }
