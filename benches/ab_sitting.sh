@@ -17,6 +17,7 @@ for _ in $(seq 1 "$R"); do
         run quiet "$t" "$t/train" --quiet --runs 3 --no-trace
         run hog1 "$t" "$t/train" --quiet --runs 3 --no-trace --hog 1
         run hog2 "$t" "$t/train" --quiet --runs 3 --no-trace --hog 2
+        run nopin "$t" "$t/train" --quiet --runs 3 --no-trace --no-pin
         run nopin_hog1 "$t" "$t/train" --quiet --runs 3 --no-trace --hog 1 --no-pin
         run single_hog1 "$t" env IVM_MODE=single "$t/train" --quiet --runs 3 --no-trace --hog 1
         run single_hog2 "$t" env IVM_MODE=single "$t/train" --quiet --runs 3 --no-trace --hog 2

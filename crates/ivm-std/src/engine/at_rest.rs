@@ -80,26 +80,31 @@ fn judged() -> bool {
 }
 
 /// A run at rest that took longer than this many times `Config::tiny_kernel_ns` an
-/// instruction, plus [`SLOW_SLACK_US`], was not of tiny kernels.
-const SLOW_FACTOR: usize = 4;
+/// instruction, plus [`SLOW_SLACK_NS`], was not of tiny kernels.
+const SLOW_FACTOR: u64 = 4;
 
-/// Microseconds a run at rest may take beyond its kernels' tiny budget before it counts
-/// as slow: the clock's resolution, and room for a timer interrupt or a page fault.
-const SLOW_SLACK_US: usize = 20;
+/// Nanoseconds a run at rest may take beyond its kernels' tiny budget before it counts as
+/// slow: room for a timer interrupt or a page fault. Small against the kernels it must
+/// catch (a one-instruction run of 300 ns kernels is slow past 6.2 µs): a run slowed by
+/// an interrupt that ends a mark in error only costs the worker's timing of the next
+/// instructions until it marks them again, while kernels that grew to microseconds and
+/// were judged fast would stay on their callers, each `run` blocked while they run.
+const SLOW_SLACK_NS: u64 = 5_000;
 
-/// After a run at rest on the caller (multi-thread mode) that ran from `start` to `end`
-/// (`util::now_us`): kernels that turned out slow end their streams' tiny marks, so that
-/// the next `run` goes to the workers again, which time their kernels anew; tiny ones
-/// keep the marks (and the VM's hint) from lapsing, which would send the next thousands
-/// of instructions to the worker until it had timed enough of them again.
-fn judge(vm: &VmCore, list: &[Arc<Instruction>], start: usize, end: usize) {
-    let tiny_ns = usize::try_from(vm.config().tiny_kernel_ns).unwrap_or(usize::MAX);
-    let budget_us = tiny_ns
-        .saturating_mul(list.len())
+/// After a run at rest on the caller (multi-thread mode) whose kernels took `took` and
+/// ended at `end` (`util::now_us`): kernels that turned out slow end their streams' tiny
+/// marks, so that the next `run` goes to the workers again, which time their kernels
+/// anew; tiny ones keep the marks (and the VM's hint) from lapsing, which would send the
+/// next thousands of instructions to the worker until it had timed enough of them again.
+fn judge(vm: &VmCore, list: &[Arc<Instruction>], took: std::time::Duration, end: usize) {
+    let len = u64::try_from(list.len()).unwrap_or(u64::MAX);
+    let budget_ns = vm
+        .config()
+        .tiny_kernel_ns
+        .saturating_mul(len)
         .saturating_mul(SLOW_FACTOR)
-        / 1000
-        + SLOW_SLACK_US;
-    let slow = end.saturating_sub(start) > budget_us;
+        .saturating_add(SLOW_SLACK_NS);
+    let slow = took.as_nanos() > u128::from(budget_ns);
     let hold = crate::util::tuning::CONTENDED_HOLD;
     let mut last: Option<&Arc<crate::model::thread_ctx::ThreadCtx>> = None;
     for t in list.iter().filter_map(|i| i.stream.thread.as_ref()) {
@@ -223,10 +228,10 @@ impl VmCore {
         let hook = self.engine_at_rest(Some(pass), || {
             let hook = self.wait_scope();
             // The kernels alone are timed (not the token, the rest steps, the hook).
-            let t0 = start.map(|_| crate::util::now_us());
+            let t0 = start.map(|_| std::time::Instant::now());
             self.run_here(list);
             if let Some(t0) = t0 {
-                judge(self, list, t0, crate::util::now_us());
+                judge(self, list, t0.elapsed(), crate::util::now_us());
             }
             self.pool().give_back(list);
             list.clear();
