@@ -144,11 +144,13 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
     };
     println!(
         "eager ops (one op per vm.run, a chain on one stream, steps of {OPS_PER_STEP} ops and \
-         the loss read after each, each kernel touching its working set first; ns per op over the same kernels called \
-         directly, median of {rounds} interleaved rounds and the range of those differences):"
+         the loss read after each, each kernel touching its working set first; ns per op \
+         over the same kernels called directly, median of {rounds} interleaved rounds and \
+         the range of those differences):"
     );
     println!(
-        "| working set | plain ns/op | multi-thread over plain | range | single-thread over plain | range |"
+        "| working set | plain ns/op | multi-thread over plain | range \
+         | single-thread over plain | range |"
     );
     println!("|---|---|---|---|---|---|");
     for kb in [0usize, 64] {

@@ -71,7 +71,7 @@ pub(crate) struct Args {
 }
 
 const USAGE: &str = "usage: train [--epochs N] [--batch-size N] [--hidden N] [--lr X] [--seed N] [--runs N] \
-[--device cpu|sim:<latency_us>|sim-launcher:<latency_us>|cuda] [--mode all|plain|eager|lazy] [--quiet] [--trace PATH | --no-trace] [--no-pin] [--hog N] \
+[--device cpu|sim:<latency_us>|sim-launcher:<latency_us>|cuda] [--mode all|plain|eager|lazy[,...]] [--quiet] [--trace PATH | --no-trace] [--no-pin] [--hog N] \
 [--data-parallel (under mpirun; build with --features mpi)] [--bucket-kib N (data parallel; default 64)]";
 
 pub(crate) fn parse_args() -> Result<Args, String> {
@@ -149,12 +149,25 @@ pub(crate) fn parse_args() -> Result<Args, String> {
             }
             "--mode" => {
                 let v = value(&flag)?;
-                a.modes = match v.as_str() {
-                    "all" => vec![Mode::Plain, Mode::Eager, Mode::Lazy],
-                    "plain" => vec![Mode::Plain],
-                    "eager" => vec![Mode::Eager],
-                    "lazy" => vec![Mode::Lazy],
-                    _ => return Err(format!("--mode: `{v}`: expected all, plain, eager or lazy")),
+                a.modes = Vec::new();
+                for m in v.split(',') {
+                    let m = match m {
+                        "all" => vec![Mode::Plain, Mode::Eager, Mode::Lazy],
+                        "plain" => vec![Mode::Plain],
+                        "eager" => vec![Mode::Eager],
+                        "lazy" => vec![Mode::Lazy],
+                        _ => {
+                            return Err(format!(
+                                "--mode: `{m}`: expected all, plain, eager or lazy \
+                                 (or a list of them)"
+                            ));
+                        }
+                    };
+                    for m in m {
+                        if !a.modes.contains(&m) {
+                            a.modes.push(m);
+                        }
+                    }
                 }
             }
             "--help" | "-h" => return Err(USAGE.to_string()),

@@ -33,7 +33,8 @@
 //! placement to the OS.
 //!
 //! Flags: `--epochs N`, `--batch-size N`, `--hidden N`, `--lr X`, `--seed N`, `--runs N`,
-//! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy`, `--quiet`,
+//! `--device cpu|sim:<launch latency µs>`, `--mode all|plain|eager|lazy` (or a list:
+//! `plain,eager`), `--quiet`,
 //! `--trace PATH` (default: `ivm-train-trace.json` in the temp directory) or `--no-trace`,
 //! `--no-pin`, `--hog N` (N busy threads of this process beside every mode, started
 //! before the first epoch and stopped after the last: a machine where other work takes a
