@@ -97,23 +97,28 @@ fn with_run_at_rest_off_no_run_is_counted_at_rest() {
     twenty_not_at_rest(rig, Duration::ZERO, "with run_at_rest off");
 }
 
-/// A judged run at rest (one in `JUDGE_ONE_IN`, at random) that took far longer than
-/// tiny kernels ends the mark: later runs go to the worker, which times them anew.
-#[test]
-#[cfg_attr(miri, ignore)]
-fn a_slow_run_at_rest_ends_the_tiny_mark() {
+/// Runs of one kernel computing for `busy` on a stream marked tiny, until a judged run at
+/// rest (one in `JUDGE_ONE_IN`, at random) ends the mark, within [`RUNS`]; then none of
+/// twenty more runs rests: they go to the worker, which times them anew.
+fn the_mark_ends_under(busy: Duration) {
     let (vm, s, worker, t) = tiny_in(Config::default());
     let mut runs = 0;
     while worker.tiny_until.is_set() {
         assert!(
             runs < RUNS,
-            "the mark outlived {RUNS} runs of 200 µs kernels"
+            "the mark outlived {RUNS} runs of {busy:?} kernels"
         );
-        let _ = run_one(&vm, &s, &t, runs, Duration::from_micros(200));
+        let _ = run_one(&vm, &s, &t, runs, busy);
         runs += 1;
     }
-    let after = "after the mark ended";
-    twenty_not_at_rest((vm, s, worker, t), Duration::from_micros(200), after);
+    twenty_not_at_rest((vm, s, worker, t), busy, "after the mark ended");
+}
+
+/// A run far longer than tiny kernels (200 µs) ends the mark.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_slow_run_at_rest_ends_the_tiny_mark() {
+    the_mark_ends_under(Duration::from_micros(200));
 }
 
 /// Kernels of 10 µs, some thirty times the tiny budget of 300 ns yet short of any
@@ -122,18 +127,7 @@ fn a_slow_run_at_rest_ends_the_tiny_mark() {
 #[test]
 #[cfg_attr(miri, ignore)]
 fn kernels_of_microseconds_at_rest_end_the_tiny_mark() {
-    let (vm, s, worker, t) = tiny_in(Config::default());
-    let mut runs = 0;
-    while worker.tiny_until.is_set() {
-        assert!(
-            runs < RUNS,
-            "the mark outlived {RUNS} runs of 10 µs kernels"
-        );
-        let _ = run_one(&vm, &s, &t, runs, Duration::from_micros(10));
-        runs += 1;
-    }
-    let after = "after the mark ended";
-    twenty_not_at_rest((vm, s, worker, t), Duration::from_micros(10), after);
+    the_mark_ends_under(Duration::from_micros(10));
 }
 
 #[test]
