@@ -11,10 +11,14 @@
 //! plain's, the median of the rounds and the spread (max − min) of those differences.
 //!
 //! Placed as the training demo places its threads (`examples/train/pin.rs`; Linux, two
-//! CPUs or more): every kernel runs on one CPU (the plain loop, the single-thread VM's
-//! caller, the default VM's worker) and the default VM's caller on the other. The two
-//! vCPUs of a shared host differ in speed at the same moment, so kernels measured on
-//! different CPUs would compare two machines.
+//! CPUs or more): the plain loop, the single-thread VM's caller and the default VM's
+//! worker on one CPU, the default VM's caller on the other (the two vCPUs of a shared host
+//! differ in speed at the same moment). The default VM's kernels run on its worker only
+//! where its policies leave them there: a run of tiny kernels rests on the caller, and a
+//! caller runs a parked worker's queue in its wait; those kernels then run on the caller's
+//! CPU. The section prints, per working set, how many of the default VM's instructions
+//! ran on the caller, at rest or from the queue. Each working set gets fresh VMs, so that
+//! marks left by the other's kernels (a tiny mark holds 20 ms) do not carry over.
 //!
 //! The flood sections (`throughput`, `fused`) measure the VM with every line of its data
 //! hot; this one is what a front end submitting op by op beside real kernels pays.
@@ -26,7 +30,8 @@ use ivm::ivm_std::Mode;
 
 /// Ops per step, as the demo's 24.
 const OPS_PER_STEP: usize = 24;
-/// The op of a step that also writes the loss (the demo's `xent_loss` is its sixth op).
+/// The op of a step that also writes the loss: the demo's `xent_loss`, the sixth op of its
+/// program and the eighth of a step, after the batch's two gathers.
 const LOSS_OP: usize = 7;
 
 thread_local! {
@@ -133,13 +138,17 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
     // `(caller CPU, kernel CPU)`: the VMs' threads are started on the kernel CPU (they
     // inherit the creating thread's mask) and any started later are moved there.
     let pins = pin::cpus().filter(|&(_, kernels)| pin::to(kernels));
-    let multi = Chain::new(config());
-    let single = Chain::new(config().with_mode(Mode::SingleThread));
     // Where each runs: the plain loop and single-thread mode on the kernel CPU, the
-    // default VM's caller on the other.
+    // default VM's caller on the other. Back on the kernel CPU, the plain loop starts
+    // after the default VM's worker has stopped polling it (its poll window is 100 µs).
     let place = |on_caller_cpu: bool| {
         if let Some((caller, kernels)) = pins {
-            pin::to(if on_caller_cpu { caller } else { kernels });
+            if on_caller_cpu {
+                pin::to(caller);
+            } else {
+                pin::to(kernels);
+                std::thread::sleep(Duration::from_micros(300));
+            }
         }
     };
     println!(
@@ -153,7 +162,13 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
          | single-thread over plain | range |"
     );
     println!("|---|---|---|---|---|---|");
+    let mut on_caller = Vec::new();
     for kb in [0usize, 64] {
+        if let Some((_, kernels)) = pins {
+            pin::to(kernels);
+        }
+        let multi = Chain::new(config());
+        let single = Chain::new(config().with_mode(Mode::SingleThread));
         // Warm: pools, the working sets, the workers' first wake.
         place(false);
         plain_ns_per_op(kb, ops / 4);
@@ -163,6 +178,7 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
         if let Some((_, kernels)) = pins {
             pin::adopt(kernels);
         }
+        let before = multi.vm.stats().expect("stats");
         let (mut p, mut m, mut s) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             place(false);
@@ -172,6 +188,13 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
             m.push(multi.ns_per_op(kb, ops) - base);
             p.push(base);
         }
+        let after = multi.vm.stats().expect("stats");
+        on_caller.push((
+            kb,
+            after.ran_at_rest - before.ran_at_rest,
+            after.caller_ran - before.caller_ran,
+            rounds * ops,
+        ));
         let (p, _) = median_range(p);
         let ((m, m_range), (s, s_range)) = (median_range(m), median_range(s));
         println!("| {kb} KiB | {p:.0} | {m:.0} | {m_range:.0} | {s:.0} | {s_range:.0} |");
@@ -182,5 +205,11 @@ pub(super) fn eager_ops(rep: &mut Report, quick: bool) {
         rep.figure(name("single"), s, "ns/op", "(report)", None);
     }
     pin::restore();
+    for (kb, rest, queue, all) in on_caller {
+        println!(
+            "{kb} KiB, the default VM: {rest} of {all} instructions ran at rest on the caller, \
+             {queue} from the worker's queue in the caller's wait"
+        );
+    }
     println!();
 }

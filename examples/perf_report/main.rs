@@ -186,8 +186,8 @@ fn main() {
         cfg.skip_blocking_threshold,
         if quick { " (quick)" } else { "" }
     );
-    // Sections named on the command line (`warm cold inline throughput allocs cpu caller fused eager`)
-    // run alone; none named: all.
+    // Sections named on the command line (`warm cold inline throughput allocs cpu caller
+    // contended fused eager`) run alone; none named: all.
     let args: Vec<String> = std::env::args().skip(1).collect();
     let device = args
         .iter()

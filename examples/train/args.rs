@@ -158,8 +158,8 @@ pub(crate) fn parse_args() -> Result<Args, String> {
                         "lazy" => vec![Mode::Lazy],
                         _ => {
                             return Err(format!(
-                                "--mode: `{m}`: expected all, plain, eager or lazy \
-                                 (or a list of them)"
+                                "--mode `{v}`: `{m}` is not all, plain, eager or lazy \
+                                 (a list: `plain,eager`)"
                             ));
                         }
                     };

@@ -55,8 +55,8 @@ fn runs_at_rest_on_caller(instr: &Instruction, now: Option<usize>) -> bool {
 }
 
 /// One run at rest on a caller in this many, on average, is judged ([`judge`]): timed,
-/// and its marks checked against the clock. Two clock reads a run cost a fifth of a
-/// one-instruction `run` at rest (`perf record`, 2026-12-07); the marks are hints, held
+/// and its marks checked against the clock: three clock reads (two cost a fifth of a
+/// one-instruction `run` at rest, `perf record`, 2026-12-07); the marks are hints, held
 /// for 20 ms. Drawn at random, never by a fixed period: a front end repeating a pattern
 /// of runs over several streams would otherwise always judge the same one.
 const JUDGE_ONE_IN: u32 = 8;
@@ -228,10 +228,14 @@ impl VmCore {
         let hook = self.engine_at_rest(Some(pass), || {
             let hook = self.wait_scope();
             // The kernels alone are timed (not the token, the rest steps, the hook).
-            let t0 = start.map(|_| std::time::Instant::now());
+            let t0 = start.map(|s| (s, std::time::Instant::now()));
             self.run_here(list);
-            if let Some(t0) = t0 {
-                judge(self, list, t0.elapsed(), crate::util::now_us());
+            if let Some((start, t0)) = t0 {
+                // The end on the hints' clock from the start read before the token: a few
+                // microseconds early at most, for a mark held 20 ms.
+                let took = t0.elapsed();
+                let took_us = usize::try_from(took.as_micros()).unwrap_or(usize::MAX);
+                judge(self, list, took, start.saturating_add(took_us));
             }
             self.pool().give_back(list);
             list.clear();
