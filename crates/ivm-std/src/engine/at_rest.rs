@@ -62,20 +62,18 @@ fn runs_at_rest_on_caller(instr: &Instruction, now: Option<usize>) -> bool {
 const JUDGE_ONE_IN: u32 = 8;
 
 std::thread_local! {
-    /// This thread's xorshift32 state for picking the judged runs.
-    static JUDGE_DRAW: std::cell::Cell<u32> = const { std::cell::Cell::new(0x9E37_79B9) };
+    /// This thread's draw of the judged runs.
+    static JUDGE_DRAW: std::cell::Cell<crate::util::OneIn> =
+        const { std::cell::Cell::new(crate::util::OneIn::new()) };
 }
 
-/// Whether this thread's next run at rest is judged: a xorshift32 step, one in
-/// [`JUDGE_ONE_IN`].
+/// Whether this thread's next run at rest is judged: one in [`JUDGE_ONE_IN`].
 fn judged() -> bool {
     JUDGE_DRAW.with(|c| {
-        let mut x = c.get();
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        c.set(x);
-        x.is_multiple_of(JUDGE_ONE_IN)
+        let mut d = c.get();
+        let judged = d.draw(JUDGE_ONE_IN);
+        c.set(d);
+        judged
     })
 }
 

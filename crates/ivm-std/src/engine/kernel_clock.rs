@@ -29,8 +29,8 @@ pub(crate) const SAMPLE_ONE_IN: u32 = 8;
 /// A worker's sampler of its instructions' durations (one per worker thread, not shared).
 #[derive(Debug)]
 pub(crate) struct KernelClock {
-    /// Xorshift32 state (never zero).
-    draw: u32,
+    /// Which instructions are timed.
+    draw: crate::util::OneIn,
     /// Exponential average of the timed instructions' durations, in nanoseconds.
     avg_ns: u64,
     /// Instructions timed so far (saturating).
@@ -40,7 +40,7 @@ pub(crate) struct KernelClock {
 impl Default for KernelClock {
     fn default() -> Self {
         Self {
-            draw: 0x9E37_79B9,
+            draw: crate::util::OneIn::new(),
             avg_ns: 0,
             samples: 0,
         }
@@ -54,15 +54,10 @@ impl KernelClock {
         self.sample().then(Instant::now)
     }
 
-    /// Whether the next instruction is timed: a xorshift32 step, one in [`SAMPLE_ONE_IN`].
+    /// Whether the next instruction is timed: one in [`SAMPLE_ONE_IN`].
     #[inline]
     fn sample(&mut self) -> bool {
-        let mut x = self.draw;
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.draw = x;
-        x.is_multiple_of(SAMPLE_ONE_IN)
+        self.draw.draw(SAMPLE_ONE_IN)
     }
 
     /// After a timed instruction that started at `t0`: whether the worker's instructions

@@ -27,6 +27,31 @@ pub(crate) fn deadline_after(d: Duration) -> Instant {
     now.checked_add(d).unwrap_or_else(|| now + FAR)
 }
 
+/// "One in `n`", drawn without a pattern (a xorshift32 generator): which instructions a
+/// worker times (`engine/kernel_clock.rs`), which runs at rest a caller judges
+/// (`engine/at_rest.rs`). Never a fixed period: a front end's instructions repeat with a
+/// period of their own, which a fixed one could always hit, or always miss.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OneIn(u32);
+
+impl OneIn {
+    /// A generator at its seed (never zero, as xorshift needs).
+    pub(crate) const fn new() -> Self {
+        Self(0x9E37_79B9)
+    }
+
+    /// One step: whether this draw is one in `n`.
+    #[inline]
+    pub(crate) fn draw(&mut self, n: u32) -> bool {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.0 = x;
+        x.is_multiple_of(n)
+    }
+}
+
 /// Microseconds since this process first asked: the clock of [`HintUntil`].
 pub(crate) fn now_us() -> usize {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
