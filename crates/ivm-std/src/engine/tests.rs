@@ -1087,8 +1087,8 @@ fn a_timed_wait_wakes_a_worker_its_work_was_left_to() {
     vm.shutdown().unwrap();
 }
 
-mod at_rest;
-/// A wait hook that panics in `before_wait` while armed (once per arming).
+/// A wait hook that panics in `before_wait` while armed (once per arming): shared by the
+/// run-at-rest and catch-up tests.
 struct PanickingHook(Arc<std::sync::atomic::AtomicBool>);
 
 impl crate::WaitHook for PanickingHook {
@@ -1101,4 +1101,5 @@ impl crate::WaitHook for PanickingHook {
     fn after_wait(&self) {}
 }
 
+mod at_rest;
 mod catch_up;
