@@ -15,11 +15,15 @@ pub(crate) const RELEASE_DEFER: Duration = Duration::from_micros(20);
 /// holder hands over at its next step boundary, usually within a microsecond or two.
 pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
 
-/// A worker whose instructions take at least this long on average (nanoseconds) runs long
-/// kernels: the engine's work per instruction (receive, dispatch, release: about half a
-/// microsecond) is then worth moving off that worker, so submitting callers ask it to hand
-/// the engine back.
-pub(crate) const LONG_KERNEL_NS: u64 = 1_000;
+/// A worker whose instructions take at least this long on average (nanoseconds, each
+/// counted at most four times this: `kernel_clock.rs`) runs long kernels: the engine's
+/// work per instruction (receive, dispatch, release: a few hundred nanoseconds) is then
+/// worth moving off that worker, so submitting callers ask it to hand the engine back. The
+/// tiny threshold's default: kernels under it are cheaper on their callers, kernels over
+/// it keep the worker for themselves. At 1 µs, a worker running 0.6 µs kernels one per
+/// `run` spent some 0.35 µs of engine work beside each (`perf_report eager`,
+/// docs/perf-2026-12-07.md).
+pub(crate) const LONG_KERNEL_NS: u64 = 300;
 
 /// The default of `Config::tiny_kernel_ns`: a worker whose instructions take less than
 /// this on average (nanoseconds, the body's run as the worker times it) runs tiny kernels:
