@@ -1101,5 +1101,6 @@ impl crate::WaitHook for PanickingHook {
     fn after_wait(&self) {}
 }
 
+mod after_idle;
 mod at_rest;
 mod catch_up;

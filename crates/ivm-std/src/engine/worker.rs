@@ -13,6 +13,7 @@
 //! express lane is open: the engine's holder may hand it a small access directly when the
 //! engine is at rest (`model/express.rs`).
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -495,6 +496,7 @@ impl<'a> Worker<'a> {
         let ctx = self.ctx;
         // Relaxed: hints (see `ThreadCtx::parked`, `ThreadCtx::idle_doze`).
         ctx.parked.store(true, Ordering::Relaxed);
+        ctx.idle_pushes.store(0, Ordering::Relaxed);
         ctx.idle_doze.store(idle_doze, Ordering::Relaxed);
         let woken = if let Some(d) = doze {
             crate::model::thread_ctx::doze(&ctx.dozing);
@@ -594,7 +596,7 @@ pub(crate) fn caller_runs(
     ctx: &ThreadCtx,
     mut enough: impl FnMut() -> bool,
 ) -> bool {
-    caller_runs_while(shared, ctx, |_| !enough())
+    caller_runs_while(shared, ctx, None, |_| !enough())
 }
 
 /// [`caller_runs`] for a caller that has submitted nothing to wait for yet (a small read
@@ -605,7 +607,7 @@ pub(crate) fn caller_runs(
 /// submitting meanwhile stays with the worker and the call returns in bounded time.
 pub(crate) fn caller_runs_built_before(shared: &VmCore, ctx: &ThreadCtx, bound: usize) -> bool {
     let mut left = shared.flying();
-    caller_runs_while(shared, ctx, |instr| {
+    caller_runs_while(shared, ctx, None, |instr| {
         if left == 0 || !run_built_before(instr, bound) {
             return false;
         }
@@ -633,10 +635,13 @@ pub(super) fn run_built_before(head: &Instruction, bound: usize) -> bool {
     }
 }
 
-/// [`caller_runs`], taking the queue's head only while `take(head)` holds.
+/// [`caller_runs`], taking the queue's head only while `take(head)` holds; and, given
+/// `stop_once` still clear, stopping after the first instruction the engine marked
+/// awaited (setting it; see [`WaitingCaller`]).
 fn caller_runs_while(
     shared: &VmCore,
     ctx: &ThreadCtx,
+    stop_once: Option<&Cell<bool>>,
     mut take: impl FnMut(&Instruction) -> bool,
 ) -> bool {
     if !ctx.is_parked() || ctx.queue.is_empty() || crate::engine::core::inside(shared.id()) {
@@ -665,7 +670,13 @@ fn caller_runs_while(
                 break;
             };
             ran += crate::engine::execute::execute_run(&instr);
+            // Asked after it ran: the engine marks it when a successor arrives.
+            let stop = stop_once.is_some_and(|s| !s.get() && instr.is_awaited());
             drop(instr);
+            if let Some(s) = stop_once.filter(|_| stop) {
+                s.set(true);
+                break;
+            }
         }
     }
     // What is left, if a caller may run it, goes to the worker's doze while the worker or
@@ -725,8 +736,18 @@ pub(crate) fn wake_sleepers_with_work(shared: &VmCore) {
 /// runs what a sleeping one has queued ([`caller_runs`]), whichever stream its own
 /// instruction is on: what that instruction waits for may be queued on another stream's
 /// worker. Counted out (waking a worker that handed its queue over) when dropped.
+///
+/// Running a queue, it stops once after an instruction the engine marked awaited
+/// (`status::AWAITED`: work on another stream waits for its release, or a barrier does).
+/// Its `enough` cannot turn true while the loop holds the releases back: a caller waiting
+/// for a read on another stream of what the queue's first instruction writes would run
+/// the whole queue before its read (the training demo's first step after an idle pause:
+/// the forward and the backward pass on the caller, then the loss). Stopping there
+/// releases it; the wait looks again, and the worker, woken by the let-go, runs the rest
+/// meanwhile. Once per wait: with a barrier pending every instruction counts as awaited.
 pub(crate) struct WaitingCaller {
     workers: [Option<Arc<ThreadCtx>>; WAITED_WORKERS],
+    stopped: Cell<bool>,
 }
 
 /// The workers a waiting caller looks after (the first ones of its VM).
@@ -742,7 +763,10 @@ impl WaitingCaller {
                 *w = Some(ctx.clone());
             }
         });
-        Self { workers }
+        Self {
+            workers,
+            stopped: Cell::new(false),
+        }
     }
 
     /// [`caller_runs`] on `first` (the worker of the instruction waited for, if any), then
@@ -753,7 +777,8 @@ impl WaitingCaller {
         first: Option<&ThreadCtx>,
         mut enough: impl FnMut() -> bool,
     ) -> bool {
-        let mut ran = first.is_some_and(|w| caller_runs(shared, w, &mut enough));
+        let stop = Some(&self.stopped);
+        let mut ran = first.is_some_and(|w| caller_runs_while(shared, w, stop, |_| !enough()));
         for w in self.workers.iter().flatten() {
             if enough() {
                 break;
@@ -761,7 +786,7 @@ impl WaitingCaller {
             if first.is_some_and(|f| std::ptr::eq(f, &**w)) {
                 continue;
             }
-            ran |= caller_runs(shared, w, &mut enough);
+            ran |= caller_runs_while(shared, w, stop, |_| !enough());
         }
         ran
     }

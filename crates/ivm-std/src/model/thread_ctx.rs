@@ -103,6 +103,10 @@ pub(crate) struct ThreadCtx {
     /// doze's deadline. The worker keeps dozing (not sleeping for good) while it grows:
     /// its callers are active although they run its work themselves.
     pub(crate) left_to_idle_doze: AtomicUsize,
+    /// A hint, not part of any protocol: how many instructions callers pushed since the
+    /// worker began its current idle doze (cleared as it parks); the
+    /// `IDLE_BURST`-th wakes it ([`submit`](Self::submit)).
+    pub(crate) idle_pushes: AtomicUsize,
     /// A hint: until when the VM's callers count as losing their CPU to
     /// other threads (`engine/preemption.rs`, `CallerSense`): pushes a caller may run
     /// leave a dozing worker's wake to its deadline even while no caller waits.
@@ -144,6 +148,7 @@ impl ThreadCtx {
             dozing: AtomicBool::new(false),
             idle_doze: AtomicBool::new(false),
             left_to_idle_doze: AtomicUsize::new(0),
+            idle_pushes: AtomicUsize::new(0),
             callers_contended_until: crate::util::HintUntil::default(),
             sole_cpu: AtomicUsize::new(0),
             same_cpu_until: crate::util::HintUntil::default(),
@@ -225,6 +230,7 @@ impl ThreadCtx {
             if caller_runs
                 && (self.hand.has_waiters() || idle || contended())
                 && leave_wake_to_deadline(&self.dozing)
+                && !(idle && self.idle_burst())
             {
                 if idle {
                     // Relaxed: a hint (see the field).
@@ -235,7 +241,22 @@ impl ThreadCtx {
             // Err(Closed) only after shutdown closed us, when the engine is idle: the
             // push above cannot happen then.
             let _ = self.notifier.notify();
+        } else if by_caller && self.idle_doze.load(Ordering::Relaxed) && self.idle_burst() {
+            // The queue held work already, left to an idle doze's deadline by the pushes
+            // before: a caller that queues `IDLE_BURST` instructions to an idle worker is
+            // starting a stream of work, not an op and a read, and the worker's wake (tens
+            // of microseconds on a small VM) then overlaps its submissions instead of
+            // following its wait. A wake is always allowed: the worker looks at its queue.
+            // Relaxed: `idle_doze` is a hint.
+            let _ = self.notifier.notify();
         }
+    }
+
+    /// Counts a caller's push to the worker in an idle doze: whether it is the
+    /// `IDLE_BURST`-th since the doze began (it wakes the worker, once per doze).
+    fn idle_burst(&self) -> bool {
+        // Relaxed: a hint; a lost or doubled count costs one wake more or less.
+        self.idle_pushes.fetch_add(1, Ordering::Relaxed) + 1 == crate::util::tuning::IDLE_BURST
     }
 
     /// Wakes the worker (a caller that owes it a wake: [`withdraw_defer`]).

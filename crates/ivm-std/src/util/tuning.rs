@@ -20,8 +20,8 @@ pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
 /// work per instruction (receive, dispatch, release: a few hundred nanoseconds) is then
 /// worth moving off that worker, so submitting callers ask it to hand the engine back. The
 /// tiny threshold's default: kernels under it are cheaper on their callers, kernels over
-/// it keep the worker for themselves. At 1 µs, a worker running 0.6 µs kernels one per
-/// `run` spent some 0.35 µs of engine work beside each (`perf_report eager`,
+/// it keep the worker for themselves (at 1 µs, a worker running sub-microsecond kernels
+/// one per `run` did the engine's work beside each: `perf_report eager`,
 /// docs/perf-2026-12-07.md).
 pub(crate) const LONG_KERNEL_NS: u64 = 300;
 
@@ -115,6 +115,14 @@ pub(crate) const WORKER_DOZE_MAX: Duration = Duration::from_millis(8);
 /// stretch. Comparable to what a wake-up of a sleeping thread takes to reach it on a small
 /// VM (tens of microseconds), long against the wake's own cost to the pusher.
 pub(crate) const IDLE_DOZE: Duration = Duration::from_micros(100);
+
+/// The caller's push that makes this many instructions queued to a worker in an idle
+/// doze since it began wakes it (`ThreadCtx::submit`): fewer are left to the caller's
+/// next wait (an op then a read), more are a stream of work the worker should start on
+/// while the caller submits the rest (without it, the training demo's first step after
+/// each pause between epochs ran on its caller after all its submissions:
+/// docs/perf-2026-12-07.md).
+pub(crate) const IDLE_BURST: usize = 4;
 
 /// How many idle dozes a worker takes after its poll window before it sleeps without a
 /// deadline: `IDLE_DOZES * IDLE_DOZE` of idle after its last work, at a few timer
