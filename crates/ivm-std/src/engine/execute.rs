@@ -80,17 +80,19 @@ pub(crate) fn execute_as(instr: &Arc<Instruction>, may_block: bool) {
 /// waiting caller running a worker's queue; the worker runs members one by one, each
 /// with its own release decision). Each member is run, traced, poisoned and marked done
 /// on its own, as if it had been queued alone; a member whose operand an earlier one
-/// poisoned fails by that poison, the others run. Returns how many instructions ran.
-pub(crate) fn execute_run(head: &Arc<Instruction>) -> usize {
+/// poisoned fails by that poison, the others run. Returns how many instructions ran, and
+/// whether the engine had marked any of them awaited when it ran (`status::AWAITED`).
+pub(crate) fn execute_run(head: &Arc<Instruction>) -> (usize, bool) {
     let mut next = take_fused_next(head);
     execute(head);
-    let mut ran = 1;
+    let (mut ran, mut awaited) = (1, head.is_awaited());
     while let Some(m) = next {
         next = take_fused_next(&m);
         execute(&m);
         ran += 1;
+        awaited |= m.is_awaited();
     }
-    ran
+    (ran, awaited)
 }
 
 /// The member queued behind `instr` in its fused run, taken before `instr` runs: once it

@@ -10,9 +10,9 @@
 //! times the same few instructions over and over. The training demo's step is 24
 //! instructions; timed every 8th, a worker would time the same three of them for as long
 //! as it ran, and in some phases those three average under [`LONG_KERNEL_NS`] while the
-//! whole step's kernels do not (the test below runs the demo's durations). Such a worker
-//! counts its kernels short and drives the engine itself between them, instead of
-//! leaving those releases to the submitting caller.
+//! whole step's kernels do not (the test below makes such a phase of the demo's step).
+//! Such a worker counts its kernels short and drives the engine itself between them,
+//! instead of leaving those releases to the submitting caller.
 //!
 //! The averages are exponential with weight 1/16 per sample: a single short instruction
 //! among long ones (the demo's optimizer steps take 0.1 µs beside 5 µs matrix products)
@@ -136,8 +136,7 @@ mod tests {
     fn a_periodic_stream_is_judged_by_its_average_not_by_one_phase() {
         // The demo's step with the three positions a fixed period of 8 sees (7, 15 and 23)
         // made short: timed every 8th from the 8th on, the hint would say "short" for good
-        // (with the 1 µs threshold of the time, the demo's own step did: 1.6, 0.05 and
-        // 0.1 µs there).
+        // (with the 1 µs threshold of the time, the demo's own step did).
         let mut step = DEMO_STEP;
         for i in [7, 15, 23] {
             step[i] = 100;

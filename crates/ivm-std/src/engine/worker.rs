@@ -637,7 +637,7 @@ pub(super) fn run_built_before(head: &Instruction, bound: usize) -> bool {
 
 /// [`caller_runs`], taking the queue's head only while `take(head)` holds; and, given
 /// `stop_once` still clear, stopping after the first instruction the engine marked
-/// awaited (setting it; see [`WaitingCaller`]).
+/// awaited with more queued behind it (setting it; see [`WaitingCaller`]).
 fn caller_runs_while(
     shared: &VmCore,
     ctx: &ThreadCtx,
@@ -669,11 +669,14 @@ fn caller_runs_while(
             let Some(instr) = consumer.try_pop().item() else {
                 break;
             };
-            ran += crate::engine::execute::execute_run(&instr);
-            // Asked after it ran: the engine marks it when a successor arrives.
-            let stop = stop_once.is_some_and(|s| !s.get() && instr.is_awaited());
+            let (n, awaited) = crate::engine::execute::execute_run(&instr);
+            ran += n;
             drop(instr);
-            if let Some(s) = stop_once.filter(|_| stop) {
+            // Asked after it ran (the engine marks it when a successor arrives), and only
+            // with more queued: a stop with nothing left would spend the wait's one stop.
+            if let Some(s) = stop_once.filter(|s| !s.get() && awaited)
+                && consumer.peek().is_some()
+            {
                 s.set(true);
                 break;
             }
@@ -738,13 +741,15 @@ pub(crate) fn wake_sleepers_with_work(shared: &VmCore) {
 /// worker. Counted out (waking a worker that handed its queue over) when dropped.
 ///
 /// Running a queue, it stops once after an instruction the engine marked awaited
-/// (`status::AWAITED`: work on another stream waits for its release, or a barrier does).
-/// Its `enough` cannot turn true while the loop holds the releases back: a caller waiting
-/// for a read on another stream of what the queue's first instruction writes would run
-/// the whole queue before its read (the training demo's first step after an idle pause:
-/// the forward and the backward pass on the caller, then the loss). Stopping there
-/// releases it; the wait looks again, and the worker, woken by the let-go, runs the rest
-/// meanwhile. Once per wait: with a barrier pending every instruction counts as awaited.
+/// (`status::AWAITED`: work on another stream waits for its release, or a barrier does)
+/// with more queued behind it. Its `enough` cannot turn true while the loop holds the
+/// releases back: a caller waiting for a read on another stream of what the queue's
+/// first instruction writes would run the whole queue before its read (the training
+/// demo's first step after an idle pause: the forward and the backward pass on the
+/// caller, then the loss). Stopping there releases it; the wait looks again, and the
+/// worker, woken by the let-go (or by its doze's deadline while it shares its CPU), runs
+/// the rest meanwhile. Once per wait: with a barrier pending every instruction counts as
+/// awaited.
 pub(crate) struct WaitingCaller {
     workers: [Option<Arc<ThreadCtx>>; WAITED_WORKERS],
     stopped: Cell<bool>,

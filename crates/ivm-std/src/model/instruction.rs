@@ -461,6 +461,8 @@ impl Instruction {
     /// ([`status::AWAITED`]). Relaxed: a worker asks after its mark of the engine token,
     /// whose Acquire read the unlock (Release) of the holder that set the bit; a holder
     /// that sets it later releases the instruction itself (see `Owed::leave_unless_awaited`).
+    /// A caller running a worker's queue asks it as a hint only (`worker::WaitingCaller`):
+    /// it has the engine release what it ran either way.
     pub(crate) fn is_awaited(&self) -> bool {
         self.status.load(Ordering::Relaxed) & status::AWAITED != 0
     }

@@ -103,9 +103,9 @@ pub(crate) struct ThreadCtx {
     /// doze's deadline. The worker keeps dozing (not sleeping for good) while it grows:
     /// its callers are active although they run its work themselves.
     pub(crate) left_to_idle_doze: AtomicUsize,
-    /// A hint, not part of any protocol: how many instructions callers pushed since the
-    /// worker began its current idle doze (cleared as it parks); the
-    /// `IDLE_BURST`-th wakes it ([`submit`](Self::submit)).
+    /// A hint, not part of any protocol: how many instructions callers queued together
+    /// to the worker in its current idle doze (from the push that found the queue empty;
+    /// cleared as it parks); the `IDLE_BURST`-th wakes it ([`submit`](Self::submit)).
     pub(crate) idle_pushes: AtomicUsize,
     /// A hint: until when the VM's callers count as losing their CPU to
     /// other threads (`engine/preemption.rs`, `CallerSense`): pushes a caller may run
@@ -230,11 +230,12 @@ impl ThreadCtx {
             if caller_runs
                 && (self.hand.has_waiters() || idle || contended())
                 && leave_wake_to_deadline(&self.dozing)
-                && !(idle && self.idle_burst())
             {
                 if idle {
-                    // Relaxed: a hint (see the field).
+                    // Relaxed: hints (see the fields). The queue was empty: this push
+                    // starts a new count of instructions queued together.
                     self.left_to_idle_doze.fetch_add(1, Ordering::Relaxed);
+                    self.idle_pushes.store(1, Ordering::Relaxed);
                 }
                 return;
             }
@@ -243,19 +244,20 @@ impl ThreadCtx {
             let _ = self.notifier.notify();
         } else if by_caller && self.idle_doze.load(Ordering::Relaxed) && self.idle_burst() {
             // The queue held work already, left to an idle doze's deadline by the pushes
-            // before: a caller that queues `IDLE_BURST` instructions to an idle worker is
-            // starting a stream of work, not an op and a read, and the worker's wake (tens
-            // of microseconds on a small VM) then overlaps its submissions instead of
-            // following its wait. A wake is always allowed: the worker looks at its queue.
-            // Relaxed: `idle_doze` is a hint.
+            // before: callers that queue `IDLE_BURST` instructions together to an idle
+            // worker are starting a stream of work, not an op and a read (whose caller
+            // runs the op and empties the queue again), and the worker's wake then
+            // overlaps their submissions instead of following their wait. A wake is
+            // always allowed: the worker looks at its queue. Relaxed: `idle_doze` is a
+            // hint.
             let _ = self.notifier.notify();
         }
     }
 
-    /// Counts a caller's push to the worker in an idle doze: whether it is the
-    /// `IDLE_BURST`-th since the doze began (it wakes the worker, once per doze).
+    /// Counts a caller's push onto work already queued to the worker in an idle doze:
+    /// whether it makes `IDLE_BURST` instructions queued together (it wakes the worker).
     fn idle_burst(&self) -> bool {
-        // Relaxed: a hint; a lost or doubled count costs one wake more or less.
+        // Relaxed: a hint; a stale or lost count costs one wake more or less.
         self.idle_pushes.fetch_add(1, Ordering::Relaxed) + 1 == crate::util::tuning::IDLE_BURST
     }
 

@@ -17,11 +17,11 @@ pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
 
 /// A worker whose instructions take at least this long on average (nanoseconds, each
 /// counted at most four times this: `kernel_clock.rs`) runs long kernels: the engine's
-/// work per instruction (receive, dispatch, release: a few hundred nanoseconds) is then
-/// worth moving off that worker, so submitting callers ask it to hand the engine back. The
-/// tiny threshold's default: kernels under it are cheaper on their callers, kernels over
-/// it keep the worker for themselves (at 1 µs, a worker running sub-microsecond kernels
-/// one per `run` did the engine's work beside each: `perf_report eager`,
+/// work per instruction (receive, dispatch, release) is then worth moving off that
+/// worker, so submitting callers ask it to hand the engine back. Equal to
+/// [`TINY_KERNEL_NS`]: kernels under it are cheaper on their callers, kernels over it keep
+/// the worker for themselves (at 1 µs, a worker running sub-microsecond kernels one per
+/// `run` did the engine's work beside each: `perf_report eager`,
 /// docs/perf-2026-12-07.md).
 pub(crate) const LONG_KERNEL_NS: u64 = 300;
 
@@ -116,12 +116,12 @@ pub(crate) const WORKER_DOZE_MAX: Duration = Duration::from_millis(8);
 /// VM (tens of microseconds), long against the wake's own cost to the pusher.
 pub(crate) const IDLE_DOZE: Duration = Duration::from_micros(100);
 
-/// The caller's push that makes this many instructions queued to a worker in an idle
-/// doze since it began wakes it (`ThreadCtx::submit`): fewer are left to the caller's
-/// next wait (an op then a read), more are a stream of work the worker should start on
-/// while the caller submits the rest (without it, the training demo's first step after
-/// each pause between epochs ran on its caller after all its submissions:
-/// docs/perf-2026-12-07.md).
+/// A caller's push that makes this many instructions queued together to a worker in an
+/// idle doze wakes it (`ThreadCtx::submit`): fewer are left to the caller's next wait (an
+/// op then a read, whose caller runs the op and empties the queue again), more are a
+/// stream of work the worker should start on while the caller submits the rest (without
+/// it, the training demo's first step after each pause between epochs ran on its caller
+/// after all its submissions: docs/perf-2026-12-07.md).
 pub(crate) const IDLE_BURST: usize = 4;
 
 /// How many idle dozes a worker takes after its poll window before it sleeps without a

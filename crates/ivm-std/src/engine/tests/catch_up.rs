@@ -289,7 +289,7 @@ fn a_fused_run_counts_as_built_before_only_if_its_last_member_is() {
     assert!(!built_before(b.id), "a middle member is the bound's");
     assert!(!built_before(a.id), "the head is the bound's");
     // Run as a caller runs a queued run: every member, then every one released.
-    assert_eq!(crate::engine::execute::execute_run(head), 3);
+    assert_eq!(crate::engine::execute::execute_run(head).0, 3);
     r.step();
     assert_eq!(r.engine.counters(), (0, 0, 0));
 }
