@@ -43,15 +43,17 @@ fn idle_dozing_queue(r: &super::Rig) -> Arc<crate::model::thread_ctx::ThreadCtx>
     ctx
 }
 
+/// A caller's push to `ctx` of an instruction a caller may run, no wake deferred to it.
+fn push_op(r: &super::Rig, ctx: &crate::model::thread_ctx::ThreadCtx) {
+    let i = Arc::new(Instruction::new("op", r.streams[0].clone(), Kind::Noop));
+    ctx.submit(&i, false, true, true);
+}
+
 #[test]
 fn the_burst_th_instruction_queued_together_wakes_an_idle_dozing_worker() {
     let r = super::Rig::new(1);
     let ctx = idle_dozing_queue(&r);
-    let push = || {
-        let i = Arc::new(Instruction::new("op", r.streams[0].clone(), Kind::Noop));
-        // A caller's push of an instruction a caller may run, no wake deferred to it.
-        ctx.submit(&i, false, true, true);
-    };
+    let push = || push_op(&r, &ctx);
     for k in 1..IDLE_BURST {
         push();
         assert_eq!(
@@ -76,10 +78,7 @@ fn an_op_then_its_read_never_wakes_an_idle_dozing_worker() {
     // them still does.
     let r = super::Rig::new(1);
     let ctx = idle_dozing_queue(&r);
-    let push = || {
-        let i = Arc::new(Instruction::new("op", r.streams[0].clone(), Kind::Noop));
-        ctx.submit(&i, false, true, true);
-    };
+    let push = || push_op(&r, &ctx);
     for _ in 0..4 * IDLE_BURST {
         push();
         assert!(ctx.try_pop().is_some());
