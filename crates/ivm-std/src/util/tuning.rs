@@ -18,12 +18,12 @@ pub(crate) const HAND_BACK_PATIENCE: Duration = Duration::from_micros(5);
 /// A worker whose instructions take at least this long on average (nanoseconds, each
 /// counted at most four times this: `kernel_clock.rs`) runs long kernels: the engine's
 /// work per instruction (receive, dispatch, release) is then worth moving off that
-/// worker, so submitting callers ask it to hand the engine back. Equal to
-/// [`TINY_KERNEL_NS`]: kernels under it are cheaper on their callers, kernels over it keep
-/// the worker for themselves (at 1 µs, a worker running sub-microsecond kernels one per
-/// `run` did the engine's work beside each: `perf_report eager`,
+/// worker, so submitting callers ask it to hand the engine back. The tiny threshold's
+/// default, [`TINY_KERNEL_NS`]: kernels under it are cheaper on their callers, kernels over
+/// it keep the worker for themselves (at 1 µs, a worker running sub-microsecond kernels
+/// one per `run` did the engine's work beside each: `perf_report eager`,
 /// docs/perf-2026-12-07.md).
-pub(crate) const LONG_KERNEL_NS: u64 = 300;
+pub(crate) const LONG_KERNEL_NS: u64 = TINY_KERNEL_NS;
 
 /// The default of `Config::tiny_kernel_ns`: a worker whose instructions take less than
 /// this on average (nanoseconds, the body's run as the worker times it) runs tiny kernels:
