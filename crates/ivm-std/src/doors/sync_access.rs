@@ -307,7 +307,8 @@ pub(crate) fn wait(shared: &VmShared, instr: &Arc<Instruction>, skip: bool) -> R
 /// woken to run: its completion then needs no second wake). Without it, it spins the same
 /// way only while the VM keeps releasing instructions (`helping::spin_while_progress`: the
 /// queue in front drains fast, a sleep would cost a wake per access). Then it falls back
-/// to the blocking-then-busy wait.
+/// to the blocking-then-busy wait. Lazy graphs that offer to run on their caller do
+/// their ready work in the spin when `HelpGate` opens, and once more before each sleep.
 fn wait_small(
     shared: &VmShared,
     instr: &Arc<Instruction>,
@@ -344,6 +345,7 @@ fn wait_small(
     // another stream). A running worker is waited for, unless it shares its CPU: then it
     // hands its queue to us (`model/hand_over.rs`).
     let waiting = WaitingCaller::enter(&shared.core);
+    let gate = crate::doors::lazy::vm_lazy::HelpGate::new();
     let mut done = || {
         let finished = || waiter.btb.is_done();
         if finished() {
@@ -351,32 +353,50 @@ fn wait_small(
         }
         let ran = waiting.run(&shared.core, instr.stream.thread.as_deref(), finished);
         // Lazy graphs that run on their caller (`LazyGraph::set_caller_helper`) do their
-        // ready work here rather than on their own thread.
-        (ran | help_graphs(shared, &finished)) && finished()
+        // ready work here rather than on their own thread when that thread may not have a
+        // CPU or makes no progress (`HelpGate`).
+        (ran | (gate.open(shared) && help_graphs(shared, &finished))) && finished()
     };
     if done() {
         return Ok(());
     }
-    if skip
-        && shared.core.flying().saturating_sub(own_done)
-            < shared.core.config().skip_blocking_threshold
-    {
-        waiter.btb.skip_blocking();
-        let worker = instr.stream.thread.as_deref();
-        let running = || worker.is_none_or(|w| !w.is_parked());
-        if crate::engine::helping::spin_yield_until(
-            &shared.core,
-            &mut done,
-            crate::util::tuning::CALLER_YIELD_SPIN,
-            running,
-        ) {
+    let helping_since = std::time::Instant::now();
+    loop {
+        let spun = if skip
+            && shared.core.flying().saturating_sub(own_done)
+                < shared.core.config().skip_blocking_threshold
+        {
+            waiter.btb.skip_blocking();
+            let worker = instr.stream.thread.as_deref();
+            let running = || worker.is_none_or(|w| !w.is_parked());
+            crate::engine::helping::spin_yield_until(
+                &shared.core,
+                &mut done,
+                crate::util::tuning::CALLER_YIELD_SPIN,
+                running,
+            )
+        } else {
+            crate::engine::helping::spin_while_progress(&shared.core, &mut done, || {
+                // A lazy graph computing counts as progress (`LazyGraph::set_progress_probe`).
+                shared.graph_progress()
+            })
+        };
+        if spun {
             return Ok(());
         }
-    } else if crate::engine::helping::spin_while_progress(&shared.core, &mut done, || {
-        // A lazy graph computing counts as progress (`LazyGraph::set_progress_probe`).
-        shared.graph_progress()
-    }) {
-        return Ok(());
+        // About to sleep: lazy graphs that offer to run here do their ready work first,
+        // whatever the gate said (waiting for a thread that is not running is never
+        // faster than doing its work), and we spin again; with nothing run, or after a
+        // whole `timeout_period` of it (the sleep below judges the timeout), we sleep.
+        let finished = || waiter.btb.is_done();
+        if helping_since.elapsed() >= shared.core.config().timeout_period
+            || !help_graphs(shared, &finished)
+        {
+            break;
+        }
+        if finished() {
+            return Ok(());
+        }
     }
     // We stop running the workers' queues ourselves: a worker that handed its queue to
     // us is woken.

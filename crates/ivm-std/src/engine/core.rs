@@ -217,6 +217,12 @@ pub(crate) struct VmCore {
     /// (`CallerSense`): under a flood the VM's own threads cause that. Read without a lock
     /// by a submission's catch-up (`engine/submission.rs`).
     pub(crate) callers_contended_until: crate::util::HintUntil,
+    /// A hint: until when the VM's callers count the machine as quiet: a look at the
+    /// threads beside the VM's, after enough looks to tell, found no busy one
+    /// (`engine/neighbours.rs`); a look that finds one, or a lazy graph that stops
+    /// making progress while a caller waits for it, ends it. A waiting caller then leaves
+    /// its lazy graphs' ready work to their threads (`vm_lazy::HelpGate`).
+    pub(crate) neighbours_quiet_until: crate::util::HintUntil,
     /// A hint: until when a worker of this VM counts its instructions as tiny
     /// (`preemption::mark_tiny_kernels`): submissions then catch up with its queue, as
     /// while the callers share their CPUs. Read without a lock by that catch-up.
@@ -285,6 +291,7 @@ impl VmCore {
             neighbours: Mutex::new(Default::default()),
             scheduler_tid: AtomicUsize::new(0),
             callers_contended_until: crate::util::HintUntil::default(),
+            neighbours_quiet_until: crate::util::HintUntil::default(),
             tiny_kernels_until: crate::util::HintUntil::default(),
             foreign: OnceLock::new(),
             scheduler_running: BlockingCounter::new(1),

@@ -381,6 +381,12 @@ thread_local! {
         std::cell::RefCell::default();
 }
 
+/// Whether the calling thread saw itself preempted lately ([`CALLER_SENSE`]), without
+/// starting a new spin's looks (unlike [`caller_contended`]).
+pub(crate) fn caller_preempted_lately(now: std::time::Instant) -> bool {
+    CALLER_SENSE.with(|s| s.borrow().contended(now))
+}
+
 /// The calling thread's look at the clock during a spin (see [`CALLER_SENSE`]): whether it
 /// was descheduled since its last look (counted in the VM's stats).
 pub(crate) fn caller_look(shared: &VmCore, now: std::time::Instant) -> bool {

@@ -89,6 +89,12 @@ impl Neighbours {
         Some(self.end(machine.saturating_sub(runnable_here)))
     }
 
+    /// Whether [`LOOKS`] looks were taken: a count of 0 from here on means no busy
+    /// neighbour, not too few looks to tell.
+    pub(crate) fn warm(&self) -> bool {
+        self.looks >= LOOKS
+    }
+
     /// A look starts: every history moves on, as not runnable until seen.
     fn begin(&mut self) {
         let window = (1u32 << LOOKS) - 1;
@@ -441,6 +447,15 @@ mod tests {
         }
         // Nothing is judged before five looks; then the loop and the other process.
         assert_eq!(busy, [0, 0, 0, 0, 2, 2]);
+        assert!(n.warm());
+        // A zero before the fifth look says nothing (`warm`): no quiet machine counted.
+        let mut early = Neighbours::default();
+        for _ in 0..4 {
+            assert_eq!(early.record(&[(7, true)], 0), 0);
+            assert!(!early.warm());
+        }
+        assert_eq!(early.record(&[(7, true)], 0), 1);
+        assert!(early.warm());
         // Two other processes' threads at every look count as two.
         let mut two = Neighbours::default();
         let busy: Vec<usize> = (0..5).map(|_| two.record(&[], 2)).collect();

@@ -27,7 +27,9 @@ use ivm_core::sync::Ordering;
 
 use crate::engine::core::VmCore;
 use crate::model::thread_ctx::ThreadCtx;
-use crate::util::tuning::{CONTENDED_HOLD, PREEMPTED_GAP, SAME_CPU_HOLD, STALLED_WORKER_HOLD};
+use crate::util::tuning::{
+    CONTENDED_HOLD, PREEMPTED_GAP, QUIET_NEIGHBOURS_HOLD, SAME_CPU_HOLD, STALLED_WORKER_HOLD,
+};
 
 /// Marks the worker of `ctx` contended for `hold` from now.
 pub(crate) fn mark_contended(ctx: &ThreadCtx, hold: Duration) {
@@ -340,7 +342,15 @@ fn look_neighbours(shared: &VmCore) -> bool {
         Err(std::sync::TryLockError::WouldBlock) => return false,
     };
     let busy = neighbours.look(Instant::now(), &own, parked, cpus);
+    let warm = neighbours.warm();
     drop(neighbours);
+    match busy {
+        Some(0) if warm => shared
+            .neighbours_quiet_until
+            .hold_for(QUIET_NEIGHBOURS_HOLD),
+        Some(0) | None => {}
+        Some(_) => shared.neighbours_quiet_until.clear(),
+    }
     if !busy.is_some_and(|b| crowded(b, workers, cpus)) {
         return false;
     }

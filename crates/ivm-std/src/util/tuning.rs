@@ -65,6 +65,18 @@ pub(crate) const WORKER_PURE_SPIN: Duration = Duration::from_micros(2);
 /// +23 % against +3 to +11 % at 200 µs (interleaved runs; 100 µs was in between).
 pub(crate) const CALLER_STALL: Duration = Duration::from_micros(200);
 
+/// How long a waiting caller in multi-thread mode watches a lazy graph that offers to run
+/// on it (`LazyGraph::set_caller_helper`) make no progress before it runs the graph's
+/// ready work itself, on a machine counted as quiet (`doors/lazy/vm_lazy.rs`, `HelpGate`). Shorter than `CALLER_STALL`, after which the
+/// caller stops spinning; longer than a sleeping graph thread takes to wake and start.
+pub(crate) const GRAPH_HELP_PATIENCE: Duration = Duration::from_micros(50);
+
+/// How long a look that found no busy thread beside the VM's (`engine/neighbours.rs`)
+/// keeps the machine counted as quiet (`VmCore::neighbours_quiet_until`). Long against the
+/// looks' spacing (`LOOK_EVERY`, and a VM whose callers call rarely looks rarely): a
+/// look that finds a busy thread ends it at once.
+pub(crate) const QUIET_NEIGHBOURS_HOLD: Duration = Duration::from_secs(1);
+
 /// ... and at most this long in all before it sleeps.
 pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);
 

@@ -25,7 +25,7 @@ mod instance;
 pub(crate) mod launch;
 mod launcher_queue;
 mod record;
-mod vm_lazy;
+pub(crate) mod vm_lazy;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -301,7 +301,10 @@ impl LazyGraph {
     /// Offers the VM a way to run this graph's work on its caller's thread: a caller that
     /// is about to wait for the VM in multi-thread mode (a sync read or write, a callback,
     /// `sync`) calls `helper` while it spins, before it sleeps, until the wait is over; a
-    /// helper with nothing to do returns `false` at once. For graphs of short
+    /// helper with nothing to do returns `false` at once. On a machine the VM counts as
+    /// quiet (no busy thread beside its own at its last looks) the caller spins without
+    /// calling it while the graph's progress probe moves, and calls it after 50 µs
+    /// without progress or before it sleeps. For graphs of short
     /// kernels on few cores, where handing each run to the graph's thread costs more than
     /// the run (ivm-graph's `GraphBuilder::run_on_caller`).
     ///
@@ -628,5 +631,152 @@ mod tests {
         let g2 = g.clone();
         assert_eq!(g, g2);
         assert_ne!(g.id(), LazyGraph::builder("job").build().unwrap().id());
+    }
+
+    /// One run of a graph that only its caller helper runs (no thread of its own): y =
+    /// x * w, then w += 1, advanced as far as its buffers allow at each call (`try_pop`).
+    #[derive(Default)]
+    struct HelperRun {
+        job: Option<Arc<JobInstance>>,
+        x: Option<u64>,
+        held: Vec<Arc<CriticalSectionInstance>>,
+        waits: usize,
+        computed: bool,
+        callbacks: usize,
+    }
+
+    impl HelperRun {
+        /// Advances the run; whether anything moved.
+        fn advance(&mut self, b: &JobBuffers) -> bool {
+            let mut moved = false;
+            loop {
+                let step = if self.job.is_none() {
+                    b.source_tick.try_pop().item().map(|j| self.job = Some(j))
+                } else if self.x.is_none() {
+                    let input = b.inputs[0].as_ref().expect("an input");
+                    input.try_pop().item().map(|cs| {
+                        let mut x = [0u8; 8];
+                        cs.copy_input(0, &mut x).unwrap();
+                        self.x = Some(u64::from_ne_bytes(x));
+                        self.held.push(cs);
+                    })
+                } else if self.waits < 2 {
+                    b.wait.try_pop().item().map(|cs| {
+                        self.waits += 1;
+                        self.held.push(cs);
+                    })
+                } else if !self.computed {
+                    let output = b.outputs[0].as_ref().expect("an output");
+                    output.try_pop().item().map(|cs| {
+                        let job = self.job.as_ref().expect("popped first");
+                        // SAFETY: between the run's pop from the source tick and its
+                        // `finish`, the parameter belongs to the run; this is its only
+                        // slice.
+                        let w = unsafe { job.param_mut(0) };
+                        let wv = u64::from_ne_bytes(w[..8].try_into().unwrap());
+                        let y = self.x.expect("copied in") * wv;
+                        w[..8].copy_from_slice(&(wv + 1).to_ne_bytes());
+                        cs.copy_output(0, &y.to_ne_bytes()).unwrap();
+                        self.computed = true;
+                        self.held.push(cs);
+                    })
+                } else if self.callbacks < 2 {
+                    b.callback.try_pop().item().map(|cs| {
+                        cs.finish();
+                        self.callbacks += 1;
+                    })
+                } else {
+                    b.callback_notifier.try_pop().item().map(|j| {
+                        j.finish(Ok(()));
+                        *self = HelperRun::default();
+                    })
+                };
+                if step.is_none() {
+                    return moved;
+                }
+                moved = true;
+            }
+        }
+    }
+
+    impl<T> TryPop<T> {
+        fn item(self) -> Option<T> {
+            match self {
+                TryPop::Item(x) => Some(x),
+                TryPop::Empty | TryPop::Closed => None,
+            }
+        }
+    }
+
+    /// On a machine the VM counts as quiet, a waiting caller leaves a graph's work to the
+    /// graph's thread while the graph makes progress (`vm_lazy::HelpGate`). A graph that
+    /// makes none (here: its progress probe stands still, and its thread looks at its
+    /// buffers only every 2 ms) is run by the caller all the same, after
+    /// `GRAPH_HELP_PATIENCE` or before it sleeps. Whoever runs a step, every read sees
+    /// its run's result.
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_caller_on_a_quiet_machine_runs_a_graph_that_makes_no_progress() {
+        use std::sync::Mutex;
+        use std::sync::atomic::AtomicBool;
+        let vm = crate::VirtualMachine::new(crate::Config::default()).unwrap();
+        let lazy = LazyGraph::builder("slow_thread")
+            .input("x", 8)
+            .output("y", 8)
+            .param("w", 8)
+            .build()
+            .unwrap();
+        let run = Arc::new(Mutex::new(HelperRun::default()));
+        let me = std::thread::current().id();
+        let helped = Arc::new(AtomicUsize::new(0));
+        let (r, l, h) = (run.clone(), lazy.clone(), helped.clone());
+        assert!(lazy.set_caller_helper(move || {
+            assert_eq!(std::thread::current().id(), me, "helped off the caller");
+            let moved = r.lock().unwrap().advance(l.buffers());
+            h.fetch_add(usize::from(moved), Ordering::Relaxed);
+            moved
+        }));
+        assert!(lazy.set_progress_probe(|| 0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, l, st) = (run.clone(), lazy.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            mark_graph_thread();
+            while !st.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                r.lock().unwrap().advance(l.buffers());
+            }
+        });
+        let (x, y, w) = (
+            vm.new_tensor(8).unwrap(),
+            vm.new_tensor(8).unwrap(),
+            vm.new_tensor(8).unwrap(),
+        );
+        vm.write_small(&w, 0, &2u64.to_ne_bytes()).unwrap();
+        let s = vm.default_stream();
+        for i in 0..20u64 {
+            // Counted quiet (a look that finds a busy thread ends it: the caller then
+            // helps at once, which this test accepts too).
+            vm.shared()
+                .core
+                .neighbours_quiet_until
+                .hold_for(std::time::Duration::from_secs(600));
+            vm.run(|b| {
+                b.call(&s, &[], &[&x], move |k| k.output_u64(0)[0] = i + 1)?;
+                b.launch_lazy_job(&[&x], &[&y], &[&w], &lazy)
+            })
+            .unwrap();
+            let mut out = [0u8; 8];
+            vm.read_small(&y, 0, &mut out).unwrap();
+            assert_eq!(u64::from_ne_bytes(out), (i + 1) * (i + 2), "run {i}");
+        }
+        vm.sync().unwrap();
+        assert!(
+            helped.load(Ordering::Relaxed) > 0,
+            "the caller never ran the graph that made no progress"
+        );
+        stop.store(true, Ordering::Relaxed);
+        thread.join().unwrap();
+        lazy.close();
+        vm.shutdown().unwrap();
     }
 }

@@ -2,7 +2,9 @@
 //! and what the launched graphs offer a waiting caller; kept type-erased in the VM's shared
 //! state and reached through `VmShared::lazy`.
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use ivm_core::sync::{AtomicBool, Ordering};
 
@@ -182,5 +184,218 @@ impl crate::runtime::shared::VmShared {
     /// ([`VmLazy::graph_progress`]); `None` when none was ever launched with one.
     pub(crate) fn graph_progress(&self) -> Option<u64> {
         self.lazy_if_used().and_then(VmLazy::graph_progress)
+    }
+}
+
+/// When a waiting caller in multi-thread mode runs its lazy graphs' ready work
+/// (`sync_access::graph_help`, `LazyGraph::set_caller_helper`). At once, unless the
+/// machine counts as quiet (`VmCore::neighbours_quiet_until`: the VM's looks found no
+/// busy thread beside it) and neither are its callers crowded nor was this caller
+/// preempted lately: waiting for a thread that may not have a CPU is never faster than
+/// doing its work. On a quiet machine only once the graphs made no progress for
+/// `GRAPH_HELP_PATIENCE` of this wait (and before the caller sleeps, `wait_small`): a
+/// graph thread with a CPU of its own runs a step on warm caches, while a caller that
+/// took its forward pass after an idle spell split the next steps over two CPUs. A graph
+/// that stops after it was seen moving in this wait lost its thread's CPU: the machine
+/// no longer counts as quiet. One per wait, on the waiting caller's stack.
+pub(crate) struct HelpGate {
+    /// The graphs' progress count when it last moved, and when that was seen.
+    last: Cell<Option<(Option<u64>, Instant)>>,
+    /// Whether the count moved since this wait's first reading.
+    moved: Cell<bool>,
+    /// When to read the progress count next: it takes the offers' lock, so a spinning
+    /// caller reads it at most every [`CHECK_EVERY`](Self::CHECK_EVERY).
+    next: Cell<Option<Instant>>,
+    /// What the last reading found: no progress for the patience.
+    stalled: Cell<bool>,
+}
+
+/// What a [`HelpGate`] reading found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// The caller waits for the graphs' threads.
+    Shut,
+    /// The caller runs the graphs' ready work.
+    Open,
+    /// Open, and the graphs stopped after they were seen moving: their thread lost its CPU.
+    Starved,
+}
+
+impl HelpGate {
+    const CHECK_EVERY: Duration = Duration::from_micros(5);
+
+    pub(crate) fn new() -> Self {
+        Self {
+            last: Cell::new(None),
+            moved: Cell::new(false),
+            next: Cell::new(None),
+            stalled: Cell::new(false),
+        }
+    }
+
+    /// Whether the caller may run its graphs' ready work now.
+    pub(crate) fn open(&self, shared: &crate::runtime::shared::VmShared) -> bool {
+        if !shared.lazy_if_used().is_some_and(VmLazy::has_helpers) {
+            return false;
+        }
+        let core = &shared.core;
+        let now = Instant::now();
+        // The graphs' threads may lack a CPU.
+        let at_once = !core.neighbours_quiet_until.holds_or_clear()
+            || core.callers_contended_until.holds_or_clear()
+            || crate::engine::helping::caller_preempted_lately(now);
+        match self.look(now, at_once, || shared.graph_progress()) {
+            Look::Shut => false,
+            Look::Open => true,
+            Look::Starved => {
+                core.neighbours_quiet_until.clear();
+                true
+            }
+        }
+    }
+
+    /// [`open`](Self::open) at `now`: `Open` at once if `at_once`, else by the graphs'
+    /// progress count, read with `progress` (`None`: no graph has a probe, so none is
+    /// seen to move).
+    fn look(&self, now: Instant, at_once: bool, progress: impl FnOnce() -> Option<u64>) -> Look {
+        if at_once {
+            return Look::Open;
+        }
+        if self.next.get().is_some_and(|n| now < n) {
+            return if self.stalled.get() {
+                Look::Open
+            } else {
+                Look::Shut
+            };
+        }
+        self.next.set(Some(now + Self::CHECK_EVERY));
+        let p = progress();
+        let stalled = match self.last.get() {
+            Some((q, since)) if q == p => {
+                now.saturating_duration_since(since) >= crate::util::tuning::GRAPH_HELP_PATIENCE
+            }
+            last => {
+                self.moved.set(last.is_some());
+                self.last.set(Some((p, now)));
+                false
+            }
+        };
+        let was = self.stalled.replace(stalled);
+        match (stalled, was, self.moved.get()) {
+            (false, ..) => Look::Shut,
+            (true, false, true) => Look::Starved,
+            (true, ..) => Look::Open,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::tuning::GRAPH_HELP_PATIENCE;
+
+    /// Whether `g` lets the caller help at `now`.
+    fn open(g: &HelpGate, now: Instant, progress: impl FnOnce() -> Option<u64>) -> bool {
+        g.look(now, false, progress) != Look::Shut
+    }
+
+    #[test]
+    fn the_gate_opens_at_once_off_a_quiet_machine_without_reading_progress() {
+        let g = HelpGate::new();
+        let t0 = Instant::now();
+        assert_eq!(
+            g.look(t0, true, || panic!("read the progress count")),
+            Look::Open
+        );
+    }
+
+    #[test]
+    fn the_gate_stays_shut_while_the_graphs_progress() {
+        let g = HelpGate::new();
+        let t0 = Instant::now();
+        let mut count = 0u64;
+        for k in 0..1000u32 {
+            let now = t0 + k * Duration::from_micros(7);
+            let p = || {
+                count += 1;
+                Some(count)
+            };
+            assert!(
+                !open(&g, now, p),
+                "opened at look {k} although the graphs moved"
+            );
+        }
+    }
+
+    #[test]
+    fn the_gate_opens_after_the_patience_without_progress_and_shuts_when_it_moves() {
+        let g = HelpGate::new();
+        let t0 = Instant::now();
+        let step = Duration::from_micros(1);
+        let mut reads = 0u32;
+        let mut now = t0;
+        // A look per microsecond: the count is read at most every `CHECK_EVERY`.
+        loop {
+            let look = g.look(now, false, || {
+                reads += 1;
+                Some(7)
+            });
+            if look != Look::Shut {
+                // Never seen moving: a thread that has not started, not one that lost
+                // its CPU.
+                assert_eq!(look, Look::Open);
+                break;
+            }
+            now += step;
+            assert!(
+                now - t0 <= GRAPH_HELP_PATIENCE + HelpGate::CHECK_EVERY,
+                "never opened"
+            );
+        }
+        assert!(
+            now - t0 >= GRAPH_HELP_PATIENCE,
+            "opened after {:?}",
+            now - t0
+        );
+        let most = (now - t0).as_micros() / HelpGate::CHECK_EVERY.as_micros() + 1;
+        assert!(
+            u128::from(reads) <= most,
+            "{reads} readings in {:?}",
+            now - t0
+        );
+        // Open between readings too, until a reading sees the count move.
+        assert!(open(&g, now + step, || panic!("read before `CHECK_EVERY`")));
+        assert!(!open(&g, now + HelpGate::CHECK_EVERY, || Some(8)));
+    }
+
+    #[test]
+    fn a_graph_that_stops_after_moving_is_starved_once_per_stall() {
+        let g = HelpGate::new();
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        assert_eq!(g.look(at(0), false, || Some(1)), Look::Shut);
+        assert_eq!(g.look(at(10), false, || Some(2)), Look::Shut);
+        let stall = at(10) + GRAPH_HELP_PATIENCE;
+        assert_eq!(g.look(stall, false, || Some(2)), Look::Starved);
+        assert_eq!(
+            g.look(stall + HelpGate::CHECK_EVERY, false, || Some(2)),
+            Look::Open
+        );
+        // It moves again, then stops again: a second stall.
+        let moved = stall + 2 * HelpGate::CHECK_EVERY;
+        assert_eq!(g.look(moved, false, || Some(3)), Look::Shut);
+        assert_eq!(
+            g.look(moved + GRAPH_HELP_PATIENCE, false, || Some(3)),
+            Look::Starved
+        );
+    }
+
+    #[test]
+    fn a_graph_without_a_progress_probe_gets_help_after_the_patience() {
+        let g = HelpGate::new();
+        let t0 = Instant::now();
+        assert!(!open(&g, t0, || None));
+        assert!(!open(&g, t0 + HelpGate::CHECK_EVERY, || None));
+        assert_eq!(g.look(t0 + GRAPH_HELP_PATIENCE, false, || None), Look::Open);
     }
 }
