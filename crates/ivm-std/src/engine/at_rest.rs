@@ -4,7 +4,9 @@
 //! (ARCHITECTURE.md, "Runs at rest"). Single-thread mode: every plain kernel of a
 //! synchronous device. Multi-thread mode: kernels a caller may run, on streams whose
 //! worker found them tiny (`preemption::mark_tiny_kernels`), whose hand-over to another
-//! core costs more than running them.
+//! core costs more than running them, or whose worker's callers count as short of CPUs
+//! beside busy neighbours (`ThreadCtx::callers_contended_until`), where the caller runs
+//! the work anyway (ARCHITECTURE.md, "When another thread takes a core").
 
 use std::sync::Arc;
 
@@ -38,9 +40,10 @@ fn runs_at_rest(instr: &Instruction) -> bool {
 
 /// Multi-thread mode: whether `instr` may run at rest on its caller: it completes where
 /// run ([`completes_where_run`]), a caller may run it (`StreamPolicy::caller_may_run`),
-/// and its stream's worker found its instructions tiny (`ThreadCtx::tiny_until`): at
-/// `now` (`util::now_us`) in a judged run, else as last seen (a mark found expired is
-/// cleared by the next judged run).
+/// and its stream's worker found its instructions tiny (`ThreadCtx::tiny_until`) or
+/// leaves them to its callers (`ThreadCtx::callers_contended_until`): at `now`
+/// (`util::now_us`) in a judged run, else as last seen (a mark found expired is cleared
+/// by the next judged run).
 fn runs_at_rest_on_caller(instr: &Instruction, now: Option<usize>) -> bool {
     let s = &instr.stream;
     let Some(t) = s.thread.as_ref() else {
@@ -49,8 +52,11 @@ fn runs_at_rest_on_caller(instr: &Instruction, now: Option<usize>) -> bool {
     s.policy.caller_may_run()
         && completes_where_run(instr)
         && match now {
-            Some(now) => t.tiny_until.holds_or_clear_at(now),
-            None => t.tiny_until.is_set(),
+            Some(now) => {
+                t.tiny_until.holds_or_clear_at(now)
+                    || t.callers_contended_until.holds_or_clear_at(now)
+            }
+            None => t.tiny_until.is_set() || t.callers_contended_until.is_set(),
         }
 }
 
@@ -94,6 +100,7 @@ const SLOW_SLACK_NS: u64 = 5_000;
 /// marks, so that the next `run` goes to the workers again, which time their kernels
 /// anew; tiny ones keep the marks (and the VM's hint) from lapsing, which would send the
 /// next thousands of instructions to the worker until it had timed enough of them again.
+/// A run admitted by a contention mark alone sets no tiny mark.
 fn judge(vm: &VmCore, list: &[Arc<Instruction>], took: std::time::Duration, end: usize) {
     let len = u64::try_from(list.len()).unwrap_or(u64::MAX);
     let budget_ns = vm
@@ -112,11 +119,11 @@ fn judge(vm: &VmCore, list: &[Arc<Instruction>], took: std::time::Duration, end:
         last = Some(t);
         if slow {
             t.tiny_until.clear();
-        } else {
+        } else if t.tiny_until.is_set() {
             t.tiny_until.renew_at(end, hold);
         }
     }
-    if !slow {
+    if !slow && vm.tiny_kernels_until.is_set() {
         vm.tiny_kernels_until.renew_at(end, hold);
     }
 }
@@ -196,7 +203,9 @@ impl VmCore {
         (true, Some(hook))
     }
 
-    /// Multi-thread mode: runs `list` here when every instruction of it may
+    /// Multi-thread mode: runs `list` here when a worker marked its kernels tiny
+    /// (`VmCore::tiny_kernels_until`) or a look found busy neighbours leaving the VM too
+    /// few CPUs (`VmCore::callers_contended_until`), every instruction of it may
     /// ([`runs_at_rest_on_caller`]) and the engine, taken with the engine token, is at
     /// rest: as single-thread mode's run at rest, holding the token instead of the engine's
     /// mutex, so that nothing is dispatched meanwhile (`VmCore::engine_at_rest`). The
@@ -205,13 +214,17 @@ impl VmCore {
     /// wait hook's scope, as there. One run in [`JUDGE_ONE_IN`] is timed ([`judge`]): the
     /// worker, which no longer sees these kernels, does not time them.
     fn run_at_rest_on_caller(&self, list: &mut Vec<Arc<Instruction>>) -> (bool, Option<WaitScope>) {
-        // The VM's hint first: no clock read unless some worker marked its kernels tiny.
-        if !self.tiny_kernels_until.is_set() {
+        // The VM's hints first: no clock read unless some worker marked its kernels tiny
+        // or a look found the callers short of CPUs. Not a caller's own wait for its CPU
+        // (`CallerSense`, which marks the workers only): a flood's own threads trip that.
+        if !self.tiny_kernels_until.is_set() && !self.callers_contended_until.is_set() {
             return (false, None);
         }
         let start = judged().then(crate::util::now_us);
-        if start.is_some_and(|now| !self.tiny_kernels_until.holds_or_clear_at(now))
-            || !list.iter().all(|i| runs_at_rest_on_caller(i, start))
+        if start.is_some_and(|now| {
+            !self.tiny_kernels_until.holds_or_clear_at(now)
+                && !self.callers_contended_until.holds_or_clear_at(now)
+        }) || !list.iter().all(|i| runs_at_rest_on_caller(i, start))
         {
             return (false, None);
         }

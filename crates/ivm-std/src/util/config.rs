@@ -142,7 +142,9 @@ pub struct Config {
     /// instruction ([`VmStats::ran_at_rest`](crate::VmStats::ran_at_rest) counts them).
     ///
     /// Multi-thread mode: the same, for kernels a caller may run on streams whose worker
-    /// found them tiny ([`tiny_kernel_ns`](Self::tiny_kernel_ns)): such a `run` runs its
+    /// found them tiny ([`tiny_kernel_ns`](Self::tiny_kernel_ns)), or whose callers the VM
+    /// counts as short of CPUs beside busy threads (ARCHITECTURE.md, "When another thread
+    /// takes a core"): such a `run` runs its
     /// kernels on its caller before it returns, as single-thread mode does, where it would
     /// otherwise return before they started. Meanwhile the engine waits for them: a kernel
     /// that waits for something its caller does after `run` returns, or for a lock held by

@@ -1,7 +1,7 @@
 //! Runs at rest in multi-thread mode (`engine/at_rest.rs`): a `run` of kernels a caller
-//! may run, on a stream whose worker found them tiny, runs them on its caller before it
-//! returns, when the engine is at rest; a slow one ends the mark; failures stay the
-//! tensors' and the hooks' as on the engine's path.
+//! may run, on a stream whose worker found them tiny or beside busy neighbours, runs them
+//! on its caller before it returns, when the engine is at rest; a slow one ends the tiny
+//! mark; failures stay the tensors' and the hooks' as on the engine's path.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -95,6 +95,53 @@ fn a_run_of_tiny_kernels_runs_at_rest_on_its_caller() {
 fn with_run_at_rest_off_no_run_is_counted_at_rest() {
     let rig = tiny_in(Config::default().with_run_at_rest(false));
     twenty_not_at_rest(rig, Duration::ZERO, "with run_at_rest off");
+}
+
+/// Beside busy neighbours that leave the VM too few CPUs (the VM's callers and the
+/// stream's worker marked contended, as a neighbour look marks them), a `run` of kernels
+/// of any length runs at rest on its caller: the caller runs the work there anyway. Such
+/// runs set no tiny mark (a judged one must not take contention for tiny kernels).
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_run_beside_busy_neighbours_runs_at_rest_and_marks_nothing_tiny() {
+    let (vm, s, worker, t) = vm_with_a_worker_in(Config::default());
+    let hold = Duration::from_secs(600);
+    vm.shared().core.callers_contended_until.hold_for(hold);
+    worker.callers_contended_until.hold_for(hold);
+    let me = std::thread::current().id();
+    let mut at_rest = 0;
+    // Kernels of 2 µs: not tiny (300 ns), yet within a judged run's budget for one
+    // (6.2 µs), which would renew a tiny mark; enough runs that several are judged (one
+    // in eight, at random).
+    for i in 0..64 {
+        let (on, counted) = run_one(&vm, &s, &t, i, Duration::from_micros(2));
+        if counted {
+            at_rest += 1;
+            assert_eq!(on, Some(me), "run {i} at rest ran its kernel here");
+        }
+    }
+    assert!(at_rest > 0, "no run ran at rest beside busy neighbours");
+    assert!(
+        !worker.tiny_until.is_set(),
+        "a contended run marked the kernels tiny"
+    );
+    assert!(!vm.shared().core.tiny_kernels_until.is_set());
+    vm.sync().unwrap();
+    assert_eq!(read_u64(&vm, &t), 63);
+    vm.shutdown().unwrap();
+}
+
+/// A worker marked contended by its caller's own wait for a CPU (`CallerSense`), with no
+/// look at busy neighbours behind it, keeps its runs on the engine's path: a flood of the
+/// VM's own threads trips that mark too.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn a_worker_marked_by_its_callers_cpu_wait_alone_does_not_run_at_rest() {
+    let rig = vm_with_a_worker_in(Config::default());
+    rig.2
+        .callers_contended_until
+        .hold_for(Duration::from_secs(600));
+    twenty_not_at_rest(rig, Duration::ZERO, "without a look at busy neighbours");
 }
 
 /// Runs of one kernel computing for `busy` on a stream marked tiny, until a judged run at
