@@ -213,7 +213,7 @@ impl GraphBuilder {
     /// Kernels run on the caller's thread then, inside its VM call: a kernel that calls
     /// into the VM gets [`Error::Reentrant`]. On a machine the VM counts as quiet the
     /// caller leaves the work to a graph thread that makes progress (it has a CPU, and
-    /// runs the run on warm caches). In single-thread mode the caller runs them whenever
+    /// runs each run on warm caches). In single-thread mode the caller runs them whenever
     /// the VM's engine has nothing left to do, before it sleeps.
     pub fn run_on_caller(&mut self, on: bool) -> &mut Self {
         self.on_caller = on;

@@ -65,10 +65,14 @@ pub(crate) const WORKER_PURE_SPIN: Duration = Duration::from_micros(2);
 /// +23 % against +3 to +11 % at 200 µs (interleaved runs; 100 µs was in between).
 pub(crate) const CALLER_STALL: Duration = Duration::from_micros(200);
 
+/// ... and at most this long in all before it sleeps.
+pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);
+
 /// How long a waiting caller in multi-thread mode watches a lazy graph that offers to run
 /// on it (`LazyGraph::set_caller_helper`) make no progress before it runs the graph's
-/// ready work itself, on a machine counted as quiet (`doors/lazy/vm_lazy.rs`, `HelpGate`). Shorter than `CALLER_STALL`, after which the
-/// caller stops spinning; longer than a sleeping graph thread takes to wake and start.
+/// ready work itself, on a machine counted as quiet (`doors/lazy/vm_lazy.rs`,
+/// `HelpGate`). Shorter than `CALLER_STALL`, after which the caller stops spinning;
+/// longer than a sleeping graph thread takes to wake and start.
 pub(crate) const GRAPH_HELP_PATIENCE: Duration = Duration::from_micros(50);
 
 /// How long a look that found no busy thread beside the VM's (`engine/neighbours.rs`)
@@ -76,9 +80,6 @@ pub(crate) const GRAPH_HELP_PATIENCE: Duration = Duration::from_micros(50);
 /// looks' spacing (`LOOK_EVERY`, and a VM whose callers call rarely looks rarely): a
 /// look that finds a busy thread ends it at once.
 pub(crate) const QUIET_NEIGHBOURS_HOLD: Duration = Duration::from_secs(1);
-
-/// ... and at most this long in all before it sleeps.
-pub(crate) const CALLER_PROGRESS_SPIN: Duration = Duration::from_millis(1);
 
 // Sensing a shared CPU (`engine/preemption.rs`).
 /// A gap between two looks at the clock of a spinning thread at least this long means the

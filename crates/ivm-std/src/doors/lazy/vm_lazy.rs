@@ -188,7 +188,7 @@ impl crate::runtime::shared::VmShared {
 }
 
 /// When a waiting caller in multi-thread mode runs its lazy graphs' ready work
-/// (`sync_access::graph_help`, `LazyGraph::set_caller_helper`). At once, unless the
+/// (`sync_access::wait_small`, `LazyGraph::set_caller_helper`). At once, unless the
 /// machine counts as quiet (`VmCore::neighbours_quiet_until`: the VM's looks found no
 /// busy thread beside it) and neither are its callers crowded nor was this caller
 /// preempted lately: waiting for a thread that may not have a CPU is never faster than
@@ -196,8 +196,10 @@ impl crate::runtime::shared::VmShared {
 /// `GRAPH_HELP_PATIENCE` of this wait (and before the caller sleeps, `wait_small`): a
 /// graph thread with a CPU of its own runs a step on warm caches, while a caller that
 /// took its forward pass after an idle spell split the next steps over two CPUs. A graph
-/// that stops after it was seen moving in this wait lost its thread's CPU: the machine
-/// no longer counts as quiet. One per wait, on the waiting caller's stack.
+/// that stops after it was seen moving in this wait is taken to have lost its thread's
+/// CPU: the machine no longer counts as quiet (also when it stopped for want of work, or
+/// moved by the caller's own help: a false count costs the old behaviour until the next
+/// look). One per wait, on the waiting caller's stack.
 pub(crate) struct HelpGate {
     /// The graphs' progress count when it last moved, and when that was seen.
     last: Cell<Option<(Option<u64>, Instant)>>,
