@@ -51,6 +51,31 @@ fn run_one(
     (on, vm.stats().unwrap().ran_at_rest > before)
 }
 
+/// `n` [`run_one`]s (writing 0..n) of kernels computing for `busy`: how many ran at rest,
+/// each of those on this thread, before its `run` returned.
+fn runs_at_rest_here(
+    vm: &crate::VirtualMachine,
+    s: &crate::Stream,
+    t: &crate::Tensor,
+    n: u64,
+    busy: Duration,
+) -> usize {
+    let me = std::thread::current().id();
+    let mut at_rest = 0;
+    for i in 0..n {
+        let (on, counted) = run_one(vm, s, t, i, busy);
+        if counted {
+            at_rest += 1;
+            assert_eq!(
+                on,
+                Some(me),
+                "run {i} at rest ran its kernel here, before returning"
+            );
+        }
+    }
+    at_rest
+}
+
 /// Twenty [`run_one`]s of kernels computing for `busy`, none of which may run at rest
 /// (`why` names the condition); then every one's write has landed, and the VM shuts down.
 fn twenty_not_at_rest(rig: super::VmRig, busy: Duration, why: &str) {
@@ -69,21 +94,11 @@ fn twenty_not_at_rest(rig: super::VmRig, busy: Duration, why: &str) {
 #[test]
 fn a_run_of_tiny_kernels_runs_at_rest_on_its_caller() {
     let (vm, s, _worker, t) = tiny_in(Config::default());
-    let me = std::thread::current().id();
-    let mut at_rest = 0;
-    for i in 0..20 {
-        let (on, counted) = run_one(&vm, &s, &t, i, Duration::ZERO);
-        if counted {
-            at_rest += 1;
-            assert_eq!(
-                on,
-                Some(me),
-                "run {i} at rest ran its kernel here, before returning"
-            );
-        }
-    }
     // Only another thread holding the engine at that moment sends a run to the worker.
-    assert!(at_rest > 0, "no run ran at rest");
+    assert!(
+        runs_at_rest_here(&vm, &s, &t, 20, Duration::ZERO) > 0,
+        "no run ran at rest"
+    );
     vm.sync().unwrap();
     assert_eq!(read_u64(&vm, &t), 19);
     vm.shutdown().unwrap();
@@ -108,19 +123,13 @@ fn a_run_beside_busy_neighbours_runs_at_rest_and_marks_nothing_tiny() {
     let hold = Duration::from_secs(600);
     vm.shared().core.callers_contended_until.hold_for(hold);
     worker.callers_contended_until.hold_for(hold);
-    let me = std::thread::current().id();
-    let mut at_rest = 0;
     // Kernels of 2 µs: not tiny (300 ns), yet within a judged run's budget for one
     // (6.2 µs), which would renew a tiny mark; enough runs that several are judged (one
     // in eight, at random).
-    for i in 0..64 {
-        let (on, counted) = run_one(&vm, &s, &t, i, Duration::from_micros(2));
-        if counted {
-            at_rest += 1;
-            assert_eq!(on, Some(me), "run {i} at rest ran its kernel here");
-        }
-    }
-    assert!(at_rest > 0, "no run ran at rest beside busy neighbours");
+    assert!(
+        runs_at_rest_here(&vm, &s, &t, 64, Duration::from_micros(2)) > 0,
+        "no run ran at rest beside busy neighbours"
+    );
     assert!(
         !worker.tiny_until.is_set(),
         "a contended run marked the kernels tiny"
